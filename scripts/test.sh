@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One-command test run: sets up the environment (scripts/setup.sh) and runs the test suite offline.
+#
+#   bash scripts/test.sh              default suite (fast: well under 15 minutes on 2 CPU cores)
+#   bash scripts/test.sh --slow       only the slow checks (marker `slow`)
+#   bash scripts/test.sh --all        both
+# Extra arguments after these flags go to pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${MMSPEC_VENV:-.venv}"
+bash scripts/setup.sh
+
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"   # Triton kernels run on CPU through the interpreter
+export GRADIO_ANALYTICS_ENABLED=False
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+
+selection=(-m "not slow")
+case "${1:-}" in
+    --slow) selection=(-m slow); shift ;;
+    --all) selection=(); shift ;;
+esac
+exec "$VENV/bin/python" -m pytest "${selection[@]}" "$@"

@@ -1,0 +1,31 @@
+"""Packaging glue: one ``mmspec`` namespace over the repository's top-level layout.
+
+``pipelines/``, ``models/`` and ``evaluation/`` stay top-level folders (the layout users asked for) and
+are installed as ``mmspec.pipelines``, ``mmspec.models`` and ``mmspec.evaluation``. Everything else is
+declared in pyproject.toml.
+"""
+
+from setuptools import find_packages, setup
+
+PACKAGE_DIRS = {
+    "mmspec": "mmspec",
+    "mmspec.pipelines": "pipelines",
+    "mmspec.models": "models",
+    "mmspec.evaluation": "evaluation",
+}
+
+
+def _packages() -> list[str]:
+    packages = []
+    for package, folder in PACKAGE_DIRS.items():
+        packages.append(package)
+        packages += [f"{package}.{sub}" for sub in find_packages(folder)]
+    return sorted(set(packages))
+
+
+setup(
+    packages=_packages(),
+    package_dir=PACKAGE_DIRS,
+    package_data={"mmspec.models": ["zoo/**/*.json", "zoo/**/*.safetensors", "zoo/**/*.txt"]},
+    include_package_data=True,
+)
