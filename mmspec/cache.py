@@ -1,0 +1,177 @@
+"""KV-cache rollback and per-row slot bookkeeping for batched speculative decoding.
+
+Speculation appends drafted tokens to a model's KV cache and then keeps only what was accepted. Rows of
+a batch accept different numbers of tokens, while a cache tensor has one length for all rows. We use
+the pad-and-mask scheme: every row appends the same number of *slots*; after verification the cache
+keeps ``max_b(kept_b)`` new slots, rows that kept fewer mark the rest invalid (a hole that the attention
+mask hides), and each row keeps its own position counter. :class:`SlotState` is that bookkeeping;
+:func:`crop_cache` and :func:`select_cache_slots` operate on transformers caches (``DynamicCache`` and
+legacy tuples) and on the project's own :class:`KVCache`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mmspec.validation import check_ndim
+
+
+class KVCache:
+    """Preallocated key/value buffers ``[B, H, S_max, D]`` per layer with a fill pointer.
+
+    ``update(layer, k, v)`` writes ``T`` new slots at the pointer and returns the filled views; the
+    pointer advances after the last layer. Rolling back is moving the pointer (``crop``), so it is free.
+    """
+
+    def __init__(self, num_layers: int, batch_size: int, num_heads: int, head_dim: int, max_length: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        shape = (num_layers, batch_size, num_heads, max_length, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_layers, self.max_length, self.length = num_layers, max_length, 0
+
+    def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        new = keys.shape[2]
+        end = self.length + new
+        if end > self.max_length:
+            raise ValueError(f"KVCache overflow: {end} slots needed, max_length is {self.max_length}")
+        self.keys[layer, :, :, self.length:end] = keys
+        self.values[layer, :, :, self.length:end] = values
+        if layer == self.num_layers - 1:
+            self.length = end
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot crop a cache of length {self.length} to {length}")
+        self.length = length
+
+    def select_slots(self, start: int, index: torch.Tensor) -> None:
+        """Keep slots ``start + index[b]`` (``[B, M]``, ``-1`` = hole) at ``start..start+M``; crop after."""
+        gather = (start + index.clamp_min(0)).to(self.keys.device)
+        self.keys[:, :, :, start:start + index.shape[1]] = _gather_slots(self.keys, gather, dim=3)
+        self.values[:, :, :, start:start + index.shape[1]] = _gather_slots(self.values, gather, dim=3)
+        self.length = start + index.shape[1]
+
+
+def _gather_slots(tensor: torch.Tensor, slots: torch.Tensor, dim: int) -> torch.Tensor:
+    """Gather per-row slot indices ``slots [B, M]`` along ``dim`` of ``tensor [..., B, H, S, D]``."""
+    batch_dim = dim - 2
+    shape = [1] * tensor.ndim
+    shape[batch_dim], shape[dim] = slots.shape[0], slots.shape[1]
+    index = slots.reshape(shape)
+    expand = list(tensor.shape)
+    expand[dim] = slots.shape[1]
+    return tensor.gather(dim, index.expand(expand))
+
+
+def cache_length(cache: Any) -> int:
+    """Number of slots in a transformers cache, a legacy tuple cache or a :class:`KVCache`."""
+    if cache is None:
+        return 0
+    if hasattr(cache, "get_seq_length"):
+        return int(cache.get_seq_length())
+    if isinstance(cache, (tuple, list)):
+        return 0 if not cache else int(cache[0][0].shape[2])
+    raise ValueError(f"unsupported cache type {type(cache).__name__}")
+
+
+def crop_cache(cache: Any, length: int) -> Any:
+    """Drop every slot at or after ``length``. Returns the cache (a new tuple for legacy caches)."""
+    if isinstance(cache, (tuple, list)):
+        return tuple((k[:, :, :length], v[:, :, :length], *rest) for k, v, *rest in cache)
+    if hasattr(cache, "crop"):
+        cache.crop(length)
+        return cache
+    raise ValueError(f"cannot roll back a cache of type {type(cache).__name__}: it has no crop()")
+
+
+def select_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:
+    """Keep, per row, the slots ``start + index[b, :]`` (``-1`` entries become holes), packed at ``start``.
+
+    This is how an accepted tree path (scattered slots) becomes a contiguous prefix of the cache.
+    """
+    check_ndim(index, 2, "index", "[B, M]")
+    if isinstance(cache, KVCache):
+        cache.select_slots(start, index)
+        return cache
+    if isinstance(cache, (tuple, list)):
+        slots = (start + index.clamp_min(0))
+        return tuple((torch.cat([k[:, :, :start], _gather_slots(k, slots.to(k.device), 2)], 2),
+                      torch.cat([v[:, :, :start], _gather_slots(v, slots.to(v.device), 2)], 2)) for k, v, *_ in cache)
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise ValueError(f"cannot select slots of a cache of type {type(cache).__name__}")
+    for layer in layers:
+        if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
+            continue
+        slots = (start + index.clamp_min(0)).to(layer.keys.device)
+        layer.keys = torch.cat([layer.keys[:, :, :start], _gather_slots(layer.keys, slots, 2)], 2)
+        layer.values = torch.cat([layer.values[:, :, :start], _gather_slots(layer.values, slots, 2)], 2)
+    return cache
+
+
+@dataclass
+class SlotState:
+    """Which cache slots hold real tokens, per row, and where each row's positions stand.
+
+    A *round* is one speculation step: it starts at :meth:`begin_round`, appends slots (drafts, tree
+    nodes), and ends with :meth:`commit`, which packs the kept slots right after the round's start.
+
+    Attributes:
+        valid: bool ``[B, S]``, False for padding and for holes left by rows that kept fewer tokens.
+        last_position: LongTensor ``[B]``, position id of the row's latest chain token.
+    """
+
+    valid: torch.Tensor
+    last_position: torch.Tensor
+    round_start: int = 0
+    round_base: torch.Tensor | None = None
+
+    @classmethod
+    def from_attention_mask(cls, attention_mask: torch.Tensor) -> SlotState:
+        """State after a (left- or right-padded) prompt: positions count valid tokens only."""
+        mask = attention_mask.bool()
+        return cls(mask, mask.long().sum(-1) - 1)
+
+    @property
+    def num_slots(self) -> int:
+        return self.valid.shape[1]
+
+    def prompt_positions(self) -> torch.Tensor:
+        """Position ids ``[B, S]`` for the prompt slots: 0, 1, ... over valid slots."""
+        return (self.valid.long().cumsum(-1) - 1).clamp_min(0)
+
+    def begin_round(self) -> None:
+        self.round_start = self.num_slots
+        self.round_base = self.last_position.clone()
+
+    def append(self, new_valid: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``T`` slots; returns ``(positions [B, T], key_mask [B, S + T])``.
+
+        Without explicit ``positions`` the slots continue each row's chain (invalid slots do not advance
+        it); with them (tree nodes) the chain position is left unchanged.
+        """
+        new_valid = new_valid.bool()
+        key_mask = torch.cat([self.valid, new_valid], dim=1)
+        if positions is None:
+            steps = new_valid.long().cumsum(-1)
+            positions = self.last_position.unsqueeze(-1) + steps.clamp_min(1)
+            self.last_position = self.last_position + steps[:, -1]
+        self.valid = key_mask
+        return positions, key_mask
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """Replace this round's slots by the packed ``keep`` set (``[B, M]`` indices relative to the
+        round start, ``-1`` = hole); kept slots must be consecutive chain tokens of each row."""
+        if self.round_base is None:
+            raise RuntimeError("commit() without begin_round()")
+        kept = keep >= 0
+        self.valid = torch.cat([self.valid[:, : self.round_start], kept], dim=1)
+        self.last_position = self.round_base + kept.long().sum(-1)

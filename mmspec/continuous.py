@@ -1,0 +1,146 @@
+"""Speculative verification of continuous tokens (CSpD, arXiv 2411.11925).
+
+``verify_continuous`` is the continuous counterpart of ``verify_tokens``: accept a draft sample x with
+probability min(1, p(x)/q(x)) (in log space); a rejected sample is replaced by a draw from the residual
+norm(max(0, p - q)), obtained by acceptance-rejection with proposal p: draw y ~ p and keep it with
+probability max(0, 1 - q(y)/p(y)). That loop is bounded (``max_tries``): an element still unresolved
+after the last try keeps the last proposal y ~ p, a documented bias towards p that happens with
+probability (1 - TV(p, q))^max_tries per rejected element (counted in ``num_fallbacks``).
+
+Diffusion heads have no tractable density, so CSpD scores whole denoising trajectories: with the draft
+and target chains driven by the same noise, :func:`cspd_log_ratio` gives the surrogate log density ratio.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mmspec.validation import check_positive_int
+
+
+@dataclass
+class ContinuousVerification:
+    """Outcome of :func:`verify_continuous`.
+
+    Attributes:
+        accepted: bool, the batch shape of the distributions (``[B]`` or ``[B, K]``): per-sample test.
+        num_accepted: LongTensor ``[B]``, the leading run of accepted samples along K (``[B]`` batch
+            shape: 0 or 1). Chain (paper) order commits ``samples[:, :num_accepted + 1]``.
+        samples: the draft samples where accepted, residual samples where rejected (same shape as input).
+        num_fallbacks: how many rejected elements exhausted ``max_tries`` and kept a plain target draw.
+    """
+
+    accepted: torch.Tensor
+    num_accepted: torch.Tensor
+    samples: torch.Tensor
+    num_fallbacks: int
+
+
+def sample_with_generator(dist: Any, generator: torch.Generator | None, sample_shape: tuple[int, ...] = ()) -> torch.Tensor:
+    """Draw from a distribution reproducibly under ``generator``.
+
+    Gaussians (``Normal`` or ``Independent(Normal)``, or anything with ``loc``/``scale``) are drawn as
+    ``loc + scale * eps`` with ``eps`` from the generator; other distributions are drawn by their own
+    ``sample`` inside a forked RNG seeded from the generator.
+    """
+    base = dist.base_dist if isinstance(dist, torch.distributions.Independent) else dist
+    if hasattr(base, "loc") and hasattr(base, "scale"):
+        loc, scale = torch.broadcast_tensors(base.loc, base.scale)
+        shape = tuple(sample_shape) + tuple(loc.shape)
+        device = generator.device if generator is not None else loc.device
+        eps = torch.randn(shape, generator=generator, dtype=loc.dtype, device=device).to(loc.device)
+        return loc + scale * eps
+    if generator is None:
+        return dist.sample(sample_shape)
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return dist.sample(sample_shape)
+
+
+def verify_continuous(draft: Any, target: Any, samples: torch.Tensor, generator: torch.Generator | None = None,
+                      max_tries: int = 64) -> ContinuousVerification:
+    """Speculative sampling for continuous tokens.
+
+    Args:
+        draft, target: ``torch.distributions.Distribution``-like (``sample``, ``log_prob``) with equal
+            batch shape ``[B]`` or ``[B, K]``; ``log_prob`` returns one value per batch element.
+        samples: draft samples, shape ``batch_shape + event_shape``.
+        max_tries: bound on residual proposals per rejected element.
+    """
+    check_positive_int(max_tries, "max_tries")
+    log_p, log_q = target.log_prob(samples), draft.log_prob(samples)
+    if log_p.shape != log_q.shape:
+        raise ValueError(f"draft and target disagree on the batch shape: log_prob gives {tuple(log_q.shape)} "
+                         f"vs {tuple(log_p.shape)}")
+    if log_p.ndim not in (1, 2):
+        raise ValueError(f"distributions must have batch shape [B] or [B, K], got {tuple(log_p.shape)}")
+    event_dims = samples.ndim - log_p.ndim
+    if tuple(samples.shape[: log_p.ndim]) != tuple(log_p.shape):
+        raise ValueError(f"samples {tuple(samples.shape)} do not start with the batch shape {tuple(log_p.shape)}")
+    if not (torch.isfinite(log_q) | (log_q == float("-inf"))).all() or torch.isnan(log_p).any():
+        raise ValueError("log densities are NaN: check the draft and target distributions")
+
+    device = generator.device if generator is not None else samples.device
+    u = torch.rand(log_p.shape, generator=generator, dtype=torch.float64, device=device).to(samples.device)
+    accepted = u.log() < (log_p - log_q).double()
+    out = samples.clone()
+    pending = ~accepted
+    num_fallbacks = 0
+    for attempt in range(max_tries):
+        if not pending.any():
+            break
+        proposal = sample_with_generator(target, generator)
+        log_p_y, log_q_y = target.log_prob(proposal), draft.log_prob(proposal)
+        keep_prob = (1 - torch.exp(log_q_y - log_p_y).double()).clamp_min(0)
+        v = torch.rand(log_p.shape, generator=generator, dtype=torch.float64, device=device).to(samples.device)
+        take = pending & (v < keep_prob)
+        if attempt == max_tries - 1:  # fallback: keep the last target draw for anything unresolved
+            num_fallbacks = int((pending & ~take).sum())
+            take = pending
+        out = torch.where(_expand(take, event_dims), proposal, out)
+        pending = pending & ~take
+    leading = accepted.long().cumprod(-1).sum(-1) if accepted.ndim == 2 else accepted.long()
+    return ContinuousVerification(accepted, leading, out, num_fallbacks)
+
+
+def _expand(mask: torch.Tensor, event_dims: int) -> torch.Tensor:
+    return mask.reshape(*mask.shape, *([1] * event_dims))
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+    """Diagonal Gaussian log density summed over the last dimension."""
+    return (-0.5 * ((x - mean) ** 2 / var + var.log() + torch.log(torch.tensor(2 * torch.pi, dtype=x.dtype)))).sum(-1)
+
+
+def cspd_log_ratio(x0: torch.Tensor, target_means: torch.Tensor, target_vars: torch.Tensor,
+                   draft_means: torch.Tensor, draft_vars: torch.Tensor) -> torch.Tensor:
+    """CSpD trajectory-aligned surrogate log ratio log r = log p~(x0) - log q~(x0).
+
+    Both denoising chains ran with the same noise at every step (trajectory alignment), step t drawing
+    x_{t-1} = mu_t + sigma_t * eps_t. Under shared eps the Gaussian exponents of all steps but the last
+    coincide, leaving
+        log r = sum_{t >= 2} 0.5 * (log|S^q_t| - log|S^p_t|) + log N(x0; mu^p_1, S^p_1) - log N(x0; mu^q_1, S^q_1),
+    with x0 the draft's final sample.
+
+    Args:
+        x0: ``[..., D]`` the draft token (output of the draft chain).
+        target_means, target_vars, draft_means, draft_vars: ``[T, ..., D]`` per-step Gaussian means and
+            diagonal variances of each chain in sampling order (the last entry is the step that produced
+            x0). Only the variances of steps ``0..T-2`` and the last step's mean/variance enter.
+    Returns:
+        ``[...]`` log ratios.
+    """
+    shapes = {t.shape for t in (target_means, target_vars, draft_means, draft_vars)}
+    if len(shapes) != 1:
+        raise ValueError(f"per-step means/variances of both chains must share one shape [T, ..., D], got {shapes}")
+    if tuple(target_means.shape[1:]) != tuple(x0.shape):
+        raise ValueError(f"x0 {tuple(x0.shape)} must match the per-step shape {tuple(target_means.shape[1:])}")
+    if (target_vars <= 0).any() or (draft_vars <= 0).any():
+        raise ValueError("variances must be positive")
+    log_det_terms = 0.5 * (draft_vars[:-1].log() - target_vars[:-1].log()).sum(dim=(0, -1))
+    final = gaussian_log_prob(x0, target_means[-1], target_vars[-1]) - gaussian_log_prob(x0, draft_means[-1], draft_vars[-1])
+    return log_det_terms + final

@@ -1,0 +1,121 @@
+"""Drafters that need no training of their own: a smaller causal LM of the same vocabulary.
+
+:class:`ModelDrafter` is the classic draft-model speculative decoding (Leviathan et al. 2023) and the
+reference implementation of the :class:`~mmspec.speculate.Drafter` interface: chain drafting (greedy or
+sampled, returning the distributions it sampled from) and EAGLE-2-style dynamic trees built with
+:func:`~mmspec.tree.expand_dynamic_tree`. Feature-level heads (EAGLE, FLASH, ViSpec, SpecVLM) live in
+``mmspec.models`` and implement the same interface.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mmspec.runner import CausalLMRunner
+from mmspec.sampling import SamplingConfig, logits_to_probs, sample
+from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
+from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
+from mmspec.validation import check_positive_int
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE-2 dynamic tree: ``depth`` levels, ``top_k`` branching, ``total_tokens`` nodes verified."""
+
+    depth: int = 5
+    top_k: int = 8
+    total_tokens: int = 48
+
+    def __post_init__(self) -> None:
+        for name in ("depth", "top_k", "total_tokens"):
+            check_positive_int(getattr(self, name), name)
+
+
+class ModelDrafter(Drafter):
+    """Draft with a small causal LM that shares the target's vocabulary.
+
+    Args:
+        model: a transformers causal LM (its own KV cache is managed by a :class:`CausalLMRunner`).
+        num_draft_tokens: K drafts per round (chain mode).
+        sampling: must equal the target's sampling config: drafts are drawn from the same processed
+            distribution family (greedy drafting when ``do_sample=False``).
+        tree: draft an EAGLE-2 dynamic tree instead of a chain (deterministic top-k expansion).
+        generator: random source for sampled drafts.
+    """
+
+    def __init__(self, model: Any, num_draft_tokens: int = 4, sampling: SamplingConfig = SamplingConfig(do_sample=False),
+                 tree: TreeConfig | None = None, generator: torch.Generator | None = None) -> None:
+        check_positive_int(num_draft_tokens, "num_draft_tokens")
+        self.runner = CausalLMRunner(model)
+        self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
+        self._to_probs = target_probs_fn(sampling)
+        self._backlog: torch.Tensor | None = None  # committed tokens not yet in the draft cache, -1 pad
+
+    @property
+    def calls(self) -> int:
+        return self.runner.calls
+
+    def prefill(self, context: PrefillContext) -> None:
+        vocab = self.runner.vocab_size
+        if context.target.logits.shape[-1] != vocab:
+            raise ValueError(f"vocab mismatch: the drafter has {vocab} tokens, the target {context.target.logits.shape[-1]}")
+        self.runner.prefill(context.input_ids, context.attention_mask)
+        self._backlog = context.input_ids.new_full((context.input_ids.shape[0], 0), -1)
+
+    def _feed_pending(self, pending: torch.Tensor) -> torch.Tensor:
+        """Start a round: feed the backlog and the pending token; returns logits after pending ``[B, V]``."""
+        self.runner.begin_round()
+        tokens = torch.cat([self._backlog, pending.unsqueeze(1)], 1)
+        self._prefix_valid = tokens >= 0
+        return self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid).logits[:, -1]
+
+    def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
+        logits = self._feed_pending(pending)
+        if self.tree is not None:
+            return self._propose_tree(logits)
+        tokens, dists = [], []
+        for i in range(self.num_draft_tokens):
+            probs = self._to_probs(logits)
+            token = probs.argmax(-1) if not self.sampling.do_sample else sample(probs, self.generator)
+            tokens.append(token)
+            dists.append(probs)
+            if i < self.num_draft_tokens - 1:
+                logits = self.runner.forward(token.unsqueeze(1)).logits[:, 0]
+        draft_probs = torch.stack(dists, 1) if self.sampling.do_sample else None
+        return DraftChain(torch.stack(tokens, 1), draft_probs)
+
+    def _propose_tree(self, root_logits: torch.Tensor) -> DraftTree:
+        batch = root_logits.shape[0]
+        builder = TreeAttentionBuilder(batch, root_logits.device)
+        tree_start = self.runner.num_slots
+        base = self.runner.slots.last_position  # position of the pending token
+
+        def step(tokens, node_ids, parent_ids, depth):
+            visible = builder.feed(node_ids, parent_ids)
+            before = torch.ones(batch, tokens.shape[1], tree_start, dtype=torch.bool, device=tokens.device)
+            positions = (base + depth).unsqueeze(-1).expand_as(tokens)
+            logits = self.runner.forward(tokens, positions=positions, attention=torch.cat([before, visible], 2)).logits
+            return logits_to_probs(logits, SamplingConfig()).clamp_min(1e-30).log()
+
+        root = logits_to_probs(root_logits, SamplingConfig()).clamp_min(1e-30).log()
+        return expand_dynamic_tree(root, step, self.tree.depth, self.tree.top_k, self.tree.total_tokens)
+
+    def commit(self, result: RoundResult) -> None:
+        prefix = self._prefix_valid.shape[1]
+        prefix_keep = torch.where(self._prefix_valid, torch.arange(prefix, device=self._prefix_valid.device), -1)
+        accepted = result.committed[:, 1:]  # accepted drafts, -1 pad
+        if self.tree is not None:
+            # Tree slots are dropped; the accepted path is fed at the start of the next round.
+            self.runner.commit(prefix_keep)
+            self._backlog = accepted
+            return
+        fed = self.num_draft_tokens - 1  # drafts 1..K-1 are in the cache, draft K never was
+        steps = torch.arange(fed, device=accepted.device)
+        drafts_keep = torch.where(steps < result.num_accepted.unsqueeze(-1), prefix + steps, -1)
+        self.runner.commit(torch.cat([prefix_keep, drafts_keep], 1))
+        last_draft = accepted[:, -1:] if accepted.shape[1] == self.num_draft_tokens else accepted[:, :0]
+        self._backlog = torch.where(result.num_accepted.unsqueeze(-1) == self.num_draft_tokens, last_draft, -1) \
+            if last_draft.shape[1] else last_draft

@@ -1,0 +1,315 @@
+"""Acceptance rules: when a drafted token is kept, and what to draw from when it is not.
+
+Every rule answers two questions for a drafted token x~ at one position, given the target distribution
+p and the draft distribution q (``None`` means a deterministic draft: q is a point mass at x~):
+
+* :meth:`AcceptanceRule.masses` returns ``(target_mass, draft_mass)``; the token is accepted iff
+  ``u * draft_mass < target_mass`` for ``u ~ U(0, 1)``, i.e. with probability
+  ``min(1, target_mass / draft_mass)``. Lossless speculative sampling uses ``(p(x~), q(x~))``; relaxed
+  rules (LANTERN, GSD) raise the target mass; threshold rules (greedy, MuLo-SD) return 0 or 1.
+* :meth:`AcceptanceRule.residual` returns the (unnormalised) weights to draw from at the first
+  rejection. Greedy rules take the argmax of it instead of sampling (``rule.greedy``).
+
+Writing acceptance as a mass comparison (no division) keeps the torch path and the fused Triton
+kernel bit-identical for the same uniforms.
+
+Residual of relaxed rules: for any rule whose relaxed mass satisfies p~(y) >= p(y), the TV-optimal
+residual norm(max(0, p - q * f)) with f(y) = min(1, p~(y)/q(y)) simplifies to norm(max(0, p - q)):
+where q(y) < p(y) <= p~(y) we get p - q, elsewhere 0. So LANTERN and GSD share the exact residual by
+default; LANTERN offers the official code's heuristic (also zero the draft's latent neighbours).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from mmspec.validation import check_ndim, check_positive_int
+
+RESIDUAL_EPS = 1e-9  # a residual with less total mass than this falls back to the target distribution
+
+
+def one_hot_like(tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Point-mass distributions ``[..., V]`` at ``tokens [...]`` with the dtype of ``probs``."""
+    return torch.zeros_like(probs).scatter_(-1, tokens.unsqueeze(-1), 1.0)
+
+
+def gather_token(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """``probs[..., tokens]`` elementwise: ``[..., V]`` x ``[...]`` -> ``[...]``."""
+    return probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def exact_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                   tokens: torch.Tensor) -> torch.Tensor:
+    """``max(0, p - q)`` (q a point mass at ``tokens`` when None), or p where that has no mass."""
+    q = one_hot_like(tokens, target_probs) if draft_probs is None else draft_probs
+    residual = (target_probs - q).clamp_min_(0)
+    empty = residual.sum(-1, keepdim=True) <= RESIDUAL_EPS
+    return torch.where(empty, target_probs, residual)
+
+
+class AcceptanceRule:
+    """Base class. Subclasses implement :meth:`masses` and may override :meth:`residual`."""
+
+    #: Greedy rules emit the argmax of the residual instead of sampling it.
+    greedy: bool = False
+    #: Name of the fused chain kernel mode that computes this rule exactly ("sample", "greedy"), if any.
+    fused_kernel: str | None = None
+
+    def masses(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+               tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(target_mass, draft_mass)`` of ``tokens [...]`` under ``[..., V]`` distributions."""
+        raise NotImplementedError
+
+    def residual(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                 tokens: torch.Tensor) -> torch.Tensor:
+        """Unnormalised weights ``[..., V]`` to draw the corrected token from after a rejection."""
+        return exact_residual(target_probs, draft_probs, tokens)
+
+    def acceptance_probs(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                         tokens: torch.Tensor) -> torch.Tensor:
+        """Probability of accepting each token, ``min(1, target_mass / draft_mass)``."""
+        target_mass, draft_mass = self.masses(target_probs, draft_probs, tokens)
+        ratio = target_mass / draft_mass.clamp_min(torch.finfo(draft_mass.dtype).tiny)
+        return ratio.clamp(max=1.0)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Raise if the rule was built for another vocabulary (codebook neighbour tables)."""
+
+
+@dataclass(frozen=True)
+class ExactRule(AcceptanceRule):
+    """Lossless speculative sampling (Leviathan et al. 2023, Chen et al. 2023).
+
+    Accept x~ with probability min(1, p(x~)/q(x~)); at the first rejection sample from
+    norm(max(0, p - q)); deterministic drafts use q(x~) = 1.
+    """
+
+    fused_kernel = "sample"
+
+    def masses(self, target_probs, draft_probs, tokens):
+        p = gather_token(target_probs, tokens)
+        q = torch.ones_like(p) if draft_probs is None else gather_token(draft_probs, tokens)
+        return p, q
+
+
+@dataclass(frozen=True)
+class GreedyRule(AcceptanceRule):
+    """Greedy decoding: accept while x~ is the target's argmax; emit the argmax at the first mismatch."""
+
+    greedy = True
+    fused_kernel = "greedy"
+
+    def masses(self, target_probs, draft_probs, tokens):
+        match = (target_probs.argmax(-1) == tokens).to(target_probs.dtype)
+        return match, torch.ones_like(match)
+
+    def residual(self, target_probs, draft_probs, tokens):
+        return target_probs
+
+
+def _check_neighbors(neighbors: torch.Tensor, k: int) -> None:
+    check_ndim(neighbors, 2, "neighbors", "[V, k] (the k nearest other codebook entries of each token)")
+    if neighbors.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"neighbors must be an integer tensor, got {neighbors.dtype}")
+    check_positive_int(k, "k")
+    if k > neighbors.shape[1]:
+        raise ValueError(f"k={k} exceeds the {neighbors.shape[1]} neighbours per token in `neighbors`")
+
+
+def _neighbor_masses(target_probs: torch.Tensor, tokens: torch.Tensor, neighbors: torch.Tensor,
+                     k: int) -> torch.Tensor:
+    """Target mass of each token's k nearest neighbours, in distance order: ``[..., k]``.
+
+    Padding entries (-1) and entries equal to the token itself carry no mass.
+    """
+    table = neighbors[:, :k].to(device=tokens.device, dtype=torch.long)
+    ids = table[tokens]  # [..., k]
+    masses = target_probs.gather(-1, ids.clamp_min(0))
+    return masses.masked_fill((ids < 0) | (ids == tokens.unsqueeze(-1)), 0.0)
+
+
+@dataclass(frozen=True)
+class LanternRule(AcceptanceRule):
+    """LANTERN relaxed acceptance over latent (codebook) neighbourhoods (arXiv 2410.03355).
+
+    A = the longest distance-ordered prefix of the k nearest codebook neighbours of x~ whose cumulative
+    target mass c_J stays <= delta (LANTERN, a total-variation budget) or <= (lam - 1) p(x~)
+    (LANTERN++ multiplicative bound, used when ``lam`` is given). The relaxed mass p(x~) + c_J replaces
+    p(x~) in the acceptance test. ``delta=0`` (or ``lam=1``) is exact speculative sampling.
+
+    Args:
+        neighbors: LongTensor ``[V, k_max]``, row t = the nearest *other* codebook entries of token t,
+            ordered by distance (``-1`` pads); see ``codebook_neighbors`` in the tokenizers.
+        k: how many neighbours to use (<= k_max).
+        delta: TVD budget in [0, 1].
+        lam: LANTERN++ bound (>= 1); when set, ``delta`` is ignored.
+        greedy: greedy decoding: accept iff x~ becomes the argmax once its mass is relaxed.
+        residual_mode: "tv" (default, TV-optimal norm(max(0, p - q))) or "official" (also zero x~'s
+            k neighbours, as LANTERN's reference code does).
+    """
+
+    neighbors: torch.Tensor = field(repr=False)
+    k: int = 1000
+    delta: float = 0.1
+    lam: float | None = None
+    greedy: bool = False
+    residual_mode: str = "tv"
+
+    def __post_init__(self) -> None:
+        _check_neighbors(self.neighbors, self.k)
+        if not 0.0 <= self.delta <= 1.0:
+            raise ValueError(f"delta must be in [0, 1], got {self.delta}")
+        if self.lam is not None and not self.lam >= 1.0:
+            raise ValueError(f"lam must be >= 1, got {self.lam}")
+        if self.residual_mode not in ("tv", "official"):
+            raise ValueError(f"residual_mode must be 'tv' or 'official', got {self.residual_mode!r}")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        if self.neighbors.shape[0] != vocab_size:
+            raise ValueError(f"LanternRule neighbors cover {self.neighbors.shape[0]} tokens but the target "
+                             f"vocabulary has {vocab_size}")
+
+    def relaxed_mass(self, target_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """p(x~) + c_J for each token ``[...]``."""
+        p = gather_token(target_probs, tokens)
+        masses = _neighbor_masses(target_probs, tokens, self.neighbors, self.k)
+        budget = (self.lam - 1.0) * p if self.lam is not None else torch.full_like(p, self.delta)
+        cumulative = masses.cumsum(-1)
+        within = (cumulative <= budget.unsqueeze(-1)).to(masses.dtype).cumprod(-1)  # prefix only
+        return p + (masses * within).sum(-1)
+
+    def masses(self, target_probs, draft_probs, tokens):
+        relaxed = self.relaxed_mass(target_probs, tokens)
+        if self.greedy:
+            is_max = (relaxed >= target_probs.max(-1).values).to(relaxed.dtype)
+            return is_max, torch.ones_like(is_max)
+        q = torch.ones_like(relaxed) if draft_probs is None else gather_token(draft_probs, tokens)
+        return relaxed, q
+
+    def residual(self, target_probs, draft_probs, tokens):
+        if self.greedy:
+            return target_probs
+        residual = exact_residual(target_probs, draft_probs, tokens)
+        if self.residual_mode == "official":
+            ids = self.neighbors[:, : self.k].to(tokens.device, torch.long)[tokens]
+            drop = torch.zeros_like(residual, dtype=torch.bool)
+            drop.scatter_(-1, ids.clamp_min(0), (ids >= 0))
+            trimmed = residual.masked_fill(drop, 0.0)
+            keep = trimmed.sum(-1, keepdim=True) > 1e-9
+            residual = torch.where(keep, trimmed, residual)
+        return residual
+
+
+@dataclass(frozen=True)
+class GroupedRule(AcceptanceRule):
+    """GSD grouped acceptance (arXiv 2508.07747) for Speculative Jacobi Decoding.
+
+    The group C of x~ holds x~ and its G - 1 neighbours in the target's probability ranking
+    (ceil((G-1)/2) more probable, floor((G-1)/2) less probable), kept only if
+    |p(y) - p(x~)| < ``prob_threshold`` and, when ``embeddings`` are given, ||e_y - e_x~|| <
+    ``distance_threshold``. Accept with probability min(1, p(C)/q(C)); resample from norm(max(0, p - q)).
+    ``G=1`` is exact speculative sampling. Groups are nested in G, so for deterministic drafts
+    (q(C) = 1) acceptance never decreases as G grows; for stochastic drafts the ratio of group masses
+    is what the paper prescribes and is not monotone in general.
+    """
+
+    G: int = 10
+    prob_threshold: float = 0.15
+    embeddings: torch.Tensor | None = field(default=None, repr=False)
+    distance_threshold: float = float("inf")
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        check_positive_int(self.G, "G")
+        if not self.prob_threshold > 0:
+            raise ValueError(f"prob_threshold must be > 0, got {self.prob_threshold}")
+        if self.embeddings is not None:
+            check_ndim(self.embeddings, 2, "embeddings", "[V, D] (codebook embeddings)")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        if self.embeddings is not None and self.embeddings.shape[0] != vocab_size:
+            raise ValueError(f"GroupedRule embeddings cover {self.embeddings.shape[0]} tokens but the target "
+                             f"vocabulary has {vocab_size}")
+
+    def group_mask(self, target_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Boolean ``[..., V]`` membership of each token's group C."""
+        vocab = target_probs.shape[-1]
+        order = target_probs.argsort(-1, descending=True, stable=True)  # [..., V] rank -> token
+        rank_of = torch.empty_like(order).scatter_(-1, order, torch.arange(vocab, device=order.device)
+                                                   .expand_as(order).contiguous())
+        rank = gather_token(rank_of, tokens)  # [...]
+        above, below = -(-(self.G - 1) // 2), (self.G - 1) // 2
+        offsets = torch.arange(-above, below + 1, device=tokens.device)
+        window = (rank.unsqueeze(-1) + offsets).clamp(0, vocab - 1)  # [..., G]
+        members = order.gather(-1, window)
+        p_x = gather_token(target_probs, tokens).unsqueeze(-1)
+        keep = (target_probs.gather(-1, members) - p_x).abs() < self.prob_threshold
+        if self.embeddings is not None:
+            emb = self.embeddings.to(target_probs.device, target_probs.dtype)
+            dist = (emb[members] - emb[tokens].unsqueeze(-2)).norm(dim=-1)
+            keep &= dist < self.distance_threshold
+        keep |= members == tokens.unsqueeze(-1)
+        mask = torch.zeros_like(target_probs, dtype=torch.bool)
+        return mask.scatter_(-1, members, keep)
+
+    def masses(self, target_probs, draft_probs, tokens):
+        if self.G == 1:
+            return ExactRule().masses(target_probs, draft_probs, tokens) if not self.greedy \
+                else GreedyRule().masses(target_probs, draft_probs, tokens)
+        group = self.group_mask(target_probs, tokens).to(target_probs.dtype)
+        p_group = (target_probs * group).sum(-1)
+        if self.greedy:
+            is_max = (p_group >= target_probs.max(-1).values).to(p_group.dtype)
+            return is_max, torch.ones_like(is_max)
+        q_group = torch.ones_like(p_group) if draft_probs is None else (draft_probs * group).sum(-1)
+        return p_group, q_group
+
+    def residual(self, target_probs, draft_probs, tokens):
+        return target_probs if self.greedy else exact_residual(target_probs, draft_probs, tokens)
+
+
+@dataclass(frozen=True)
+class PoolingThresholdRule(AcceptanceRule):
+    """MuLo-SD pooled threshold acceptance (arXiv 2601.05149).
+
+    Accept x~ iff the target mass pooled over x~ and its k nearest codebook neighbours reaches ``tau``:
+    p(x~) + sum_{y in B_k(x~)} p(y) >= tau. Deterministic (no uniform is used). A rejected token is
+    redrawn from the target where it was drafted deterministically; with a stochastic draft q the
+    residual is the TV form norm(max(0, p - q f)) with f(y) = 1[pooled mass of y >= tau].
+    """
+
+    neighbors: torch.Tensor = field(repr=False)
+    k: int = 8
+    tau: float = 0.5
+    greedy: bool = False
+
+    def __post_init__(self) -> None:
+        _check_neighbors(self.neighbors, self.k)
+        if not 0.0 <= self.tau <= 1.0:
+            raise ValueError(f"tau must be in [0, 1], got {self.tau}")
+
+    def check_vocab(self, vocab_size: int) -> None:
+        LanternRule.check_vocab(self, vocab_size)  # same neighbour-table contract
+
+    def pooled_mass(self, target_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        p = gather_token(target_probs, tokens)
+        return p + _neighbor_masses(target_probs, tokens, self.neighbors, self.k).sum(-1)
+
+    def masses(self, target_probs, draft_probs, tokens):
+        accept = (self.pooled_mass(target_probs, tokens) >= self.tau).to(target_probs.dtype)
+        return accept, torch.ones_like(accept)
+
+    def residual(self, target_probs, draft_probs, tokens):
+        if self.greedy or draft_probs is None:
+            return target_probs
+        table = self.neighbors[:, : self.k].to(target_probs.device, torch.long)  # [V, k]
+        vocab = table.shape[0]
+        masses = target_probs[..., table.clamp_min(0)]  # [..., V, k]
+        invalid = (table < 0) | (table == torch.arange(vocab, device=table.device).unsqueeze(-1))
+        pooled_all = target_probs + masses.masked_fill(invalid, 0.0).sum(-1)
+        f = (pooled_all >= self.tau).to(target_probs.dtype)
+        residual = (target_probs - draft_probs * f).clamp_min(0)
+        empty = residual.sum(-1, keepdim=True) <= RESIDUAL_EPS
+        return torch.where(empty, target_probs, residual)

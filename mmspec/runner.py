@@ -1,0 +1,129 @@
+"""Running a transformers causal LM round by round with a KV cache that can be rolled back per row.
+
+:class:`CausalLMRunner` is the target interface of :mod:`mmspec.speculate` for any
+``*ForCausalLM``-style model (it also serves as the engine of model-based drafters). A round appends
+slots (the pending token plus drafts, or a tree), then :meth:`CausalLMRunner.commit` keeps the accepted
+ones. Batches use the pad-and-mask scheme of :mod:`mmspec.cache`, so rows may keep different numbers
+of tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mmspec.cache import SlotState, select_cache_slots
+from mmspec.validation import check_ndim
+
+
+@dataclass
+class StepOutput:
+    """Logits ``[B, T, V]`` of the slots a forward appended and, when asked, the top hidden states
+    ``[B, T, D]`` (what EAGLE-style drafters read)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+class CausalLMRunner:
+    """Target interface over a transformers causal LM.
+
+    Args:
+        model: a ``PreTrainedModel`` returning ``logits`` (and ``hidden_states`` when asked) that accepts
+            ``past_key_values``, ``position_ids`` and 2-D or 4-D ``attention_mask``.
+        return_hidden: also return the last layer's hidden states (for feature-level drafters).
+    """
+
+    def __init__(self, model: Any, return_hidden: bool = False) -> None:
+        self.model = model
+        self.return_hidden = return_hidden
+        self.cache: Any = None
+        self.slots: SlotState | None = None
+        self.calls = 0  # forward passes run (prefill included)
+
+    @property
+    def vocab_size(self) -> int:
+        head = self.model.get_output_embeddings()
+        return int(head.weight.shape[0]) if head is not None else int(self.model.config.vocab_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        config = self.model.config
+        return DynamicCache(config=config.get_text_config() if hasattr(config, "get_text_config") else config)
+
+    def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+             **model_inputs: Any) -> StepOutput:
+        self.calls += 1
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=self.cache, use_cache=True,
+                         output_hidden_states=self.return_hidden, **model_inputs)
+        if out.past_key_values is not None:
+            self.cache = out.past_key_values
+        hidden = out.hidden_states[-1] if self.return_hidden else None
+        return StepOutput(out.logits, hidden)
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **model_inputs: Any) -> StepOutput:
+        """Run the prompt (left or right padding allowed) and start a fresh cache."""
+        check_ndim(input_ids, 2, "input_ids", "[B, T]")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+        self.cache = self._new_cache()
+        self.slots = SlotState.from_attention_mask(attention_mask)
+        return self._run(input_ids, attention_mask.long(), self.slots.prompt_positions(), **model_inputs)
+
+    def begin_round(self) -> None:
+        self._state().begin_round()
+
+    @property
+    def round_start(self) -> int:
+        return self._state().round_start
+
+    @property
+    def num_slots(self) -> int:
+        return self._state().num_slots
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                attention: torch.Tensor | None = None) -> StepOutput:
+        """Append ``tokens [B, T]`` to the cache and return their outputs.
+
+        Args:
+            valid: bool ``[B, T]``; invalid slots are padding (hidden from every query, position unused).
+            positions: explicit position ids ``[B, T]`` (tree nodes); default continues each row's chain.
+            attention: explicit key visibility ``[B, T, S + T]`` (S = slots before this call) for tree
+                drafting/verification; default is causal over valid slots.
+        """
+        state = self._state()
+        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
+        previous = state.num_slots
+        positions, key_mask = state.append(valid, positions)
+        if attention is None:
+            mask: torch.Tensor = key_mask.long()
+        else:
+            expected = (tokens.shape[0], tokens.shape[1], previous + tokens.shape[1])
+            if tuple(attention.shape) != expected:
+                raise ValueError(f"attention must have shape {expected}, got {tuple(attention.shape)}")
+            mask = (attention & key_mask.unsqueeze(1)).unsqueeze(1)  # [B, 1, T, S+T]
+        return self._run(tokens, mask, positions)
+
+    def commit(self, keep: torch.Tensor) -> None:
+        """Keep, per row, the round's slots ``keep [B, M]`` (relative to the round start, -1 = hole)."""
+        state = self._state()
+        self.cache = select_cache_slots(self.cache, state.round_start, keep)
+        state.commit(keep)
+
+    def _state(self) -> SlotState:
+        if self.slots is None:
+            raise RuntimeError("call prefill() before decoding")
+        return self.slots

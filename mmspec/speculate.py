@@ -1,0 +1,297 @@
+"""One speculation loop for every token-level method.
+
+The loop runs any :class:`Drafter` against any target (a :class:`Target`, e.g.
+:class:`~mmspec.runner.CausalLMRunner`) with any acceptance rule, batched, recording
+:class:`~mmspec.stats.SpecStats`. A round is:
+
+1. the drafter proposes a chain ``[B, K]`` (with its distributions, or None if deterministic) or a tree;
+2. the target scores ``[pending, drafts...]`` in one forward (a tree with its attention mask);
+3. the core verifies (``verify_tokens`` / ``verify_tree``), the only accept/reject decision;
+4. target and drafter keep the accepted slots of their caches and the new pending token is appended.
+
+``drafter=None`` is the target-only baseline in the same code path (one token per target forward),
+which is what ``method="none"`` of every pipeline runs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from mmspec.rules import AcceptanceRule, ExactRule, GreedyRule
+from mmspec.runner import StepOutput
+from mmspec.sampling import SamplingConfig, logits_to_probs, sample
+from mmspec.stats import SpecStats
+from mmspec.tree import DraftTree, tree_attention_mask, tree_position_offsets, verify_tree
+from mmspec.validation import check_ndim, check_positive_int
+from mmspec.verify import verify_tokens
+
+
+class Target(Protocol):
+    """What the loop needs from a target model (see :class:`~mmspec.runner.CausalLMRunner`)."""
+
+    vocab_size: int
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **model_inputs: Any) -> StepOutput: ...
+    def begin_round(self) -> None: ...
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                attention: torch.Tensor | None = None) -> StepOutput: ...
+    def commit(self, keep: torch.Tensor) -> None: ...
+
+
+@dataclass
+class DraftChain:
+    """``tokens [B, K]`` and the distributions ``probs [B, K, V]`` they were drawn from (None: deterministic)."""
+
+    tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
+@dataclass
+class PrefillContext:
+    """What a drafter sees after the target's prefill."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    target: StepOutput
+    first_tokens: torch.Tensor  # [B] the target's first generated token (the first pending token)
+    model_inputs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class RoundResult:
+    """What a round committed, for the drafter to update itself.
+
+    Attributes:
+        committed: LongTensor ``[B, M]``: the previous pending token then the accepted drafts (-1 pad).
+        num_accepted: LongTensor ``[B]`` accepted drafts per row.
+        next_tokens: LongTensor ``[B]`` the new pending token (corrected or bonus).
+        target_hidden: ``[B, M, D]`` target top hidden states of ``committed`` (None if not computed).
+        path: accepted tree node indices ``[B, D]`` (-1 pad) for tree rounds, else None.
+    """
+
+    committed: torch.Tensor
+    num_accepted: torch.Tensor
+    next_tokens: torch.Tensor
+    target_hidden: torch.Tensor | None = None
+    path: torch.Tensor | None = None
+
+
+class Drafter(ABC):
+    """A drafting strategy (a draft model, an EAGLE/FLASH/ViSpec/SpecVLM head, Jacobi, MuLo-SD...)."""
+
+    #: whether the drafter wants the target's top hidden states (feature-level drafters)
+    needs_target_hidden: bool = False
+
+    @property
+    def calls(self) -> int:
+        """Draft forward passes run so far (for :class:`SpecStats`)."""
+        return 0
+
+    @abstractmethod
+    def prefill(self, context: PrefillContext) -> None:
+        """Read the prompt (and the target's prefill outputs) before the first round."""
+
+    @abstractmethod
+    def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
+        """Propose drafts that follow ``pending [B]`` (the last committed, not yet scored token)."""
+
+    @abstractmethod
+    def commit(self, result: RoundResult) -> None:
+        """Learn what was accepted; roll back anything else (its own cache)."""
+
+
+@dataclass
+class SpeculativeOutput:
+    """Result of :func:`speculative_generate`.
+
+    Attributes:
+        sequences: LongTensor ``[B, L]`` generated tokens (prompt excluded), ``pad_token_id`` after the end.
+        lengths: LongTensor ``[B]`` generated tokens per row (EOS included).
+        drafted: bool ``[B, L]``: True where the token was a drafted-and-accepted token, False where the
+            target produced it (prefill token, corrections, bonus tokens).
+        stats: :class:`SpecStats`.
+    """
+
+    sequences: torch.Tensor
+    lengths: torch.Tensor
+    drafted: torch.Tensor
+    stats: SpecStats
+
+
+def default_rule(sampling: SamplingConfig) -> AcceptanceRule:
+    return ExactRule() if sampling.do_sample else GreedyRule()
+
+
+def target_probs_fn(sampling: SamplingConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+    """Logits -> the distribution verification compares against.
+
+    Greedy decoding keeps the full softmax (relaxed greedy rules such as LANTERN need real masses);
+    the greedy rule then takes the argmax.
+    """
+    config = sampling if sampling.do_sample else SamplingConfig(do_sample=True, top_k=sampling.top_k,
+                                                                top_p=sampling.top_p)
+    return lambda logits: logits_to_probs(logits, config)
+
+
+@torch.no_grad()
+def speculative_generate(target: Target, drafter: Drafter | None, input_ids: torch.Tensor,
+                         attention_mask: torch.Tensor | None = None, *, max_new_tokens: int = 64,
+                         sampling: SamplingConfig = SamplingConfig(do_sample=False), rule: AcceptanceRule | None = None,
+                         eos_token_id: int | list[int] | None = None, pad_token_id: int = 0,
+                         generator: torch.Generator | None = None, stats: SpecStats | None = None,
+                         callback: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
+                         **model_inputs: Any) -> SpeculativeOutput:
+    """Generate up to ``max_new_tokens`` per row, speculatively when a drafter is given.
+
+    Args:
+        target: the target model interface; drafter: a :class:`Drafter` or None (target-only baseline).
+        input_ids / attention_mask: ``[B, T]`` prompt (padding allowed); ``model_inputs`` go to the
+            target's prefill (e.g. ``pixel_values``).
+        sampling: how logits become distributions; greedy when ``do_sample=False``.
+        rule: acceptance rule (default ExactRule when sampling, GreedyRule when greedy).
+        callback: called after every round with ``(new_tokens [B, M] (-1 pad), drafted [B, M])`` for
+            streaming.
+    """
+    check_ndim(input_ids, 2, "input_ids", "[B, T]")
+    check_positive_int(max_new_tokens, "max_new_tokens")
+    rule = rule or default_rule(sampling)
+    to_probs = target_probs_fn(sampling)
+    stats = stats if stats is not None else SpecStats()
+    eos = torch.tensor([] if eos_token_id is None else
+                       ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)),
+                       device=input_ids.device)
+    batch = input_ids.shape[0]
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+
+    with stats.phase("prefill"):
+        out = target.prefill(input_ids, attention_mask, **model_inputs)
+        stats.target_calls += 1
+        probs = to_probs(out.logits[:, -1])
+        rule.check_vocab(probs.shape[-1])
+        pending = probs.argmax(-1) if rule.greedy else sample(probs, generator)
+    if drafter is not None:
+        with stats.phase("draft"):
+            drafter.prefill(PrefillContext(input_ids, attention_mask, out, pending, model_inputs))
+
+    output = _OutputBuffer(batch, max_new_tokens, eos, input_ids.device)
+    output.append(pending.unsqueeze(1), torch.zeros(batch, 1, dtype=torch.bool, device=input_ids.device))
+    if callback is not None:
+        callback(pending.unsqueeze(1), torch.zeros(batch, 1, dtype=torch.bool))
+    while not output.all_done():
+        active = ~output.done
+        if drafter is None:
+            new_tokens, drafted = _target_only_round(target, pending, to_probs, rule, generator, stats)
+        else:
+            new_tokens, drafted = _speculative_round(target, drafter, pending, to_probs, rule, generator, stats,
+                                                     active)
+        output.append(new_tokens, drafted)
+        if callback is not None:
+            callback(new_tokens, drafted)
+        pending = new_tokens.gather(1, ((new_tokens >= 0).sum(-1, keepdim=True) - 1)).squeeze(1)
+    stats.tokens += int(output.lengths.sum())
+    return SpeculativeOutput(output.sequences(pad_token_id), output.lengths.clone(), output.drafted_mask(), stats)
+
+
+def _target_only_round(target, pending, to_probs, rule, generator, stats):
+    with stats.phase("target"):
+        target.begin_round()
+        out = target.forward(pending.unsqueeze(1))
+        target.commit(torch.zeros_like(pending).unsqueeze(1))
+        stats.target_calls += 1
+    with stats.phase("verify"):
+        probs = to_probs(out.logits[:, 0])
+        next_tokens = probs.argmax(-1) if rule.greedy else sample(probs, generator)
+    stats.record_verification(torch.zeros_like(pending), 0)
+    return next_tokens.unsqueeze(1), torch.zeros_like(next_tokens, dtype=torch.bool).unsqueeze(1)
+
+
+def _speculative_round(target, drafter, pending, to_probs, rule, generator, stats, active):
+    with stats.phase("draft"):
+        calls = drafter.calls
+        proposal = drafter.propose(pending)
+    with stats.phase("target"):
+        target.begin_round()
+        if isinstance(proposal, DraftTree):
+            offsets = tree_position_offsets(proposal.parents)
+            positions = target.slots.last_position.unsqueeze(-1) + 1 + offsets
+            out = target.forward(torch.cat([pending.unsqueeze(1), proposal.tokens], 1), positions=positions,
+                                 attention=_tree_attention(target, proposal))
+        else:
+            out = target.forward(torch.cat([pending.unsqueeze(1), proposal.tokens], 1))
+        stats.target_calls += 1
+    with stats.phase("verify"):
+        probs = to_probs(out.logits)
+        if isinstance(proposal, DraftTree):
+            result = verify_tree(proposal, probs, rule, generator)
+            keep = torch.cat([torch.zeros_like(pending).unsqueeze(1),
+                              torch.where(result.path >= 0, result.path + 1, -1)], 1)
+            path, depth = result.path, proposal.depths().max(-1).values
+        else:
+            result = verify_tokens(proposal.tokens, proposal.probs, probs, rule, generator)
+            steps = torch.arange(proposal.tokens.shape[1] + 1, device=pending.device)
+            keep = torch.where(steps <= result.num_accepted.unsqueeze(-1), steps, -1)
+            path, depth = None, proposal.tokens.shape[1]
+        stats.record_verification(result.num_accepted, depth, active)
+    with stats.phase("commit"):
+        target.commit(keep)
+        committed = torch.cat([pending.unsqueeze(1), result.tokens[:, :-1]], 1)
+        committed = torch.where(keep >= 0, committed, -1)
+        hidden = None
+        if out.hidden is not None:
+            hidden = out.hidden.gather(1, keep.clamp_min(0).unsqueeze(-1).expand(-1, -1, out.hidden.shape[-1]))
+        next_tokens = result.tokens.gather(1, result.num_accepted.unsqueeze(1)).squeeze(1)
+    with stats.phase("draft"):
+        drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path))
+        stats.draft_calls += drafter.calls - calls
+    drafted = (torch.arange(result.tokens.shape[1], device=pending.device) < result.num_accepted.unsqueeze(-1))
+    return result.tokens, drafted & (result.tokens >= 0)
+
+
+def _tree_attention(target, tree: DraftTree) -> torch.Tensor:
+    """Key visibility ``[B, N+1, S+N+1]``: all previous slots, then the tree's ancestor mask."""
+    batch, nodes = tree.tokens.shape
+    prefix = torch.ones(batch, nodes + 1, target.num_slots, dtype=torch.bool, device=tree.tokens.device)
+    return torch.cat([prefix, tree_attention_mask(tree.parents)], dim=2)
+
+
+class _OutputBuffer:
+    """Per-row generated tokens with EOS / length stopping."""
+
+    def __init__(self, batch: int, max_new_tokens: int, eos: torch.Tensor, device: torch.device) -> None:
+        self.tokens = torch.full((batch, max_new_tokens), -1, dtype=torch.long, device=device)
+        self.drafted = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.eos, self.max_new_tokens = eos, max_new_tokens
+
+    def append(self, new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
+        for b in range(new_tokens.shape[0]):
+            if self.done[b]:
+                continue
+            for token, was_drafted in zip(new_tokens[b].tolist(), drafted[b].tolist()):
+                if token < 0:
+                    break
+                n = int(self.lengths[b])
+                self.tokens[b, n], self.drafted[b, n] = token, was_drafted
+                self.lengths[b] = n + 1
+                if n + 1 >= self.max_new_tokens or (self.eos.numel() and bool((self.eos == token).any())):
+                    self.done[b] = True
+                    break
+
+    def all_done(self) -> bool:
+        return bool(self.done.all())
+
+    def sequences(self, pad_token_id: int) -> torch.Tensor:
+        width = int(self.lengths.max()) if self.lengths.numel() else 0
+        out = self.tokens[:, :width].clone()
+        return out.masked_fill_(out < 0, pad_token_id)
+
+    def drafted_mask(self) -> torch.Tensor:
+        return self.drafted[:, : int(self.lengths.max())].clone()

@@ -1,0 +1,103 @@
+"""Speculation statistics shared by every pipeline.
+
+``mean_accepted_length`` counts the tokens a row gains per target verification call *including* the
+bonus/corrected token (so target-only decoding has exactly 1.0 and a perfect K-token drafter K+1). Papers
+differ here (ViSpec reports tau without the bonus); ``mean_accepted_drafts`` is that other convention.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SpecStats:
+    """Counters of one generation call (all rows of the batch together).
+
+    Attributes:
+        target_calls: target forward passes (prefill included).
+        draft_calls: drafter forward passes.
+        tokens: tokens produced (all rows, committed output only).
+        verify_steps: (row, verification) pairs: the denominator of the mean accepted length.
+        emitted: tokens gained in verification steps (accepted drafts + one per step).
+        position_attempts / position_accepts: per draft position i, how often it was verified / accepted.
+        phase_seconds: wall time per phase ("prefill", "draft", "target", "verify", ...).
+    """
+
+    target_calls: int = 0
+    draft_calls: int = 0
+    tokens: int = 0
+    verify_steps: int = 0
+    emitted: int = 0
+    position_attempts: list[int] = field(default_factory=list)
+    position_accepts: list[int] = field(default_factory=list)
+    phase_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens gained per (row, target verification), bonus/corrected token included."""
+        return self.emitted / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def mean_accepted_drafts(self) -> float:
+        """Accepted drafted tokens per (row, verification), bonus excluded."""
+        return (self.emitted - self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
+
+    @property
+    def acceptance_rates(self) -> list[float]:
+        """Per draft position: P(position i accepted | position i verified)."""
+        return [a / n if n else 0.0 for a, n in zip(self.position_accepts, self.position_attempts)]
+
+    @property
+    def wall_seconds(self) -> float:
+        return sum(self.phase_seconds.values())
+
+    def record_verification(self, num_accepted: torch.Tensor, num_drafted: int | torch.Tensor,
+                            active: torch.Tensor | None = None) -> None:
+        """Count one verification of the rows in ``active`` (bool ``[B]``; all rows when None).
+
+        ``num_drafted`` is the number of draft positions checked along the accepted chain (K for chains,
+        the path depth bound for trees), scalar or per row.
+        """
+        accepted = num_accepted.detach().cpu()
+        rows = torch.ones_like(accepted, dtype=torch.bool) if active is None else active.detach().cpu()
+        drafted = torch.as_tensor(num_drafted).expand_as(accepted).cpu()
+        self.verify_steps += int(rows.sum())
+        self.emitted += int((accepted + 1)[rows].sum())
+        longest = int(drafted.max()) if drafted.numel() else 0
+        while len(self.position_attempts) < longest:
+            self.position_attempts.append(0)
+            self.position_accepts.append(0)
+        for n, k in zip(accepted[rows].tolist(), drafted[rows].tolist()):
+            # position i is verified iff every earlier one was accepted
+            for i in range(min(n + 1, k)):
+                self.position_attempts[i] += 1
+            for i in range(n):
+                self.position_accepts[i] += 1
+
+    @contextmanager
+    def phase(self, name: str):
+        """Time a block of work under ``name`` (accumulates)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_seconds[name] += time.perf_counter() - start
+
+    def as_dict(self) -> dict:
+        return {
+            "target_calls": self.target_calls, "draft_calls": self.draft_calls, "tokens": self.tokens,
+            "verify_steps": self.verify_steps, "mean_accepted_length": self.mean_accepted_length,
+            "mean_accepted_drafts": self.mean_accepted_drafts, "acceptance_rates": self.acceptance_rates,
+            "phase_seconds": dict(self.phase_seconds), "wall_seconds": self.wall_seconds,
+        }
+
+    def __str__(self) -> str:
+        return (f"SpecStats(tokens={self.tokens}, target_calls={self.target_calls}, draft_calls={self.draft_calls}, "
+                f"mean_accepted_length={self.mean_accepted_length:.2f} (incl. bonus), "
+                f"wall={self.wall_seconds:.3f}s)")

@@ -1,0 +1,332 @@
+"""Draft trees: layout, attention masks, EAGLE-1 static and EAGLE-2 dynamic construction, verification.
+
+A :class:`DraftTree` holds N drafted nodes per row in topological order (a parent comes before its
+children, siblings in the order they should be tried). The *root* is the last committed token, which is
+not part of the tree; the target scores ``[root, node_0, ..., node_{N-1}]`` in one forward with the
+mask of :func:`tree_attention_mask`, giving ``target_probs [B, N+1, V]`` where index 0 is the target's
+distribution after the root and index j+1 the distribution after node j.
+
+Verification walks from the root: among the children of the current node it tries siblings in order;
+a rejected sibling turns the target distribution into the rule's residual before the next sibling is
+tried (multi-candidate speculative sampling, SpecInfer / EAGLE), which keeps :class:`ExactRule`
+lossless both for deterministic top-k siblings (residual = p with the rejected token zeroed) and for
+siblings drawn from q (residual = norm(max(0, p - q))).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from mmspec.rules import AcceptanceRule, ExactRule
+from mmspec.sampling import draw_uniforms, sample_inverse_cdf
+from mmspec.validation import check_ndim, check_positive_int, check_probs, check_token_ids
+
+ROOT = -1  # parent index of the root's children
+
+
+@dataclass
+class DraftTree:
+    """Drafted tree per row.
+
+    Attributes:
+        tokens: LongTensor ``[B, N]``.
+        parents: LongTensor ``[B, N]``; ``-1`` for children of the root, else an index < the node's own.
+        draft_probs: ``[B, N, V]`` the draft distribution each node was drawn from (at its parent), or
+            None for deterministic drafts (top-k expansion).
+    """
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    draft_probs: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        check_ndim(self.tokens, 2, "tree.tokens", "[B, N]")
+        if self.parents.shape != self.tokens.shape:
+            raise ValueError(f"tree.parents must match tree.tokens {tuple(self.tokens.shape)}, "
+                             f"got {tuple(self.parents.shape)}")
+        if self.tokens.shape[1] == 0:
+            raise ValueError("a draft tree needs at least one node")
+        index = torch.arange(self.tokens.shape[1], device=self.parents.device)
+        if ((self.parents >= index) | (self.parents < ROOT)).any():
+            raise ValueError("tree.parents must be topologically ordered: -1 or an index smaller than the node's")
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    def depths(self) -> torch.Tensor:
+        """Depth of each node ``[B, N]`` (children of the root have depth 1)."""
+        return tree_depths(self.parents)
+
+
+def tree_depths(parents: torch.Tensor) -> torch.Tensor:
+    """``[B, N]`` depths from topologically ordered parent indices."""
+    depths = torch.zeros_like(parents)
+    for j in range(parents.shape[1]):
+        parent = parents[:, j]
+        depths[:, j] = torch.where(parent < 0, 1, depths.gather(1, parent.clamp_min(0).unsqueeze(1)).squeeze(1) + 1)
+    return depths
+
+
+def tree_attention_mask(parents: torch.Tensor, include_root: bool = True) -> torch.Tensor:
+    """Boolean ancestor-or-self mask: ``mask[b, i, j]`` is True iff node j is i or an ancestor of i.
+
+    With ``include_root`` the root (the last committed token) is prepended as index 0, visible to all:
+    the result is ``[B, N+1, N+1]``, matching the target's input ``[root, nodes...]``.
+    """
+    batch, num_nodes = parents.shape
+    mask = torch.eye(num_nodes, dtype=torch.bool, device=parents.device).expand(batch, -1, -1).clone()
+    for j in range(num_nodes):
+        parent = parents[:, j]
+        has_parent = parent >= 0
+        inherited = mask[torch.arange(batch), parent.clamp_min(0)] & has_parent.unsqueeze(-1)
+        mask[:, j] |= inherited
+    if not include_root:
+        return mask
+    full = torch.ones(batch, num_nodes + 1, num_nodes + 1, dtype=torch.bool, device=parents.device)
+    full[:, 0, 1:] = False
+    full[:, 1:, 1:] = mask
+    return full
+
+
+def tree_position_offsets(parents: torch.Tensor) -> torch.Tensor:
+    """Position offsets of ``[root, nodes...]`` relative to the root: ``[B, N+1]`` (root 0, node depth)."""
+    return torch.cat([torch.zeros_like(parents[:, :1]), tree_depths(parents)], dim=1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Construction
+# ----------------------------------------------------------------------------------------------------
+
+def static_tree_from_choices(choices: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-1 / Medusa static tree from a list of paths of top-k ranks, e.g. ``[[0], [1], [0, 0]]``.
+
+    Returns ``(parents [N], ranks [N])`` in topological order (by depth, then as listed): node j is the
+    ``ranks[j]``-th most likely draft token at its parent. Every prefix of a path must be listed too.
+    """
+    paths = sorted({tuple(c) for c in choices}, key=lambda c: (len(c), c))
+    if not paths or any(len(p) == 0 for p in paths):
+        raise ValueError("choices must be a non-empty list of non-empty paths of ranks")
+    index = {path: j for j, path in enumerate(paths)}
+    parents, ranks = [], []
+    for path in paths:
+        if any(r < 0 for r in path):
+            raise ValueError(f"ranks in choices must be >= 0, got {list(path)}")
+        if len(path) > 1 and path[:-1] not in index:
+            raise ValueError(f"choices lists {list(path)} but not its parent {list(path[:-1])}")
+        parents.append(index[path[:-1]] if len(path) > 1 else ROOT)
+        ranks.append(path[-1])
+    return torch.tensor(parents), torch.tensor(ranks)
+
+
+StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def expand_dynamic_tree(root_log_probs: torch.Tensor, step_fn: StepFn, depth: int, top_k: int,
+                        total_tokens: int) -> DraftTree:
+    """EAGLE-2 dynamic draft tree (arXiv 2406.16858) built by repeatedly calling the drafter.
+
+    Each level keeps the ``top_k`` highest-scoring nodes (score = cumulative draft log-probability),
+    expands each into its ``top_k`` most likely children, and finally the ``total_tokens`` best nodes of
+    all levels form the tree (the set is ancestor-closed because a child never scores above its parent).
+
+    Args:
+        root_log_probs: ``[B, V]`` draft log-probabilities after the root token.
+        step_fn: ``step_fn(tokens [B, F], node_ids [B, F], parent_ids [B, F], depth) -> log_probs
+            [B, F, V]`` runs the drafter on the frontier nodes (ids number this function's candidates,
+            ``parent_ids`` is -1 for the root's children; every ancestor of a frontier node was itself
+            fed in an earlier call, see :class:`TreeAttentionBuilder`) and returns the log-probabilities
+            of their children. The drafter keeps its own cache of fed nodes.
+        depth: maximum tree depth (>= 1); top_k: branching; total_tokens: nodes kept.
+    Returns:
+        A deterministic :class:`DraftTree` (``draft_probs=None``), siblings ordered by score.
+    """
+    for value, name in ((depth, "depth"), (top_k, "top_k"), (total_tokens, "total_tokens")):
+        check_positive_int(value, name)
+    batch = root_log_probs.shape[0]
+    scores, tokens = root_log_probs.topk(top_k, dim=-1)  # [B, k]
+    all_tokens, all_scores = [tokens], [scores]
+    all_parents = [torch.full_like(tokens, ROOT)]
+    frontier_ids = torch.arange(top_k, device=tokens.device).expand(batch, -1)  # candidate ids
+    frontier_tokens, frontier_scores, offset = tokens, scores, top_k
+    frontier_parents = all_parents[0]
+    for level in range(2, depth + 1):
+        log_probs = step_fn(frontier_tokens, frontier_ids, frontier_parents, level - 1)  # [B, k, V]
+        child_scores, child_tokens = log_probs.topk(top_k, dim=-1)  # [B, k, k]
+        child_scores = child_scores + frontier_scores.unsqueeze(-1)
+        parents = frontier_ids.unsqueeze(-1).expand(-1, -1, top_k)
+        child_scores, child_tokens, parents = (t.reshape(batch, -1) for t in (child_scores, child_tokens, parents))
+        all_tokens.append(child_tokens)
+        all_scores.append(child_scores)
+        all_parents.append(parents)
+        best = child_scores.topk(top_k, dim=-1).indices  # next frontier among the k*k candidates
+        frontier_tokens = child_tokens.gather(1, best)
+        frontier_scores = child_scores.gather(1, best)
+        frontier_parents = parents.gather(1, best)
+        frontier_ids = best + offset
+        offset += child_tokens.shape[1]
+    return _select_tree(torch.cat(all_tokens, 1), torch.cat(all_scores, 1), torch.cat(all_parents, 1),
+                        total_tokens)
+
+
+class TreeAttentionBuilder:
+    """Attention masks for a drafter that feeds a draft tree level by level into its own cache.
+
+    Each fed node may attend to the slots of its ancestors and itself (plus everything before the tree,
+    which the caller prepends). Nodes are identified by the candidate ids of :func:`expand_dynamic_tree`.
+    """
+
+    def __init__(self, batch: int, device: torch.device | str = "cpu") -> None:
+        self.batch, self.device = batch, device
+        self._ids = torch.empty(batch, 0, dtype=torch.long, device=device)   # fed candidate id per slot
+        self._anc = torch.empty(batch, 0, 0, dtype=torch.bool, device=device)  # [B, fed, fed]
+
+    @property
+    def num_fed(self) -> int:
+        return self._ids.shape[1]
+
+    def feed(self, node_ids: torch.Tensor, parent_ids: torch.Tensor) -> torch.Tensor:
+        """Register frontier nodes ``[B, F]`` and return their visibility over all tree slots
+        ``[B, F, fed + F]`` (ancestors and self)."""
+        batch, frontier = node_ids.shape
+        fed = self.num_fed
+        # slot of each parent among the fed nodes (-1 for root children)
+        match = (self._ids.unsqueeze(1) == parent_ids.unsqueeze(-1)) & (parent_ids.unsqueeze(-1) >= 0)  # [B, F, fed]
+        if ((parent_ids >= 0) & ~match.any(-1)).any():
+            raise ValueError("a frontier node's parent was never fed to the drafter")
+        if fed:
+            parent_slot = match.float().argmax(-1)  # [B, F]
+            inherited = self._anc.gather(1, parent_slot.unsqueeze(-1).expand(-1, -1, fed))
+            inherited = inherited & match.any(-1, keepdim=True)
+        else:
+            inherited = torch.zeros(batch, frontier, 0, dtype=torch.bool, device=node_ids.device)
+        visible = torch.cat([inherited, torch.eye(frontier, dtype=torch.bool, device=node_ids.device)
+                             .expand(batch, -1, -1)], dim=2)  # [B, F, fed + F]
+        grown = torch.zeros(batch, fed + frontier, fed + frontier, dtype=torch.bool, device=node_ids.device)
+        grown[:, :fed, :fed] = self._anc
+        grown[:, fed:, :] = visible
+        self._anc, self._ids = grown, torch.cat([self._ids, node_ids], dim=1)
+        return visible
+
+
+def _select_tree(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor,
+                 total_tokens: int) -> DraftTree:
+    """Keep the best ``total_tokens`` candidates and renumber them topologically."""
+    batch, num_candidates = tokens.shape
+    keep = min(total_tokens, num_candidates)
+    depth = tree_depths(parents)
+    # Rank by score; break ties towards shallower nodes so the kept set stays ancestor-closed.
+    key = scores - depth.to(scores.dtype) * 1e-6
+    chosen = key.topk(keep, dim=-1).indices  # [B, keep]
+    # Topological order: by depth, then by score (siblings tried best-first).
+    order_key = depth.gather(1, chosen).to(scores.dtype) * 1e6 - scores.gather(1, chosen)
+    chosen = chosen.gather(1, order_key.argsort(dim=-1, stable=True))
+    new_index = torch.full((batch, num_candidates), ROOT, dtype=torch.long, device=tokens.device)
+    new_index.scatter_(1, chosen, torch.arange(keep, device=tokens.device).expand(batch, -1).contiguous())
+    old_parents = parents.gather(1, chosen)
+    new_parents = torch.where(old_parents < 0, ROOT, new_index.gather(1, old_parents.clamp_min(0)))
+    if ((old_parents >= 0) & (new_parents < 0)).any():
+        raise RuntimeError("internal error: selected draft tree is not ancestor-closed")
+    return DraftTree(tokens.gather(1, chosen), new_parents)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Verification
+# ----------------------------------------------------------------------------------------------------
+
+@dataclass
+class TreeVerification:
+    """Result of verifying a draft tree.
+
+    Attributes:
+        num_accepted: LongTensor ``[B]``, accepted nodes on the chosen path.
+        tokens: LongTensor ``[B, D+1]`` (D = tree depth): accepted path tokens, then one corrected or
+            bonus token, ``-1`` padding (same layout as ``Verification.tokens``).
+        path: LongTensor ``[B, D]``: node indices of the accepted path, ``-1`` padding. The caller keeps
+            the target's cache entries of ``[root] + path`` (input indices ``0`` and ``path + 1``).
+    """
+
+    num_accepted: torch.Tensor
+    tokens: torch.Tensor
+    path: torch.Tensor
+
+    @property
+    def num_emitted(self) -> torch.Tensor:
+        return self.num_accepted + 1
+
+
+def verify_tree(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule = ExactRule(),
+                generator: torch.Generator | None = None) -> TreeVerification:
+    """Verify a draft tree against ``target_probs [B, N+1, V]`` and return the best accepted path.
+
+    Uniforms: ``[B, N]`` (one per node, used when that node is tried), then ``[B]`` for the final draw.
+    """
+    if not isinstance(rule, AcceptanceRule):
+        raise ValueError(f"rule must be an AcceptanceRule, got {rule!r}")
+    batch, num_nodes = tree.tokens.shape
+    check_ndim(target_probs, 3, "target_probs", "[B, N+1, V]")
+    if target_probs.shape[:2] != (batch, num_nodes + 1):
+        raise ValueError(f"target_probs must have shape [B, N+1, V] = [{batch}, {num_nodes + 1}, V], "
+                         f"got {tuple(target_probs.shape)}")
+    vocab = target_probs.shape[-1]
+    check_probs(target_probs, "target_probs")
+    if tree.draft_probs is not None:
+        if tree.draft_probs.shape != (batch, num_nodes, vocab):
+            raise ValueError(f"tree.draft_probs must have shape [B, N, V] = [{batch}, {num_nodes}, {vocab}], "
+                             f"got {tuple(tree.draft_probs.shape)}")
+        check_probs(tree.draft_probs, "tree.draft_probs")
+    check_token_ids(tree.tokens, vocab, "tree.tokens")
+    rule.check_vocab(vocab)
+
+    accept_u = draw_uniforms((batch, num_nodes), target_probs, generator)
+    sample_u = draw_uniforms((batch,), target_probs, generator)
+    max_depth = int(tree.depths().max())
+    tokens = torch.full((batch, max_depth + 1), -1, dtype=torch.long, device=tree.tokens.device)
+    path = torch.full((batch, max_depth), -1, dtype=torch.long, device=tree.tokens.device)
+    num_accepted = torch.zeros(batch, dtype=torch.long, device=tree.tokens.device)
+    children = _children_lists(tree.parents)
+    for b in range(batch):
+        accepted, next_token = _walk_row(b, tree, target_probs[b], children[b], rule, accept_u[b], sample_u[b])
+        num_accepted[b] = len(accepted)
+        if accepted:
+            path[b, : len(accepted)] = torch.tensor(accepted, device=path.device)
+            tokens[b, : len(accepted)] = tree.tokens[b, accepted]
+        tokens[b, len(accepted)] = next_token
+    return TreeVerification(num_accepted, tokens, path)
+
+
+def _children_lists(parents: torch.Tensor) -> list[dict[int, list[int]]]:
+    out = []
+    for row in parents.tolist():
+        children: dict[int, list[int]] = {}
+        for node, parent in enumerate(row):
+            children.setdefault(parent, []).append(node)
+        out.append(children)
+    return out
+
+
+def _walk_row(b: int, tree: DraftTree, probs: torch.Tensor, children: dict[int, list[int]],
+              rule: AcceptanceRule, accept_u: torch.Tensor, sample_u: torch.Tensor) -> tuple[list[int], int]:
+    """Walk one row from the root; returns (accepted node indices, next token)."""
+    accepted: list[int] = []
+    node = ROOT
+    current = probs[0]  # target distribution after the current node (possibly residualised)
+    while True:
+        moved = False
+        for child in children.get(node, []):
+            token = tree.tokens[b, child]
+            q = None if tree.draft_probs is None else tree.draft_probs[b, child]
+            target_mass, draft_mass = rule.masses(current, q, token)
+            if accept_u[child] * draft_mass < target_mass:
+                accepted.append(child)
+                node, current, moved = child, probs[child + 1], True
+                break
+            current = rule.residual(current, q, token)
+            current = current / current.sum()
+        if not moved:
+            break
+    next_token = int(current.argmax()) if rule.greedy else int(sample_inverse_cdf(current, sample_u))
+    return accepted, next_token

@@ -1,0 +1,68 @@
+"""Input checks shared by the core: clear ``ValueError``s that name the argument at fault.
+
+Verification sits in every decoding loop, so the checks are cheap (shape/dtype logic plus a few
+reductions) and can be switched off for hot loops that already validated their inputs once
+(``MMSPEC_CHECKS=0`` or :func:`checks_enabled`).
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+import torch
+
+_CHECKS = os.environ.get("MMSPEC_CHECKS", "1") != "0"
+
+
+def checks_enabled() -> bool:
+    """Whether the (cheap but not free) value checks on probability tensors run."""
+    return _CHECKS
+
+
+@contextmanager
+def value_checks(enabled: bool):
+    """Temporarily switch the probability value checks on or off (shape checks always run)."""
+    global _CHECKS
+    previous, _CHECKS = _CHECKS, enabled
+    try:
+        yield
+    finally:
+        _CHECKS = previous
+
+
+def check_positive_int(value: int, name: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def check_ndim(tensor: torch.Tensor, ndim: int, name: str, layout: str) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor {layout}, got {type(tensor).__name__}")
+    if tensor.ndim != ndim:
+        raise ValueError(f"{name} must have shape {layout}, got {tuple(tensor.shape)}")
+
+
+def check_probs(probs: torch.Tensor, name: str, atol: float = 1e-3) -> None:
+    """Probabilities must be floating, finite, non-negative and sum to 1 over the last dim."""
+    if not probs.is_floating_point():
+        raise ValueError(f"{name} must be a floating tensor of probabilities, got {probs.dtype}")
+    if not _CHECKS:
+        return
+    if not torch.isfinite(probs).all():
+        raise ValueError(f"{name} contains NaN or infinite values")
+    if (probs < 0).any():
+        raise ValueError(f"{name} contains negative probabilities")
+    sums = probs.sum(-1)
+    worst = (sums - 1).abs().max().item() if sums.numel() else 0.0
+    if worst > atol:
+        raise ValueError(f"{name} is not normalised over the vocabulary (a row sums to {1 + worst:.4g} or "
+                         f"{1 - worst:.4g}); pass probabilities, not logits")
+
+
+def check_token_ids(tokens: torch.Tensor, vocab_size: int, name: str) -> None:
+    if tokens.dtype not in (torch.int64, torch.int32):
+        raise ValueError(f"{name} must be an integer tensor of token ids, got {tokens.dtype}")
+    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
+        raise ValueError(f"{name} has token ids outside [0, {vocab_size}) "
+                         f"(min {tokens.min().item()}, max {tokens.max().item()})")

@@ -1,0 +1,121 @@
+"""Chain verification: which drafted tokens to keep, and the one token the target adds.
+
+``verify_tokens`` is the single accept/reject decision point for chain drafts in the project (trees go
+through :mod:`mmspec.tree`, continuous tokens through :mod:`mmspec.continuous`). It is batched: every
+row has its own accepted length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from mmspec import kernels
+from mmspec.rules import AcceptanceRule, ExactRule
+from mmspec.sampling import draw_uniforms, sample_inverse_cdf
+from mmspec.validation import check_ndim, check_probs, check_token_ids
+
+
+@dataclass
+class Verification:
+    """Result of verifying ``K`` drafted tokens per row.
+
+    Attributes:
+        num_accepted: LongTensor ``[B]``, how many drafts each row keeps (0..K).
+        tokens: LongTensor ``[B, K+1]``: the accepted drafts, then one corrected (at the first
+            rejection) or bonus (all accepted) token, then ``-1`` padding. A caller commits
+            ``tokens[b, : num_accepted[b] + 1]``.
+    """
+
+    num_accepted: torch.Tensor
+    tokens: torch.Tensor
+
+    @property
+    def num_emitted(self) -> torch.Tensor:
+        """Tokens each row gains from this verification: accepted drafts plus one (``[B]``)."""
+        return self.num_accepted + 1
+
+
+def check_chain_inputs(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
+                       target_probs: torch.Tensor, rule: AcceptanceRule) -> tuple[int, int, int]:
+    """Validate the arguments of :func:`verify_tokens`; returns ``(B, K, V)``."""
+    if not isinstance(rule, AcceptanceRule):
+        raise ValueError(f"rule must be an AcceptanceRule (ExactRule(), GreedyRule(), ...), got {rule!r}")
+    check_ndim(draft_tokens, 2, "draft_tokens", "[B, K]")
+    check_ndim(target_probs, 3, "target_probs", "[B, K+1, V]")
+    batch, num_draft = draft_tokens.shape
+    if num_draft == 0:
+        raise ValueError("draft_tokens has K=0 drafted tokens; sample from target_probs directly instead")
+    vocab = target_probs.shape[-1]
+    if target_probs.shape[:2] != (batch, num_draft + 1):
+        raise ValueError(f"target_probs must have shape [B, K+1, V] = [{batch}, {num_draft + 1}, V] for "
+                         f"draft_tokens {tuple(draft_tokens.shape)}, got {tuple(target_probs.shape)}")
+    check_probs(target_probs, "target_probs")
+    if draft_probs is not None:
+        check_ndim(draft_probs, 3, "draft_probs", "[B, K, V]")
+        if draft_probs.shape[-1] != vocab:
+            raise ValueError(f"vocab mismatch: draft_probs has {draft_probs.shape[-1]} entries per position, "
+                             f"target_probs has {vocab}")
+        if draft_probs.shape[:2] != (batch, num_draft):
+            raise ValueError(f"draft_probs must have shape [B, K, V] = [{batch}, {num_draft}, {vocab}], "
+                             f"got {tuple(draft_probs.shape)}")
+        check_probs(draft_probs, "draft_probs")
+    check_token_ids(draft_tokens, vocab, "draft_tokens")
+    rule.check_vocab(vocab)
+    return batch, num_draft, vocab
+
+
+def verify_tokens(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                  rule: AcceptanceRule = ExactRule(), generator: torch.Generator | None = None) -> Verification:
+    """Verify a chain of drafted tokens against the target, batched.
+
+    Args:
+        draft_tokens: LongTensor ``[B, K]``.
+        draft_probs: ``[B, K, V]``, the distribution each draft was sampled from, or None for
+            deterministic drafts (q is a point mass at the draft).
+        target_probs: ``[B, K+1, V]``; position i is the target's distribution for draft i, position K
+            gives the bonus token.
+        rule: the acceptance rule (:class:`ExactRule` is lossless).
+        generator: source of the uniforms (``[B, K]`` acceptance draws, then ``[B]`` sampling draws).
+    Returns:
+        :class:`Verification`.
+    """
+    batch, num_draft, _ = check_chain_inputs(draft_tokens, draft_probs, target_probs, rule)
+    accept_u = draw_uniforms((batch, num_draft), target_probs, generator)
+    sample_u = draw_uniforms((batch,), target_probs, generator)
+
+    if rule.fused_kernel is not None and kernels.kernel_backend(target_probs) == "triton":
+        num_accepted, next_tokens = kernels.chain_verify(draft_tokens, draft_probs, target_probs, accept_u,
+                                                         sample_u, greedy=rule.fused_kernel == "greedy")
+    else:
+        num_accepted, next_tokens = _verify_chain_torch(draft_tokens, draft_probs, target_probs, rule,
+                                                        accept_u, sample_u)
+    return Verification(num_accepted, assemble_tokens(draft_tokens, num_accepted, next_tokens))
+
+
+def _verify_chain_torch(draft_tokens, draft_probs, target_probs, rule, accept_u, sample_u):
+    """Reference path for any rule: ``(num_accepted [B], next_tokens [B])``."""
+    batch, num_draft = draft_tokens.shape
+    target_mass, draft_mass = rule.masses(target_probs[:, :num_draft], draft_probs, draft_tokens)  # [B, K]
+    accepted = accept_u * draft_mass < target_mass
+    num_accepted = accepted.long().cumprod(-1).sum(-1)  # leading run of acceptances
+
+    rows = torch.arange(batch, device=draft_tokens.device)
+    at = num_accepted.clamp(max=num_draft - 1)  # first rejected position (clamped for all-accepted rows)
+    weights = rule.residual(target_probs[rows, at], None if draft_probs is None else draft_probs[rows, at],
+                            draft_tokens[rows, at])  # [B, V]
+    all_accepted = (num_accepted == num_draft).unsqueeze(-1)
+    weights = torch.where(all_accepted, target_probs[:, num_draft], weights)
+    next_tokens = weights.argmax(-1) if rule.greedy else sample_inverse_cdf(weights, sample_u)
+    return num_accepted, next_tokens
+
+
+def assemble_tokens(draft_tokens: torch.Tensor, num_accepted: torch.Tensor,
+                    next_tokens: torch.Tensor) -> torch.Tensor:
+    """``[B, K+1]``: accepted drafts, the next token at index ``num_accepted``, ``-1`` after it."""
+    batch, num_draft = draft_tokens.shape
+    positions = torch.arange(num_draft + 1, device=draft_tokens.device)
+    padded = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)
+    tokens = torch.where(positions < num_accepted.unsqueeze(-1), padded, -1)
+    return tokens.scatter_(1, num_accepted.unsqueeze(-1), next_tokens.unsqueeze(-1))

@@ -1,0 +1,34 @@
+"""Shared test set-up: offline hub, deterministic threads, tiny transformers models."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+
+def tiny_llama(vocab_size: int = 32, layers: int = 2, hidden: int = 32, seed: int = 0, dtype=torch.float64):
+    """A tiny random Llama causal LM (fp64 by default: exact-match comparisons need it)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                         max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    # Random init gives near-uniform logits; sharpen them so drafts and targets have structure.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture
+def llama_pair():
+    """(target, drafter): a 2-layer target and a 1-layer drafter sharing a vocabulary of 32 tokens."""
+    return tiny_llama(layers=2, seed=0), tiny_llama(layers=1, seed=1)
