@@ -1,0 +1,334 @@
+"""The exact evaluator: parse an image of the shapes world back into objects and score prompts.
+
+Parsing (:func:`parse_image`), one pass per image:
+
+1. Foreground: pixels whose brightest channel exceeds ``FG_THRESHOLD`` (every palette colour has a
+   channel >= 220 and every background stays below ~70 even at difficulty 2, so a pixel is foreground
+   when roughly 40 % or more of it is covered by an object).
+2. Connected components (8-connectivity). Components smaller than ``MIN_PIXELS_FRACTION`` of the
+   smallest possible object are noise and ignored. The minimum gap between objects (4 pixels at
+   32x32) keeps objects apart even after anti-aliasing and tokenization.
+3. Colour: the median RGB of the component's core (pixels within 80 % of its brightest), named by
+   the nearest palette colour; farther than ``COLOR_TOLERANCE`` from every palette colour -> "unknown".
+4. Coverage: every pixel of a window around the component is projected onto the line from the local
+   background colour to the object colour, giving its fractional coverage alpha in [0, 1].
+5. Shape and size by analysis-by-synthesis: the renderer's own anti-aliased coverage template of
+   every (shape, size) candidate is placed with its centroid on the measured centroid (searching a few
+   sub-pixel shifts) and compared to alpha (L1). The best candidate gives shape, size class, bounding
+   box and centre; its match quality 1 - L1 / (mass of alpha + mass of template) below
+   ``MIN_MATCH`` -> shape "unknown" (a blob that is no shape of the world).
+
+Scoring follows GenEval (:mod:`mmspec.world.prompts`): :func:`score_image` per prompt,
+:func:`evaluate` for a set (per-category accuracy and their mean). :func:`score_video` scores clips:
+every object present in every frame with the same identity, moving in the prompted direction.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+
+from .prompts import CATEGORIES, EvalPrompt, prompt_satisfied
+from .render import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, SUPERSAMPLE, coverage_patch, glyph_mask, to_uint8
+from .scene import COLORS, SHAPES, SIZES
+
+FG_THRESHOLD = 110.0
+MIN_PIXELS_FRACTION = 0.35
+COLOR_TOLERANCE = 90.0
+MIN_MATCH = 0.6
+ALPHA_FLOOR = 0.1  # coverage below this counts as background (noise suppression), on both sides
+
+_PALETTE_NAMES = tuple(COLORS)
+_PALETTE = np.asarray([COLORS[c] for c in _PALETTE_NAMES], dtype=np.float32)  # [C, 3]
+
+
+@dataclass(frozen=True)
+class DetectedObject:
+    """One object read from an image. Coordinates are fractions of the canvas (like the scene's)."""
+
+    shape: str  # one of SHAPES or "unknown"
+    color: str  # one of COLORS or "unknown"
+    size: str  # size class of the best template
+    x: float  # centre of the bounding box
+    y: float
+    bbox: tuple[float, float, float, float]  # (x0, y0, x1, y1)
+    area: float  # covered area (fraction of the canvas)
+    match: float  # template match quality in [0, 1]
+    rgb: tuple[float, float, float] = (0.0, 0.0, 0.0)  # measured colour
+
+
+# ----------------------------------------------------------------------------------------------------
+# connected components
+# ----------------------------------------------------------------------------------------------------
+
+
+def label_components(mask: np.ndarray) -> tuple[np.ndarray, int]:
+    """8-connected components of a boolean mask: (labels int32 [H, W] with 0 = background, count).
+
+    Two-pass union-find over foreground runs of each row (pure numpy/Python; images are small).
+    """
+    mask = np.asarray(mask, dtype=bool)
+    h, w = mask.shape
+    labels = np.zeros((h, w), dtype=np.int32)
+    parent = [0]
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    prev_runs: list[tuple[int, int, int]] = []
+    for y in range(h):
+        row = mask[y]
+        if not row.any():
+            prev_runs = []
+            continue
+        padded = np.concatenate(([False], row, [False]))
+        edges = np.flatnonzero(padded[1:] != padded[:-1])
+        runs = []
+        for start, stop in zip(edges[::2], edges[1::2]):
+            lab = 0
+            for ps, pe, pl in prev_runs:  # 8-connectivity: runs touching diagonally join
+                if ps <= stop and pe >= start:
+                    root = find(pl)
+                    if lab == 0:
+                        lab = root
+                    elif root != lab:
+                        parent[max(root, lab)] = min(root, lab)
+                        lab = min(root, lab)
+            if lab == 0:
+                lab = len(parent)
+                parent.append(lab)
+            labels[y, start:stop] = lab
+            runs.append((int(start), int(stop), lab))
+        prev_runs = runs
+    if len(parent) == 1:
+        return labels, 0
+    roots = np.array([find(i) for i in range(len(parent))])
+    uniq, compact = np.unique(roots, return_inverse=True)
+    return compact.astype(np.int32)[labels], len(uniq) - 1
+
+
+# ----------------------------------------------------------------------------------------------------
+# templates
+# ----------------------------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=1024)
+def _centroid_offset(shape: str, side_hi: int) -> tuple[float, float]:
+    """Centroid of a glyph relative to its top-left corner, in high-res pixels."""
+    m = glyph_mask(shape, side_hi)
+    ys, xs = np.nonzero(m)
+    return float(xs.mean() + 0.5), float(ys.mean() + 0.5)
+
+
+def _soft(alpha: np.ndarray) -> np.ndarray:
+    return np.clip((alpha - ALPHA_FLOOR) / (1 - 2 * ALPHA_FLOOR), 0.0, 1.0)
+
+
+def _match_templates(alpha: np.ndarray, wx0: int, wy0: int, n: int):
+    """Best (error, shape, size, left_hi, top_hi, side_hi) for a coverage window at (wx0, wy0)."""
+    ss = SUPERSAMPLE
+    mass = float(alpha.sum())
+    ys, xs = np.mgrid[0 : alpha.shape[0], 0 : alpha.shape[1]]
+    cx = float((alpha * (xs + 0.5)).sum() / mass) + wx0  # centroid in low-res pixels
+    cy = float((alpha * (ys + 0.5)).sum() / mass) + wy0
+    wh, ww = alpha.shape
+    best = None
+    for size, frac in SIZES.items():
+        side_hi = max(1, int(round(frac * n * ss)))
+        area = (side_hi / ss) ** 2
+        if not 0.25 * area <= mass <= 1.6 * area:
+            continue
+        for shape in SHAPES:
+            ox, oy = _centroid_offset(shape, side_hi)
+            base_left = int(round(cx * ss - ox))
+            base_top = int(round(cy * ss - oy))
+            for dy in (-2, 0, 2):
+                for dx in (-2, 0, 2):
+                    left, top = base_left + dx, base_top + dy
+                    patch = coverage_patch(shape, side_hi, left % ss, top % ss, ss)
+                    px, py = left // ss - wx0, top // ss - wy0
+                    tmpl = np.zeros((wh, ww), dtype=np.float32)
+                    y0, x0 = max(py, 0), max(px, 0)
+                    y1, x1 = min(py + patch.shape[0], wh), min(px + patch.shape[1], ww)
+                    if y0 >= y1 or x0 >= x1:
+                        continue
+                    tmpl[y0:y1, x0:x1] = patch[y0 - py : y1 - py, x0 - px : x1 - px]
+                    tmpl = _soft(tmpl)
+                    err = float(np.abs(tmpl - alpha).sum()) / max(mass + float(tmpl.sum()), 1e-6)
+                    if best is None or err < best[0]:
+                        best = (err, shape, size, left, top, side_hi)
+    return best
+
+
+# ----------------------------------------------------------------------------------------------------
+# parsing
+# ----------------------------------------------------------------------------------------------------
+
+
+def _check_image(image) -> np.ndarray:
+    arr = to_uint8(image)
+    h, w, _ = arr.shape
+    if h != w:
+        raise ValueError(f"image must be square, got {h}x{w}")
+    if not MIN_IMAGE_SIZE <= h <= MAX_IMAGE_SIZE:
+        raise ValueError(f"image size must be in [{MIN_IMAGE_SIZE}, {MAX_IMAGE_SIZE}], got {h}")
+    return arr
+
+
+def parse_image(image) -> list[DetectedObject]:
+    """Read the objects of one image (PIL, uint8/float numpy [H, W, 3] or tensor [3, H, W]).
+
+    Returns detections in reading order (top to bottom, then left to right); shapes or colours that
+    match nothing in the world are reported as "unknown" (they satisfy no prompt).
+    """
+    img = _check_image(image).astype(np.float32)  # [N, N, 3]
+    n = img.shape[0]
+    bright = img.max(axis=2)
+    fg = bright > FG_THRESHOLD
+    labels, count = label_components(fg)
+    if count == 0:
+        return []
+    sizes = np.bincount(labels.ravel(), minlength=count + 1)
+    smallest = 0.5 * (min(SIZES.values()) * n) ** 2  # area of the smallest triangle, in pixels
+    keep = [lab for lab in range(1, count + 1) if sizes[lab] >= MIN_PIXELS_FRACTION * smallest]
+    # Background: pixels at least one pixel away from any foreground pixel.
+    near_fg = fg.copy()
+    near_fg[1:] |= fg[:-1]
+    near_fg[:-1] |= fg[1:]
+    near_fg[:, 1:] |= near_fg[:, :-1].copy()
+    near_fg[:, :-1] |= near_fg[:, 1:].copy()
+    bg_mask = ~near_fg
+    global_bg = np.median(img[bg_mask], axis=0) if bg_mask.any() else np.zeros(3, np.float32)
+    big = np.isin(labels, keep)
+    pad = 2
+    out = []
+    for lab in keep:
+        comp = labels == lab
+        ys, xs = np.nonzero(comp)
+        y0, y1 = max(ys.min() - pad, 0), min(ys.max() + pad + 1, n)
+        x0, x1 = max(xs.min() - pad, 0), min(xs.max() + pad + 1, n)
+        win = img[y0:y1, x0:x1]
+        # 3. colour from the component's core
+        comp_bright = bright[comp]
+        core = img[comp][comp_bright >= 0.8 * comp_bright.max()]
+        rgb = np.median(core, axis=0)
+        dist = np.linalg.norm(_PALETTE - rgb[None], axis=1)
+        color = _PALETTE_NAMES[int(dist.argmin())] if dist.min() <= COLOR_TOLERANCE else "unknown"
+        # 4. coverage of every window pixel
+        local = bg_mask[y0:y1, x0:x1]
+        bg = np.median(win[local], axis=0) if local.sum() >= 4 else global_bg
+        axis = rgb - bg
+        alpha = ((win - bg) @ axis) / max(float(axis @ axis), 1e-6)
+        alpha = _soft(np.clip(alpha, 0.0, 1.0)).astype(np.float32)
+        others = big[y0:y1, x0:x1] & ~comp[y0:y1, x0:x1]
+        if others.any():  # pixels of (or next to) other objects do not belong to this one
+            grown = others.copy()
+            grown[1:] |= others[:-1]
+            grown[:-1] |= others[1:]
+            grown[:, 1:] |= grown[:, :-1].copy()
+            grown[:, :-1] |= grown[:, 1:].copy()
+            alpha[grown] = 0.0
+        mass = float(alpha.sum())
+        if mass <= 0:
+            continue
+        # 5. shape and size by template matching
+        best = _match_templates(alpha, x0, y0, n)
+        if best is None:  # far too small or too large for any object of the world
+            shape, size, quality = "unknown", "unknown", 0.0
+            bx0, by0 = xs.min() / n, ys.min() / n
+            bx1, by1 = (xs.max() + 1) / n, (ys.max() + 1) / n
+        else:
+            err, shape, size, left, top, side_hi = best
+            quality = 1.0 - err
+            if quality < MIN_MATCH:
+                shape = "unknown"
+            side = side_hi / SUPERSAMPLE
+            bx0, by0 = left / SUPERSAMPLE / n, top / SUPERSAMPLE / n
+            bx1, by1 = bx0 + side / n, by0 + side / n
+        out.append(
+            DetectedObject(
+                shape=shape,
+                color=color,
+                size=size,
+                x=(bx0 + bx1) / 2,
+                y=(by0 + by1) / 2,
+                bbox=(bx0, by0, bx1, by1),
+                area=mass / n**2,
+                match=quality,
+                rgb=tuple(float(v) for v in rgb),
+            )
+        )
+    out.sort(key=lambda o: (round(o.y * n / 4), o.x))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------
+# scoring images
+# ----------------------------------------------------------------------------------------------------
+
+
+def score_image(image, prompt: EvalPrompt) -> bool:
+    """Whether an image satisfies a prompt (GenEval rules, see :mod:`mmspec.world.prompts`)."""
+    if not isinstance(prompt, EvalPrompt):
+        raise ValueError(f"prompt must be an EvalPrompt, got {type(prompt).__name__}")
+    return prompt_satisfied(prompt, parse_image(image))
+
+
+@dataclass
+class GenEvalResult:
+    """Scores of a prompt set: per-category accuracy, their mean (``overall``) and per-image results."""
+
+    per_category: dict[str, float]
+    overall: float
+    correct: list[bool]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        cats = ", ".join(f"{c} {a:.3f} (n={self.counts[c]})" for c, a in self.per_category.items())
+        return f"overall {self.overall:.4f}: {cats}"
+
+
+def evaluate(images: Sequence, prompts: Sequence[EvalPrompt]) -> GenEvalResult:
+    """GenEval-style score of one image per prompt (several images of one prompt: repeat the prompt).
+
+    ``overall`` is the mean of the category accuracies over the categories present (GenEval's overall
+    score), not the mean over images.
+    """
+    if len(images) != len(prompts):
+        raise ValueError(f"images and prompts must have the same length, got {len(images)} and {len(prompts)}")
+    if len(prompts) == 0:
+        raise ValueError("prompts must not be empty")
+    correct = [score_image(img, p) for img, p in zip(images, prompts)]
+    totals = Counter(p.category for p in prompts)
+    right = Counter(p.category for p, ok in zip(prompts, correct) if ok)
+    per_category = {c: right[c] / totals[c] for c in CATEGORIES if totals[c]}
+    overall = float(np.mean(list(per_category.values())))
+    return GenEvalResult(per_category, overall, correct, {c: totals[c] for c in per_category})
+
+
+def scene_matches(detections: Sequence[DetectedObject], scene, position_tolerance: float | None = None) -> bool:
+    """Whether detections equal a scene's objects exactly: same multiset of (shape, colour, size) and each
+    object's centre within ``position_tolerance`` (default: 1 pixel at 32x32, 1/32) of a detection."""
+    tol = 1 / 32 if position_tolerance is None else position_tolerance
+    truth = sorted((o.shape, o.color, o.size) for o in scene.objects)
+    found = sorted((d.shape, d.color, d.size) for d in detections)
+    if truth != found:
+        return False
+    unused = list(detections)
+    for o in scene.objects:
+        hit = next(
+            (d for d in unused if (d.shape, d.color, d.size) == (o.shape, o.color, o.size)
+             and abs(d.x - o.x) <= tol and abs(d.y - o.y) <= tol),
+            None,
+        )
+        if hit is None:
+            return False
+        unused.remove(hit)
+    return True
