@@ -236,7 +236,7 @@ class GroupedRule(AcceptanceRule):
     def group_mask(self, target_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Boolean ``[..., V]`` membership of each token's group C."""
         vocab = target_probs.shape[-1]
-        order = target_probs.argsort(-1, descending=True, stable=True)  # [..., V] rank -> token
+        order = torch.sort(target_probs, dim=-1, descending=True, stable=True).indices  # [..., V] rank -> token
         rank_of = torch.empty_like(order).scatter_(-1, order, torch.arange(vocab, device=order.device)
                                                    .expand_as(order).contiguous())
         rank = gather_token(rank_of, tokens)  # [...]

@@ -283,50 +283,70 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRul
 
     accept_u = draw_uniforms((batch, num_nodes), target_probs, generator)
     sample_u = draw_uniforms((batch,), target_probs, generator)
-    max_depth = int(tree.depths().max())
-    tokens = torch.full((batch, max_depth + 1), -1, dtype=torch.long, device=tree.tokens.device)
-    path = torch.full((batch, max_depth), -1, dtype=torch.long, device=tree.tokens.device)
-    num_accepted = torch.zeros(batch, dtype=torch.long, device=tree.tokens.device)
-    children = _children_lists(tree.parents)
-    for b in range(batch):
-        accepted, next_token = _walk_row(b, tree, target_probs[b], children[b], rule, accept_u[b], sample_u[b])
-        num_accepted[b] = len(accepted)
-        if accepted:
-            path[b, : len(accepted)] = torch.tensor(accepted, device=path.device)
-            tokens[b, : len(accepted)] = tree.tokens[b, accepted]
-        tokens[b, len(accepted)] = next_token
+    num_accepted, path, current = _walk(tree, target_probs, rule, accept_u)
+    next_tokens = current.argmax(-1) if rule.greedy else sample_inverse_cdf(current, sample_u)
+    rows = torch.arange(batch, device=tree.tokens.device)
+    tokens = torch.where(path >= 0, tree.tokens.gather(1, path.clamp_min(0)), -1)
+    tokens = torch.cat([tokens, tokens.new_full((batch, 1), -1)], 1)
+    tokens[rows, num_accepted] = next_tokens
     return TreeVerification(num_accepted, tokens, path)
 
 
-def _children_lists(parents: torch.Tensor) -> list[dict[int, list[int]]]:
-    out = []
-    for row in parents.tolist():
-        children: dict[int, list[int]] = {}
-        for node, parent in enumerate(row):
-            children.setdefault(parent, []).append(node)
-        out.append(children)
-    return out
+def children_table(parents: torch.Tensor) -> torch.Tensor:
+    """``[B, N+1, C]``: the children of the root (row 0) and of node j (row j+1) in sibling order,
+    ``-1`` padded (C = the largest number of siblings)."""
+    batch, num_nodes = parents.shape
+    slot = parents + 1  # [B, N] row of the parent in the table
+    # rank of each node among its siblings = number of earlier nodes with the same parent
+    same = (slot.unsqueeze(2) == slot.unsqueeze(1)) & torch.ones(num_nodes, num_nodes, dtype=torch.bool,
+                                                                 device=parents.device).tril(-1)
+    rank = same.sum(-1)  # [B, N]
+    width = int(rank.max()) + 1
+    table = torch.full((batch, num_nodes + 1, width), -1, dtype=torch.long, device=parents.device)
+    rows = torch.arange(batch, device=parents.device).unsqueeze(1).expand(-1, num_nodes)
+    nodes = torch.arange(num_nodes, device=parents.device).expand(batch, -1)
+    table[rows, slot, rank] = nodes
+    return table
 
 
-def _walk_row(b: int, tree: DraftTree, probs: torch.Tensor, children: dict[int, list[int]],
-              rule: AcceptanceRule, accept_u: torch.Tensor, sample_u: torch.Tensor) -> tuple[list[int], int]:
-    """Walk one row from the root; returns (accepted node indices, next token)."""
-    accepted: list[int] = []
-    node = ROOT
-    current = probs[0]  # target distribution after the current node (possibly residualised)
-    while True:
-        moved = False
-        for child in children.get(node, []):
-            token = tree.tokens[b, child]
-            q = None if tree.draft_probs is None else tree.draft_probs[b, child]
-            target_mass, draft_mass = rule.masses(current, q, token)
-            if accept_u[child] * draft_mass < target_mass:
-                accepted.append(child)
-                node, current, moved = child, probs[child + 1], True
+def _walk(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule, accept_u: torch.Tensor):
+    """Vectorised walk from the root over all rows at once.
+
+    At each depth, every row tries the children of its current node in sibling order; a rejected
+    sibling turns the row's distribution into the rule's (normalised) residual. Returns
+    ``(num_accepted [B], path [B, D], final distribution [B, V])``.
+    """
+    batch, num_nodes = tree.tokens.shape
+    rows = torch.arange(batch, device=tree.tokens.device)
+    table = children_table(tree.parents)
+    max_depth = int(tree.depths().max())
+    path = torch.full((batch, max_depth), -1, dtype=torch.long, device=tree.tokens.device)
+    num_accepted = torch.zeros(batch, dtype=torch.long, device=tree.tokens.device)
+    node = torch.full((batch,), ROOT, dtype=torch.long, device=tree.tokens.device)
+    current = target_probs[:, 0]
+    walking = torch.ones(batch, dtype=torch.bool, device=tree.tokens.device)
+    for depth in range(max_depth):
+        moved = torch.zeros_like(walking)
+        for sibling in range(table.shape[2]):
+            child = table[rows, node + 1, sibling]  # [B]
+            trying = walking & ~moved & (child >= 0)
+            if not trying.any():
                 break
-            current = rule.residual(current, q, token)
-            current = current / current.sum()
-        if not moved:
+            safe = child.clamp_min(0)
+            token = tree.tokens[rows, safe]
+            q = None if tree.draft_probs is None else tree.draft_probs[rows, safe]
+            target_mass, draft_mass = rule.masses(current, q, token)
+            accept = trying & (accept_u[rows, safe] * draft_mass < target_mass)
+            reject = trying & ~accept
+            residual = rule.residual(current, q, token)
+            residual = residual / residual.sum(-1, keepdim=True)
+            current = torch.where(reject.unsqueeze(-1), residual, current)
+            current = torch.where(accept.unsqueeze(-1), target_probs[rows, safe + 1], current)
+            node = torch.where(accept, child, node)
+            path[:, depth] = torch.where(accept, child, path[:, depth])
+            moved |= accept
+        num_accepted += moved.long()
+        walking &= moved
+        if not walking.any():
             break
-    next_token = int(current.argmax()) if rule.greedy else int(sample_inverse_cdf(current, sample_u))
-    return accepted, next_token
+    return num_accepted, path, current

@@ -125,7 +125,7 @@ def _edge_cases(V=50, K=3):
     q = torch.full((B, K, V), 1.0 / V)
     tokens = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9], [10, 11, 12]])
     u_acc = torch.full((B, K), 0.5)
-    u_s = torch.tensor([0.13, 0.5, 0.9, 0.3])
+    u_s = torch.tensor([0.13, 0.0, 0.9, 0.3])  # u = 0 must skip zero-weight tokens
     # row 0: p == q everywhere -> every draft accepted (u q < p since u < 1), bonus from row K.
     # row 1: the first draft has p = 0 -> rejected at 0, residual max(0, p - q) is a one-hot.
     target[1, 0] = 0.0
@@ -184,6 +184,14 @@ def test_chain_verify_greedy_ties_pick_first_index():
     ref, out = _triton_vs_reference(inputs, greedy=True)
     _assert_same(ref, out)
     assert ref[0].item() == 1 and ref[1].item() == 5
+    # Ties split across the kernel's V blocks: the earlier block must win.
+    V = 20000
+    target = torch.zeros(2, K + 1, V)
+    target[:, :, [7, 19000]] = 0.5
+    inputs = (torch.tensor([[7, 19000], [19000, 7]]), None, target, torch.zeros(2, K), torch.zeros(2))
+    ref, out = _triton_vs_reference(inputs, greedy=True)
+    _assert_same(ref, out)
+    assert ref[0].tolist() == [1, 0] and ref[1].tolist() == [7, 7]
 
 
 def test_chain_verify_empty_chain_draws_the_bonus():

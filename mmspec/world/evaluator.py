@@ -332,3 +332,109 @@ def scene_matches(detections: Sequence[DetectedObject], scene, position_toleranc
             return False
         unused.remove(hit)
     return True
+
+
+# ----------------------------------------------------------------------------------------------------
+# videos
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class VideoScore:
+    """Score of one clip against a video prompt.
+
+    ``frame_scores[t]``: fraction of the prompted objects found in frame t (right shape and colour,
+    exactly one candidate). ``identity``: every prompted object found in every frame with one size
+    class throughout. ``motion``: every object's measured direction (from its first to last centre,
+    nearest of the eight directions) is the prompted one and no frame-to-frame step goes backwards by
+    more than one pixel along it. ``correct`` = identity and motion.
+    """
+
+    correct: bool
+    identity: bool
+    motion: bool
+    frame_scores: list[float]
+    directions: list[str | None]
+
+
+def _frames_list(frames) -> list:
+    import torch
+
+    if isinstance(frames, np.ndarray) or isinstance(frames, torch.Tensor):
+        if frames.ndim != 4:
+            raise ValueError(f"frames must be [T, H, W, 3] (numpy) or [T, 3, H, W] (tensor), got {tuple(frames.shape)}")
+        return [frames[t] for t in range(frames.shape[0])]
+    if isinstance(frames, (list, tuple)):
+        return list(frames)
+    raise ValueError(f"frames must be an array, a tensor or a list of images, got {type(frames).__name__}")
+
+
+def measured_direction(dx: float, dy: float, min_travel: float = 0.1) -> str | None:
+    """Nearest of the eight directions to a displacement (canvas fractions); None if it is too short."""
+    from .captions import DIRECTIONS
+
+    if np.hypot(dx, dy) < min_travel:
+        return None
+    return max(DIRECTIONS, key=lambda d: DIRECTIONS[d][0] * dx + DIRECTIONS[d][1] * dy)
+
+
+def score_video(frames, prompt) -> VideoScore:
+    """Score a clip (uint8 [T, H, W, 3], tensor [T, 3, H, W] in [0, 1], or a list of images) against a
+    :class:`~mmspec.world.video.VideoPrompt`."""
+    from .captions import DIRECTIONS
+    from .video import VideoPrompt
+
+    if not isinstance(prompt, VideoPrompt):
+        raise ValueError(f"prompt must be a VideoPrompt, got {type(prompt).__name__}")
+    images = _frames_list(frames)
+    if len(images) < 2:
+        raise ValueError(f"a clip needs at least 2 frames, got {len(images)}")
+    parsed = [parse_image(img) for img in images]
+    n = _check_image(images[0]).shape[0]
+    tracks: list[list[DetectedObject | None]] = []
+    for spec in prompt.objects:
+        tracks.append([
+            (lambda hits: hits[0] if len(hits) == 1 else None)(
+                [d for d in dets if d.shape == spec.shape and d.color == spec.color]
+            )
+            for dets in parsed
+        ])
+    frame_scores = [float(np.mean([tr[t] is not None for tr in tracks])) for t in range(len(images))]
+    identity = all(all(d is not None for d in tr) and len({d.size for d in tr}) == 1 for tr in tracks)
+    directions: list[str | None] = []
+    motion = identity
+    for spec, tr in zip(prompt.objects, tracks):
+        if any(d is None for d in tr):
+            directions.append(None)
+            motion = False
+            continue
+        direction = measured_direction(tr[-1].x - tr[0].x, tr[-1].y - tr[0].y)
+        directions.append(direction)
+        ux, uy = DIRECTIONS[spec.direction]
+        steps = [(b.x - a.x) * ux + (b.y - a.y) * uy for a, b in zip(tr[:-1], tr[1:])]
+        if direction != spec.direction or min(steps) < -1.0 / n:
+            motion = False
+    return VideoScore(identity and motion, identity, motion, frame_scores, directions)
+
+
+@dataclass
+class VideoEvalResult:
+    accuracy: float  # fraction of clips with correct = True
+    identity: float
+    motion: float
+    frame_score: float  # mean of all frame scores
+    scores: list[VideoScore]
+
+
+def evaluate_videos(videos: Sequence, prompts: Sequence) -> VideoEvalResult:
+    """Score one clip per video prompt; means over clips."""
+    if len(videos) != len(prompts) or not prompts:
+        raise ValueError(f"videos and prompts must be non-empty and of equal length, got {len(videos)} and {len(prompts)}")
+    scores = [score_video(v, p) for v, p in zip(videos, prompts)]
+    return VideoEvalResult(
+        accuracy=float(np.mean([s.correct for s in scores])),
+        identity=float(np.mean([s.identity for s in scores])),
+        motion=float(np.mean([s.motion for s in scores])),
+        frame_score=float(np.mean([np.mean(s.frame_scores) for s in scores])),
+        scores=scores,
+    )
