@@ -73,7 +73,7 @@ def _chain_verify_kernel(
             tile = tl.load(ptrs, mask=rows_mask[:, None] & (cols[None, :] < V), other=float("-inf"))
             tile = _to_compute(tile, FP64)
             blk_max, blk_idx = tl.max(tile, axis=1, return_indices=True, return_indices_tie_break_left=True)
-            better = blk_max >= best  # strict: an earlier block keeps ties (first maximal index)
+            better = blk_max > best  # strict: an earlier block keeps ties (first maximal index)
             best_idx = tl.where(better, blk_idx.to(tl.int64) + start, best_idx)
             best = tl.where(better, blk_max, best)
         rejected = k_mask & (x != best_idx)
