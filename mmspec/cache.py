@@ -86,10 +86,17 @@ def crop_cache(cache: Any, length: int) -> Any:
     """Drop every slot at or after ``length``. Returns the cache (a new tuple for legacy caches)."""
     if isinstance(cache, (tuple, list)):
         return tuple((k[:, :, :length], v[:, :, :length], *rest) for k, v, *rest in cache)
-    if hasattr(cache, "crop"):
+    if isinstance(cache, KVCache):
         cache.crop(length)
         return cache
-    raise ValueError(f"cannot roll back a cache of type {type(cache).__name__}: it has no crop()")
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise ValueError(f"cannot roll back a cache of type {type(cache).__name__}")
+    # transformers caches: slice each layer (the meaning of Cache.crop's argument changed in v5)
+    for layer in layers:
+        if getattr(layer, "keys", None) is not None and layer.keys.numel():
+            layer.keys, layer.values = layer.keys[:, :, :length], layer.values[:, :, :length]
+    return cache
 
 
 def select_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:

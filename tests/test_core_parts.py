@@ -1,0 +1,186 @@
+"""Smaller core parts: sampling utilities, reward router, local 2-D sets, caches, statistics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mmspec import KVCache, RewardRouter, SamplingConfig, SpecStats, apply_guidance, local_resample_sets, logits_to_probs, sample
+from mmspec.cache import SlotState, crop_cache, select_cache_slots
+from mmspec.sampling import sample_inverse_cdf
+
+# ------------------------------------------------------------------------------------------- sampling
+
+
+def test_temperature_top_k_top_p():
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]], dtype=torch.float64)
+    assert torch.allclose(logits_to_probs(logits), logits.softmax(-1))
+    assert torch.allclose(logits_to_probs(logits, SamplingConfig(temperature=0.5)), (logits / 0.5).softmax(-1))
+    top2 = logits_to_probs(logits, SamplingConfig(top_k=2))
+    assert (top2[0, 2:] == 0).all() and top2.sum().item() == pytest.approx(1.0)
+    probs = logits.softmax(-1)[0]  # 0.644, 0.237, 0.087, 0.032
+    nucleus = logits_to_probs(logits, SamplingConfig(top_p=0.8))
+    assert (nucleus[0] > 0).tolist() == [True, True, False, False]
+    assert nucleus[0, 0].item() == pytest.approx(probs[0] / (probs[0] + probs[1]))
+    greedy = logits_to_probs(logits, SamplingConfig(do_sample=False))
+    assert greedy.tolist() == [[1.0, 0.0, 0.0, 0.0]]
+
+
+def test_guidance_on_a_doubled_batch():
+    cond = torch.tensor([[1.0, 2.0]])
+    uncond = torch.tensor([[0.5, 0.5]])
+    guided = apply_guidance(torch.cat([cond, uncond]), 3.0)
+    assert torch.allclose(guided, uncond + 3.0 * (cond - uncond))
+    with pytest.raises(ValueError, match="doubled batch"):
+        apply_guidance(torch.zeros(3, 2), 2.0)
+
+
+def test_sampling_is_deterministic_and_distributed_correctly():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3], dtype=torch.float64).expand(200_000, 4)
+    a = sample(probs, torch.Generator().manual_seed(0))
+    b = sample(probs, torch.Generator().manual_seed(0))
+    assert torch.equal(a, b)
+    freq = torch.bincount(a, minlength=4).double() / len(a)
+    assert freq[1] == 0
+    assert torch.allclose(freq, probs[0], atol=0.004)
+    # inverse CDF picks the first index whose cumulative mass exceeds u * total
+    w = torch.tensor([[0.0, 2.0, 0.0, 2.0]])
+    assert sample_inverse_cdf(w, torch.tensor([0.49])).item() == 1
+    assert sample_inverse_cdf(w, torch.tensor([0.5])).item() == 3
+
+
+def test_bad_sampling_options():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingConfig(temperature=0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingConfig(top_p=0.0)
+    with pytest.raises(ValueError, match="top_k=10 is larger"):
+        logits_to_probs(torch.zeros(1, 4), SamplingConfig(top_k=10))
+
+
+# -------------------------------------------------------------------------------------- reward router
+
+def test_reward_router_min_mean_and_first_block():
+    scores = torch.tensor([[0.9, 0.2, 0.8], [0.7, 0.6, 0.65]])
+    router = RewardRouter(lambda frames, prompt: scores, tau=0.5)
+    first = router(None, "p", block_index=0, num_frames=3, batch_size=2)
+    assert not first.accept.any() and torch.isnan(first.score).all()
+    decision = router(None, "p", block_index=1, num_frames=3, batch_size=2)
+    assert decision.accept.tolist() == [False, True]  # worst frames 0.2 and 0.6
+    mean = RewardRouter(lambda f, p: scores, tau=0.5, aggregate="mean", force_reject_first=False)
+    assert mean(None, "p", 0, 3, 2).accept.tolist() == [True, True]
+
+
+def test_reward_router_infinite_tau_skips_scoring():
+    def boom(frames, prompt):
+        raise AssertionError("reward model must not run")
+
+    assert RewardRouter(boom, tau=math.inf)(None, "p", 2, 4).accept.tolist() == [False]
+    assert RewardRouter(boom, tau=-math.inf, force_reject_first=False)(None, "p", 0, 4).accept.tolist() == [True]
+
+
+def test_reward_router_bad_input():
+    with pytest.raises(ValueError, match="NaN"):
+        RewardRouter(lambda f, p: [1.0], tau=float("nan"))
+    with pytest.raises(ValueError, match="aggregate"):
+        RewardRouter(lambda f, p: [1.0], tau=0.0, aggregate="max")
+    router = RewardRouter(lambda f, p: [0.5, 0.5], tau=0.0)
+    with pytest.raises(ValueError, match="one per frame"):
+        router(None, "p", block_index=1, num_frames=3)
+    with pytest.raises(ValueError, match="callable"):
+        RewardRouter("imagereward", tau=0.0)
+
+
+# ------------------------------------------------------------------------------------------- local 2-D
+
+def test_local_resample_sets():
+    accepted = torch.ones(1, 5, 5, dtype=torch.bool)
+    accepted[0, 2, 2] = False
+    sets = local_resample_sets(accepted, radius=1)
+    assert sets.resample[0].sum() == 9 and sets.resample[0, 1:4, 1:4].all()
+    assert torch.equal(sets.keep, ~sets.resample)
+    corner = torch.ones(1, 4, 4, dtype=torch.bool)
+    corner[0, 0, 0] = False
+    assert local_resample_sets(corner, radius=1).resample[0].sum() == 4
+    assert local_resample_sets(corner, radius=0).resample[0].sum() == 1
+    assert local_resample_sets(corner, radius=0).resample_indices().tolist() == [[0, 0, 0]]
+    valid = torch.zeros(1, 4, 4, dtype=torch.bool)
+    valid[0, :2] = True
+    limited = local_resample_sets(corner, radius=3, valid=valid)
+    assert limited.resample[0].sum() == 8 and not limited.keep.any()
+    with pytest.raises(ValueError, match="radius"):
+        local_resample_sets(corner, radius=-1)
+    with pytest.raises(ValueError, match="bool"):
+        local_resample_sets(corner.long(), radius=1)
+
+
+# ---------------------------------------------------------------------------------------------- caches
+
+def test_kv_cache_update_crop_and_select():
+    cache = KVCache(num_layers=2, batch_size=2, num_heads=1, head_dim=1, max_length=8)
+    for step in range(2):
+        for layer in range(2):
+            k = torch.arange(3, dtype=torch.float32).view(1, 1, 3, 1).expand(2, 1, 3, 1) + 10 * step
+            cache.update(layer, k, k)
+    assert cache.get_seq_length() == 6
+    cache.crop(4)
+    assert cache.get_seq_length() == 4
+    # keep slots (relative to 1): row 0 -> 2, 0 ; row 1 -> 1, hole
+    select_cache_slots(cache, 1, torch.tensor([[2, 0], [1, -1]]))
+    assert cache.get_seq_length() == 3
+    assert cache.keys[0, 0, 0, :3, 0].tolist() == [0.0, 10.0, 1.0]
+    assert cache.keys[0, 1, 0, 1, 0].item() == 2.0
+    with pytest.raises(ValueError, match="overflow"):
+        cache.update(0, torch.zeros(2, 1, 9, 1), torch.zeros(2, 1, 9, 1))
+
+
+def test_transformers_cache_rollback():
+    from transformers import DynamicCache
+
+    from conftest import tiny_llama
+
+    model = tiny_llama()
+    cache = DynamicCache(config=model.config)
+    ids = torch.randint(3, 32, (2, 7))
+    model(ids, past_key_values=cache, use_cache=True)
+    keys = cache.layers[0].keys.clone()
+    crop_cache(cache, 5)
+    assert cache.get_seq_length() == 5
+    select_cache_slots(cache, 2, torch.tensor([[2, 0], [1, 1]]))
+    assert cache.get_seq_length() == 4
+    assert torch.equal(cache.layers[0].keys[0, :, 2], keys[0, :, 4])
+    assert torch.equal(cache.layers[0].keys[1, :, 3], keys[1, :, 3])
+    legacy = ((keys, keys),)
+    assert crop_cache(legacy, 3)[0][0].shape[2] == 3
+
+
+def test_slot_state_rounds():
+    state = SlotState.from_attention_mask(torch.tensor([[0, 1, 1], [1, 1, 1]]))
+    assert state.last_position.tolist() == [1, 2]
+    assert state.prompt_positions().tolist() == [[0, 0, 1], [0, 1, 2]]
+    state.begin_round()
+    positions, mask = state.append(torch.tensor([[True, True, True], [False, True, True]]))
+    assert positions.tolist() == [[2, 3, 4], [3, 3, 4]]
+    assert mask.shape == (2, 6)
+    state.commit(torch.tensor([[0, 1], [1, -1]]))
+    assert state.valid.tolist() == [[False, True, True, True, True], [True, True, True, True, False]]
+    assert state.last_position.tolist() == [3, 3]
+
+
+# ----------------------------------------------------------------------------------------------- stats
+
+def test_spec_stats_accounting():
+    stats = SpecStats()
+    stats.record_verification(torch.tensor([2, 0, 4]), 4)
+    stats.record_verification(torch.tensor([1, 1, 1]), 4, active=torch.tensor([True, True, False]))
+    assert stats.verify_steps == 5
+    assert stats.mean_accepted_length == pytest.approx((3 + 1 + 5 + 2 + 2) / 5)
+    assert stats.mean_accepted_drafts == pytest.approx(stats.mean_accepted_length - 1)
+    # position 0 verified 5 times, accepted 4 times (rows with n >= 1)
+    assert stats.position_attempts[0] == 5 and stats.position_accepts[0] == 4
+    assert stats.acceptance_rates[3] == 1.0  # only the n=4 row reached position 3 and accepted it
+    with stats.phase("draft"):
+        pass
+    assert "draft" in stats.as_dict()["phase_seconds"]
