@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mmspec import kernels
 from mmspec.validation import check_ndim, check_positive_int
 
 RESIDUAL_EPS = 1e-9  # a residual with less total mass than this falls back to the target distribution
@@ -116,18 +117,29 @@ def _check_neighbors(neighbors: torch.Tensor, k: int) -> None:
     check_positive_int(k, "k")
     if k > neighbors.shape[1]:
         raise ValueError(f"k={k} exceeds the {neighbors.shape[1]} neighbours per token in `neighbors`")
+    own = torch.arange(neighbors.shape[0], device=neighbors.device).unsqueeze(1)
+    if (neighbors[:, :k] == own).any():
+        raise ValueError("neighbors must list the *other* codebook entries of each token (a row contains its own token)")
 
 
-def _neighbor_masses(target_probs: torch.Tensor, tokens: torch.Tensor, neighbors: torch.Tensor,
-                     k: int) -> torch.Tensor:
-    """Target mass of each token's k nearest neighbours, in distance order: ``[..., k]``.
+def _neighbor_mass(target_probs: torch.Tensor, tokens: torch.Tensor, neighbors: torch.Tensor, k: int,
+                   budget: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Target mass on the k nearest neighbours of each token, and with a ``budget`` LANTERN's c_J (the
+    longest distance-ordered prefix whose mass stays within the budget).
 
-    Padding entries (-1) and entries equal to the token itself carry no mass.
+    ``tokens`` is ``[...]`` (one token per distribution of ``target_probs [..., V]``) or ``[..., M]``
+    (M tokens per distribution); results have the shape of ``tokens``. Runs the neighbourhood-mass
+    kernel (Triton on CUDA, torch elsewhere) on the flattened positions.
     """
+    vocab = target_probs.shape[-1]
+    per_row = tokens.shape[-1] if tokens.ndim == target_probs.ndim else 1
     table = neighbors[:, :k].to(device=tokens.device, dtype=torch.long)
-    ids = table[tokens]  # [..., k]
-    masses = target_probs.gather(-1, ids.clamp_min(0))
-    return masses.masked_fill((ids < 0) | (ids == tokens.unsqueeze(-1)), 0.0)
+    flat_probs = target_probs.reshape(-1, vocab)
+    flat_budget = None if budget is None else budget.reshape(-1, per_row).to(flat_probs.dtype)
+    total, prefix = kernels.neighborhood_mass(flat_probs, tokens.reshape(-1, per_row), table, flat_budget,
+                                              check_values=False)
+    total = total.reshape(tokens.shape).to(target_probs.dtype)
+    return total, None if prefix is None else prefix.reshape(tokens.shape).to(target_probs.dtype)
 
 
 @dataclass(frozen=True)
@@ -174,11 +186,8 @@ class LanternRule(AcceptanceRule):
     def relaxed_mass(self, target_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """p(x~) + c_J for each token ``[...]``."""
         p = gather_token(target_probs, tokens)
-        masses = _neighbor_masses(target_probs, tokens, self.neighbors, self.k)
         budget = (self.lam - 1.0) * p if self.lam is not None else torch.full_like(p, self.delta)
-        cumulative = masses.cumsum(-1)
-        within = (cumulative <= budget.unsqueeze(-1)).to(masses.dtype).cumprod(-1)  # prefix only
-        return p + (masses * within).sum(-1)
+        return p + _neighbor_mass(target_probs, tokens, self.neighbors, self.k, budget)[1]
 
     def masses(self, target_probs, draft_probs, tokens):
         relaxed = self.relaxed_mass(target_probs, tokens)
@@ -294,8 +303,7 @@ class PoolingThresholdRule(AcceptanceRule):
         LanternRule.check_vocab(self, vocab_size)  # same neighbour-table contract
 
     def pooled_mass(self, target_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        p = gather_token(target_probs, tokens)
-        return p + _neighbor_masses(target_probs, tokens, self.neighbors, self.k).sum(-1)
+        return gather_token(target_probs, tokens) + _neighbor_mass(target_probs, tokens, self.neighbors, self.k)[0]
 
     def masses(self, target_probs, draft_probs, tokens):
         accept = (self.pooled_mass(target_probs, tokens) >= self.tau).to(target_probs.dtype)
@@ -304,11 +312,8 @@ class PoolingThresholdRule(AcceptanceRule):
     def residual(self, target_probs, draft_probs, tokens):
         if self.greedy or draft_probs is None:
             return target_probs
-        table = self.neighbors[:, : self.k].to(target_probs.device, torch.long)  # [V, k]
-        vocab = table.shape[0]
-        masses = target_probs[..., table.clamp_min(0)]  # [..., V, k]
-        invalid = (table < 0) | (table == torch.arange(vocab, device=table.device).unsqueeze(-1))
-        pooled_all = target_probs + masses.masked_fill(invalid, 0.0).sum(-1)
+        every = torch.arange(target_probs.shape[-1], device=tokens.device).expand_as(target_probs)
+        pooled_all = target_probs + _neighbor_mass(target_probs, every, self.neighbors, self.k)[0]
         f = (pooled_all >= self.tau).to(target_probs.dtype)
         residual = (target_probs - draft_probs * f).clamp_min(0)
         empty = residual.sum(-1, keepdim=True) <= RESIDUAL_EPS

@@ -87,7 +87,8 @@ def verify_tokens(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, 
 
     if rule.fused_kernel is not None and kernels.kernel_backend(target_probs) == "triton":
         num_accepted, next_tokens = kernels.chain_verify(draft_tokens, draft_probs, target_probs, accept_u,
-                                                         sample_u, greedy=rule.fused_kernel == "greedy")
+                                                         sample_u, greedy=rule.fused_kernel == "greedy",
+                                                         check_values=False)
     else:
         num_accepted, next_tokens = _verify_chain_torch(draft_tokens, draft_probs, target_probs, rule,
                                                         accept_u, sample_u)

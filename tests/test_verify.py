@@ -287,3 +287,38 @@ def test_bad_rule_options():
     d, q, p = _valid_inputs()
     with pytest.raises(ValueError, match="neighbors cover 12 tokens"):
         verify_tokens(d, q, p, rule=LanternRule(_neighbors(12, 4), k=4))
+
+
+def test_pooling_residual_with_a_stochastic_draft_is_the_tv_form():
+    probs = torch.tensor([[0.3, 0.25, 0.05, 0.2, 0.2]], dtype=torch.float64)
+    q = torch.tensor([[0.1, 0.1, 0.5, 0.2, 0.1]], dtype=torch.float64)
+    neighbors = torch.tensor([[1, 2], [0, 2], [1, 0], [4, 2], [3, 2]])
+    rule = PoolingThresholdRule(neighbors, k=1, tau=0.4)
+    # pooled masses: 0.55, 0.55, 0.30, 0.40, 0.40 -> f = 1, 1, 0, 1, 1
+    expected = (probs - q * torch.tensor([1.0, 1, 0, 1, 1], dtype=torch.float64)).clamp_min(0)
+    assert torch.allclose(rule.residual(probs, q, torch.tensor([2])), expected)
+
+
+def test_neighbour_tables_must_exclude_the_token_itself():
+    with pytest.raises(ValueError, match="own token"):
+        LanternRule(torch.arange(6).unsqueeze(1), k=1)
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_verify_tokens_uses_the_fused_kernel_identically(monkeypatch, greedy):
+    """With the Triton backend forced (interpreter on CPU), verify_tokens returns exactly the torch result."""
+    pytest.importorskip("triton")
+    g = torch.Generator().manual_seed(4)
+    target = make_dist(6, 5, 300, peaked=greedy, generator=g).float()
+    q = make_dist(6, 4, 300, peaked=False, generator=g).float()
+    drafts = target[:, :4].argmax(-1) if greedy else sample(q, g)
+    if greedy:
+        drafts[::2, 1] = (drafts[::2, 1] + 1) % 300
+    rule = GreedyRule() if greedy else ExactRule()
+    draft_probs = None if greedy else q
+    monkeypatch.setenv("MMSPEC_KERNEL_BACKEND", "torch")
+    a = verify_tokens(drafts, draft_probs, target, rule, torch.Generator().manual_seed(9))
+    monkeypatch.setenv("MMSPEC_KERNEL_BACKEND", "triton")
+    b = verify_tokens(drafts, draft_probs, target, rule, torch.Generator().manual_seed(9))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted)
+    assert a.num_accepted.min() < 4  # the comparison covers rejections
