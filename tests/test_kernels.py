@@ -51,6 +51,16 @@ def _chain_inputs(B, K, V, *, temp=1.0, draft_probs=True, dtype=torch.float32, s
     return (tokens, q.to(dtype) if draft_probs else None, target.to(dtype), accept_u.to(dtype), sample_u.to(dtype))
 
 
+def _correlated_inputs(B, K, V, seed, scale=4.0):
+    """A peaked target and a draft close to it (drafts sampled from q): every accepted length occurs."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, K + 1, V, generator=g) * scale
+    target = torch.softmax(logits, -1)
+    q = torch.softmax(logits[:, :K] + torch.randn(B, K, V, generator=g), -1)
+    tokens = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(B, K)
+    return tokens, q, target, torch.rand(B, K, generator=g), torch.rand(B, generator=g)
+
+
 def _triton_vs_reference(inputs, greedy=False):
     ref = chain_verify_reference(*inputs, greedy=greedy)
     on_device = [t.to(DEVICE) if t is not None else None for t in inputs]
@@ -92,12 +102,7 @@ def test_chain_verify_triton_many_rows_hit_every_outcome():
     # Peaked target and drafts from a nearby q: rows end at every n in 0..K, so the residual, the bonus
     # and the acceptance tests are all compared on one launch.
     B, K, V = 48, 4, 300
-    g = torch.Generator().manual_seed(7)
-    logits = torch.randn(B, K + 1, V, generator=g) * 4
-    target = torch.softmax(logits, -1)
-    q = torch.softmax(logits[:, :K] + torch.randn(B, K, V, generator=g), -1)
-    tokens = torch.multinomial(q.reshape(-1, V), 1, generator=g).view(B, K)
-    inputs = (tokens, q, target, torch.rand(B, K, generator=g), torch.rand(B, generator=g))
+    inputs = _correlated_inputs(B, K, V, seed=7)
     ref, out = _triton_vs_reference(inputs)
     _assert_same(ref, out)
     assert set(ref[0].tolist()) == set(range(K + 1)), "the inputs should exercise every accepted length"
@@ -205,6 +210,27 @@ def test_chain_verify_empty_chain_draws_the_bonus():
     assert torch.equal(nxt, sample_inverse_cdf(target[:, 0], torch.tensor([0.2, 0.7])))
     if triton_available():
         _assert_same((n, nxt), _triton_vs_reference(inputs)[1])
+
+
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["q", "point-mass"])
+@pytest.mark.parametrize("greedy", [False, True], ids=["sample", "greedy"])
+def test_verify_tokens_agrees_with_the_kernel_contract(draft_probs, greedy):
+    # verify_tokens runs its own torch path on CPU and this kernel on CUDA: both must pick the same
+    # tokens from the same uniforms (drawn [B, K] for acceptance, then [B] for sampling).
+    from mmspec import ExactRule, GreedyRule, verify_tokens
+    from mmspec.sampling import draw_uniforms
+
+    tokens, q, target, _, _ = _correlated_inputs(64, 4, 300, seed=21)
+    q = q if draft_probs else None
+    rule = GreedyRule() if greedy else ExactRule()
+    out = verify_tokens(tokens, q, target, rule=rule, generator=torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    accept_u = draw_uniforms(tuple(tokens.shape), target, g)
+    sample_u = draw_uniforms((tokens.shape[0],), target, g)
+    n, nxt = chain_verify_reference(tokens, q, target, accept_u, sample_u, greedy=greedy)
+    assert torch.equal(out.num_accepted, n)
+    assert torch.equal(out.tokens.gather(1, n.unsqueeze(1)).squeeze(1), nxt)
+    assert len(set(n.tolist())) > 1, "the inputs should give several accepted lengths"
 
 
 # ----------------------------------------------------------------------------------------------
