@@ -1,0 +1,44 @@
+"""The ``mmspec`` command line.
+
+Sub-commands:
+    mmspec info      versions, kernel backend and which pipelines this install provides
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+
+def _info(_: argparse.Namespace) -> int:
+    import torch
+
+    import mmspec
+    from mmspec import kernels
+
+    probe = torch.zeros(1, device="cuda") if torch.cuda.is_available() else torch.zeros(1)
+    print(f"mmspec {mmspec.__version__}")
+    print(f"torch {torch.__version__} (cuda available: {torch.cuda.is_available()})")
+    print(f"triton importable: {kernels.triton_available()}; kernel backend here: {kernels.kernel_backend(probe)}")
+    pipelines = importlib.import_module("mmspec.pipelines")
+    names = ("VLMPipeline", "ARImagePipeline", "ContinuousARImagePipeline", "ARVideoPipeline")
+    for name in names:
+        print(f"{name}: {'available' if hasattr(pipelines, name) else 'not in this version'}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for multimodal models.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("info", help="show versions, kernel backend and available pipelines").set_defaults(run=_info)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
