@@ -88,9 +88,17 @@ def _join(items: list[str]) -> str:
     return ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _region_phrase(obj: WorldObject) -> str:
-    region = region_name(obj.x, obj.y)
+def region_phrase(region: str) -> str:
+    """"in the top left", "at the top", "on the left", "in the center", ..."""
+    if region in ("top", "bottom"):
+        return f"at the {region}"
+    if region in ("left", "right"):
+        return f"on the {region}"
     return f"in the {region}"
+
+
+def _region_phrase(obj: WorldObject) -> str:
+    return region_phrase(region_name(obj.x, obj.y))
 
 
 def reading_order(scene: Scene) -> list[WorldObject]:
@@ -101,7 +109,7 @@ def reading_order(scene: Scene) -> list[WorldObject]:
 def referring_names(scene: Scene) -> dict[int, str]:
     """A shortest unambiguous noun phrase (without article) for each object, keyed by its index.
 
-    Tries "red circle", then "small red circle", then "red circle in the top left" (two objects of the
+    Tries "red circle", then "small red circle", then "small red circle in the top left" (two objects of the
     same colour, shape and size never share a region: the minimum gap keeps their centres more than a
     third of the canvas apart along x or y).
     """
@@ -165,7 +173,8 @@ def describe_scene(scene: Scene) -> str:
     if n >= 2:
         shape_counts = Counter(o.shape for o in objs)
         parts = [_count_phrase(shape_counts[s], s) for s in SHAPES if shape_counts[s]]
-        verb = "is" if len(parts) == 1 and shape_counts[objs[0].shape] == 1 else "are"
+        first = next(sh for sh in SHAPES if shape_counts[sh])
+        verb = "is" if shape_counts[first] == 1 else "are"  # agrees with the first noun
         sentences.append(f"in total there {verb} {_join(parts)}.")
         color_counts = Counter(o.color for o in objs)
         for c in COLORS:
@@ -187,40 +196,50 @@ def describe_scene(scene: Scene) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 
-def qa_pairs(scene: Scene) -> list[tuple[str, str]]:
-    """Every question of the world's templates that has an exact answer for this scene.
-
-    Counting (total, per colour, per shape, including absent ones -> "zero"), colour of a unique
-    shape, shape of a unique colour, size and location of a unique (colour, shape), existence
-    (yes/no) and pairwise relations (yes/no, GenEval's relation rule).
-    """
+def _qa_count(scene: Scene) -> list[tuple[str, str]]:
     objs = scene.objects
-    out: list[tuple[str, str]] = [("how many shapes are there?", NUMBER_WORDS[len(objs)])]
     shape_counts = Counter(o.shape for o in objs)
     color_counts = Counter(o.color for o in objs)
-    for c in COLORS:
-        out.append((f"how many {c} shapes are there?", NUMBER_WORDS[color_counts[c]]))
-    for s in SHAPES:
-        out.append((f"how many {plural(s)} are there?", NUMBER_WORDS[shape_counts[s]]))
-    for s in SHAPES:
-        if shape_counts[s] == 1:
-            o = next(o for o in objs if o.shape == s)
-            out.append((f"what color is the {s}?", o.color))
-    for c in COLORS:
-        if color_counts[c] == 1:
-            o = next(o for o in objs if o.color == c)
-            out.append((f"what shape is the {c} object?", o.shape))
-    pairs = Counter((o.color, o.shape) for o in objs)
-    for o in objs:
-        if pairs[(o.color, o.shape)] == 1:
-            out.append((f"where is the {o.phrase()}?", region_name(o.x, o.y)))
-            out.append((f"what size is the {o.phrase()}?", o.size))
-    for c in COLORS:
-        for s in SHAPES:
-            out.append((f"is there {with_article(c)} {s}?", "yes" if pairs[(c, s)] else "no"))
-    for a in objs:
-        for b in objs:
-            if a is b or pairs[(a.color, a.shape)] != 1 or pairs[(b.color, b.shape)] != 1:
+    out = [("how many shapes are there?", NUMBER_WORDS[len(objs)])]
+    out += [(f"how many {c} shapes are there?", NUMBER_WORDS[color_counts[c]]) for c in COLORS]
+    out += [(f"how many {plural(s)} are there?", NUMBER_WORDS[shape_counts[s]]) for s in SHAPES]
+    return out
+
+
+def _qa_color(scene: Scene) -> list[tuple[str, str]]:
+    counts = Counter(o.shape for o in scene.objects)
+    return [(f"what color is the {o.shape}?", o.color) for o in scene.objects if counts[o.shape] == 1]
+
+
+def _qa_shape(scene: Scene) -> list[tuple[str, str]]:
+    counts = Counter(o.color for o in scene.objects)
+    return [(f"what shape is the {o.color} object?", o.shape) for o in scene.objects if counts[o.color] == 1]
+
+
+def _unique(scene: Scene) -> list[WorldObject]:
+    pairs = Counter((o.color, o.shape) for o in scene.objects)
+    return [o for o in scene.objects if pairs[(o.color, o.shape)] == 1]
+
+
+def _qa_where(scene: Scene) -> list[tuple[str, str]]:
+    return [(f"where is the {o.phrase()}?", region_name(o.x, o.y)) for o in _unique(scene)]
+
+
+def _qa_size(scene: Scene) -> list[tuple[str, str]]:
+    return [(f"what size is the {o.phrase()}?", o.size) for o in _unique(scene)]
+
+
+def _qa_exists(scene: Scene) -> list[tuple[str, str]]:
+    present = {(o.color, o.shape) for o in scene.objects}
+    return [(f"is there {with_article(c)} {s}?", "yes" if (c, s) in present else "no") for c in COLORS for s in SHAPES]
+
+
+def _qa_relation(scene: Scene) -> list[tuple[str, str]]:
+    unique = _unique(scene)
+    out = []
+    for a in unique:
+        for b in unique:
+            if a is b:
                 continue
             rels = relations_between(a.bbox, b.bbox)
             for r in RELATIONS:
@@ -228,23 +247,41 @@ def qa_pairs(scene: Scene) -> list[tuple[str, str]]:
     return out
 
 
+QA_KINDS = {
+    "count": _qa_count,
+    "color": _qa_color,
+    "shape": _qa_shape,
+    "where": _qa_where,
+    "size": _qa_size,
+    "exists": _qa_exists,
+    "relation": _qa_relation,
+}
+
+
+def qa_pairs(scene: Scene) -> list[tuple[str, str]]:
+    """Every question of the world's templates that has an exact answer for this scene.
+
+    Kinds (``QA_KINDS``): counting (total, per colour, per shape, absent ones -> "zero"), colour of a
+    unique shape, shape of a unique colour, location and size of a unique (colour, shape), existence
+    (yes/no) and pairwise relations (yes/no, GenEval's relation rule).
+    """
+    return [pair for fn in QA_KINDS.values() for pair in fn(scene)]
+
+
 def sample_qa(scene: Scene, rng: np.random.Generator | int | None = None) -> tuple[str, str]:
-    """One question/answer pair, drawn so that question kinds are balanced (counting, colour, shape,
-    location/size, existence, relation), not dominated by the many yes/no existence questions."""
+    """One question/answer pair: a question kind drawn uniformly among the kinds that apply to the scene,
+    then a question of that kind (existence questions: half about something present)."""
     rng = as_rng(rng)
-    pairs = qa_pairs(scene)
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for q, a in pairs:
-        kind = q.split(" ")[0] + (" " + q.split(" ")[1] if q.startswith(("is the", "is there")) else "")
-        groups.setdefault(kind, []).append((q, a))
-    kinds = sorted(groups)
-    group = groups[kinds[int(rng.integers(len(kinds)))]]
-    q, a = group[int(rng.integers(len(group)))]
-    if q.startswith("is there") and rng.uniform() < 0.5:
-        # existence questions: half of them about something present
-        present = [(qq, aa) for qq, aa in group if aa == "yes"]
-        q, a = present[int(rng.integers(len(present)))]
-    return q, a
+    kinds = list(QA_KINDS)
+    for k in rng.permutation(len(kinds)):
+        kind = kinds[int(k)]
+        group = QA_KINDS[kind](scene)
+        if not group:
+            continue
+        if kind == "exists" and rng.uniform() < 0.5:
+            group = [pair for pair in group if pair[1] == "yes"]
+        return group[int(rng.integers(len(group)))]
+    raise ValueError("scene has no objects to ask about")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -252,10 +289,9 @@ def sample_qa(scene: Scene, rng: np.random.Generator | int | None = None) -> tup
 # ----------------------------------------------------------------------------------------------------
 
 _TEMPLATE_WORDS = (
-    "a an the and of to in on is are there next shows image shape shapes dark background total "
-    "nothing else how many what color where size object yes no it its moves moving starts ends "
-    "video at first end frames from toward towards clip while same speed all by keeps direction "
-    "whole throughout stays stay still frame through then"
+    "a an the and of to in on at is are there next shows image shape shapes dark background total "
+    "nothing else how many what color where size object yes no it moving moves starts ends video first "
+    "end all keep keeps same speed direction through whole clip"
 )
 
 

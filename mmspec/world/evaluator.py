@@ -3,7 +3,7 @@
 Parsing (:func:`parse_image`), one pass per image:
 
 1. Foreground: pixels whose brightest channel exceeds ``FG_THRESHOLD`` (every palette colour has a
-   channel >= 220 and every background stays below ~70 even at difficulty 2, so a pixel is foreground
+   channel >= 195 and every background stays below ~70 even at difficulty 2, so a pixel is foreground
    when roughly 40 % or more of it is covered by an object).
 2. Connected components (8-connectivity). Components smaller than ``MIN_PIXELS_FRACTION`` of the
    smallest possible object are noise and ignored. The minimum gap between objects (4 pixels at

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .captions import DIRECTION_PHRASES, DIRECTIONS, article, reading_order, with_article
+from .captions import DIRECTION_PHRASES, DIRECTIONS, article, reading_order, region_phrase, with_article
 from .prompts import NUMBER_WORDS, RELATION_PHRASES
 from .render import check_difficulty, check_image_size, render_scene
 from .scene import (
@@ -34,7 +34,6 @@ from .scene import (
     check_color,
     check_shape,
     dominant_relation,
-    random_size,
     region_name,
 )
 
@@ -101,67 +100,63 @@ class VideoClip:
                    first.background, first.seed)
 
 
-def _path_ok(centres: np.ndarray, sides: np.ndarray) -> bool:
-    """centres [T, n, 2], sides [n]: inside the canvas and pairwise separated in every frame."""
-    half = sides[None, :, None] / 2
-    if (centres - half < MARGIN - 1e-9).any() or (centres + half > 1 - MARGIN + 1e-9).any():
-        return False
-    n = centres.shape[1]
-    for i in range(n):
-        for j in range(i + 1, n):
-            gaps = np.abs(centres[:, i] - centres[:, j]) - (sides[i] + sides[j]) / 2  # [T, 2]
-            if (gaps.max(axis=1) < MIN_GAP - 1e-9).any():
-                return False
-    return True
+_VIDEO_SIZE_WEIGHTS = {1: (1, 1, 1), 2: (3, 2, 1), 3: (3, 1, 0)}  # small, medium, large by object count
 
 
 def clip_from_specs(
     rng: np.random.Generator,
-    specs: Sequence[tuple[str, str, str | None]],
+    specs: Sequence[tuple[str, str, str]],
     num_frames: int = 8,
     meta: dict[str, Any] | None = None,
+    candidates: int | None = None,
 ) -> VideoClip:
-    """A clip of the given (shape, colour, direction) objects; sizes, speeds and start points random."""
+    """A clip of the given (shape, colour, direction) objects; sizes, travel and start points random.
+
+    Vectorised rejection sampling: ``candidates`` layouts (default 16 / 128 / 512 for 1 / 2 / 3 objects) (sizes, travel distances, start points) are
+    drawn at once and the first that keeps every frame inside the canvas and every pair of objects
+    separated is used. Clips with three objects whose paths must cross may need shorter travel
+    (``CROWDED_TRAVEL``); a ValueError says when no layout was found.
+    """
     rng = as_rng(rng)
     num_frames = check_num_frames(num_frames)
-    if not 1 <= len(specs) <= MAX_VIDEO_OBJECTS:
-        raise ValueError(f"a clip holds 1 to {MAX_VIDEO_OBJECTS} objects, got {len(specs)}")
+    n = len(specs)
+    if not 1 <= n <= MAX_VIDEO_OBJECTS:
+        raise ValueError(f"a clip holds 1 to {MAX_VIDEO_OBJECTS} objects, got {n}")
     for s, c, d in specs:
         check_shape(s), check_color(c), check_direction(d)
-    if len({(s, c) for s, c, _ in specs}) != len(specs):
+    if len({(s, c) for s, c, _ in specs}) != n:
         raise ValueError("objects of a clip must have distinct (shape, color) pairs")
-    t = np.arange(num_frames, dtype=np.float64)
-    for attempt in range(1000):
-        crowd = len(specs) + 1 + attempt // 200  # drift towards smaller objects when crowded
-        sizes = [random_size(rng, min(crowd, 4)) for _ in specs]
-        sides = np.array([SIZES[s] for s in sizes])
-        low = MIN_TRAVEL if attempt < 600 else CROWDED_TRAVEL
-        travel = rng.uniform(low, MAX_TRAVEL if attempt < 600 else MIN_TRAVEL, size=len(specs))
-        centres = np.zeros((num_frames, len(specs), 2))
-        ok = True
-        for i, (_, _, d) in enumerate(specs):
-            dx, dy = np.asarray(DIRECTIONS[d]) * travel[i]  # displacement over the clip
-            lo, hi = MARGIN + sides[i] / 2, 1 - MARGIN - sides[i] / 2
-            start = []
-            for disp in (dx, dy):
-                a, b = lo - min(disp, 0.0), hi - max(disp, 0.0)
-                if a > b:
-                    ok = False
-                    break
-                start.append(rng.uniform(a, b))
-            if not ok:
-                break
-            frac = t / max(num_frames - 1, 1)
-            centres[:, i, 0] = start[0] + frac * dx
-            centres[:, i, 1] = start[1] + frac * dy
-        if not ok or not _path_ok(centres, sides):
+    m = candidates if candidates is not None else {1: 16, 2: 128, 3: 512}[n]
+    frac = np.arange(num_frames) / (num_frames - 1)  # [T]
+    unit = np.array([DIRECTIONS[d] for _, _, d in specs])  # [n, 2]
+    weights = np.asarray(_VIDEO_SIZE_WEIGHTS[n], dtype=float)
+    size_names = list(SIZES)
+    for attempt in range(24):
+        crowded = attempt >= 12
+        size_idx = rng.choice(3, size=(m, n), p=weights / weights.sum())  # [M, n]
+        sides = np.array([SIZES[k] for k in size_names])[size_idx]  # [M, n]
+        lo_t, hi_t = (CROWDED_TRAVEL, MIN_TRAVEL) if crowded else (MIN_TRAVEL, MAX_TRAVEL)
+        travel = rng.uniform(lo_t, hi_t, size=(m, n))
+        disp = unit[None] * travel[..., None]  # [M, n, 2]
+        lo = (MARGIN + sides / 2)[..., None] - np.minimum(disp, 0)  # start range per axis [M, n, 2]
+        hi = (1 - MARGIN - sides / 2)[..., None] - np.maximum(disp, 0)
+        ok = (lo <= hi).all(axis=(1, 2))  # [M]
+        start = lo + rng.uniform(size=(m, n, 2)) * np.maximum(hi - lo, 0)
+        centres = start[:, None] + frac[None, :, None, None] * disp[:, None]  # [M, T, n, 2]
+        for i in range(n):
+            for j in range(i + 1, n):
+                gap = np.abs(centres[:, :, i] - centres[:, :, j]) - ((sides[:, i] + sides[:, j]) / 2)[:, None, None]
+                ok &= (gap.max(axis=2) >= MIN_GAP - 1e-9).all(axis=1)
+        if not ok.any():
             continue
-        shades = rng.uniform(-1.0, 1.0, size=(len(specs), 3))
+        k = int(np.argmax(ok))
+        shades = rng.uniform(-1.0, 1.0, size=(n, 3))
         objects = tuple(
-            WorldObject(s, c, size, float(centres[0, i, 0]), float(centres[0, i, 1]), tuple(float(v) for v in shades[i]))
-            for i, ((s, c, _), size) in enumerate(zip(specs, sizes))
+            WorldObject(s, c, size_names[size_idx[k, i]], float(centres[k, 0, i, 0]), float(centres[k, 0, i, 1]),
+                        tuple(float(v) for v in shades[i]))
+            for i, (s, c, _) in enumerate(specs)
         )
-        speeds = tuple(float(v) / max(num_frames - 1, 1) for v in travel)
+        speeds = tuple(float(v) / (num_frames - 1) for v in travel[k])
         background = tuple(float(v) for v in rng.uniform(0.0, 1.0, size=3))
         return VideoClip(objects, tuple(d for _, _, d in specs), speeds, num_frames, background,
                          int(rng.integers(0, 2**31 - 1)), dict(meta or {}))
@@ -181,6 +176,7 @@ def sample_video(
 ) -> VideoClip:
     """A random clip of 1-3 moving objects (uniform count), each in one of eight directions."""
     rng = as_rng(rng)
+    num_frames = check_num_frames(num_frames)
     if num_objects is None:
         num_objects = int(rng.integers(1, MAX_VIDEO_OBJECTS + 1))
     elif not isinstance(num_objects, (int, np.integer)) or not 1 <= num_objects <= MAX_VIDEO_OBJECTS:
@@ -224,13 +220,12 @@ def narrate_video(clip: VideoClip) -> str:
     first, last = clip.scene_at(0), clip.scene_at(clip.num_frames - 1)
     n = len(clip.objects)
     count = "one shape" if n == 1 else f"{NUMBER_WORDS[n]} shapes"
-    sentences = [f"the video shows {count} moving on a dark background for {NUMBER_WORDS.get(clip.num_frames, 'many')} frames."
-                 if clip.num_frames <= 4 else f"the video shows {count} moving on a dark background."]
+    sentences = [f"the video shows {count} moving on a dark background."]
     for i, (o, d) in enumerate(zip(clip.objects, clip.directions)):
         end = last.objects[i]
         sentences.append(
-            f"{with_article(o.phrase(True))} starts in the {region_name(o.x, o.y)} and moves {DIRECTION_PHRASES[d]}, "
-            f"it ends in the {region_name(end.x, end.y)}."
+            f"{with_article(o.phrase(True))} starts {region_phrase(region_name(o.x, o.y))} and moves "
+            f"{DIRECTION_PHRASES[d]}, it ends {region_phrase(region_name(end.x, end.y))}."
         )
     if n >= 2:
         for label, scene in (("at first", first), ("at the end", last)):
