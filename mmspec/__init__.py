@@ -45,6 +45,7 @@ _LAZY = {
     "speculative_generate": "mmspec.speculate",
     "ModelDrafter": "mmspec.drafters",
     "TreeConfig": "mmspec.drafters",
+    "JacobiDrafter": "mmspec.drafters",
     "CausalLMRunner": "mmspec.runner",
 }
 
@@ -64,5 +65,6 @@ __all__ = [
     "SamplingConfig", "SlotState", "SpecStats", "TreeVerification", "Verification", "apply_guidance",
     "crop_cache", "cspd_log_ratio", "expand_dynamic_tree", "local_resample_sets", "logits_to_probs", "sample",
     "select_cache_slots", "static_tree_from_choices", "tree_attention_mask", "verify_continuous",
-    "verify_tokens", "verify_tree", "speculative_generate", "ModelDrafter", "TreeConfig", "CausalLMRunner",
+    "verify_tokens", "verify_tree", "speculative_generate", "ModelDrafter", "JacobiDrafter", "TreeConfig",
+    "CausalLMRunner",
 ]

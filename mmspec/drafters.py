@@ -1,10 +1,15 @@
-"""Drafters that need no training of their own: a smaller causal LM of the same vocabulary.
+"""Drafters that need no training of their own.
 
-:class:`ModelDrafter` is the classic draft-model speculative decoding (Leviathan et al. 2023) and the
-reference implementation of the :class:`~mmspec.speculate.Drafter` interface: chain drafting (greedy or
-sampled, returning the distributions it sampled from) and EAGLE-2-style dynamic trees built with
-:func:`~mmspec.tree.expand_dynamic_tree`. Feature-level heads (EAGLE, FLASH, ViSpec, SpecVLM) live in
-``mmspec.models`` and implement the same interface.
+* :class:`ModelDrafter`: a smaller causal LM of the same vocabulary, the classic draft-model speculative
+  decoding (Leviathan et al. 2023) and the reference implementation of the
+  :class:`~mmspec.speculate.Drafter` interface: chain drafting (greedy or sampled, returning the
+  distributions it sampled from) and EAGLE-2-style dynamic trees built with
+  :func:`~mmspec.tree.expand_dynamic_tree`.
+* :class:`JacobiDrafter`: Speculative Jacobi Decoding (SJD, arXiv 2410.01699), no draft model: the
+  drafts of a round are the target's own samples from the previous round.
+
+Feature-level heads (EAGLE, FLASH, ViSpec, SpecVLM) and MuLo-SD live in ``mmspec.models`` and implement
+the same interface.
 """
 
 from __future__ import annotations
@@ -18,6 +23,11 @@ from mmspec.runner import CausalLMRunner
 from mmspec.sampling import SamplingConfig, logits_to_probs, sample
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
 from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
+
+
+def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Point-mass distributions ``[..., V]`` (float64) at ``tokens``."""
+    return torch.nn.functional.one_hot(tokens, vocab_size).to(torch.float64)
 from mmspec.validation import check_positive_int
 
 
@@ -119,3 +129,96 @@ class ModelDrafter(Drafter):
         last_draft = accepted[:, -1:] if accepted.shape[1] == self.num_draft_tokens else accepted[:, :0]
         self._backlog = torch.where(result.num_accepted.unsqueeze(-1) == self.num_draft_tokens, last_draft, -1) \
             if last_draft.shape[1] else last_draft
+
+
+class JacobiDrafter(Drafter):
+    """Speculative Jacobi Decoding: a window of ``window`` draft slots refined by the target itself.
+
+    Round r verifies the window; the accepted prefix and the corrected token are committed; every slot
+    after them is redrawn from the target distribution this round computed for it (that distribution
+    becomes its q, so verification stays exact speculative sampling); the slots freed at the end are
+    filled by ``init``: "random" (uniform over ``token_range``, q uniform) or "left" (a copy of the
+    left neighbour, a deterministic point mass). Greedy decoding redraws by argmax (Jacobi decoding).
+
+    Args:
+        vocab_size: target vocabulary size.
+        window: L draft slots per round (SJD uses 16 for images).
+        sampling: the target's sampling config (greedy or sampled refinement).
+        init: "random" or "left".
+        token_range: ``(low, high)`` ids random initialisation draws from (e.g. the image-token range).
+        generator: random source for initialisation and redraws.
+    """
+
+    def __init__(self, vocab_size: int, window: int = 16, sampling: SamplingConfig = SamplingConfig(do_sample=False),
+                 init: str = "random", token_range: tuple[int, int] | None = None,
+                 generator: torch.Generator | None = None) -> None:
+        check_positive_int(window, "window")
+        if init not in ("random", "left"):
+            raise ValueError(f"init must be 'random' or 'left', got {init!r}")
+        low, high = token_range if token_range is not None else (0, vocab_size)
+        if not 0 <= low < high <= vocab_size:
+            raise ValueError(f"token_range must satisfy 0 <= low < high <= vocab_size={vocab_size}, got {token_range}")
+        self.vocab_size, self.window, self.sampling, self.init = vocab_size, window, sampling, init
+        self.low, self.high, self.generator = low, high, generator
+        self._tokens: torch.Tensor | None = None  # [B, L]
+        self._probs: torch.Tensor | None = None   # [B, L, V] (sampling) — q of each slot
+
+    def prefill(self, context: PrefillContext) -> None:
+        if context.target.logits.shape[-1] != self.vocab_size:
+            raise ValueError(f"vocab mismatch: the Jacobi drafter was built for {self.vocab_size} tokens, the target "
+                             f"has {context.target.logits.shape[-1]}")
+        batch = context.first_tokens.shape[0]
+        logits_dtype = context.target.logits.dtype
+        self._dtype = torch.float32 if logits_dtype in (torch.float16, torch.bfloat16) else logits_dtype
+        self._tokens = context.first_tokens.new_zeros(batch, 0)
+        self._probs = None
+        self._fill(context.first_tokens)
+
+    def _uniform(self, batch: int, slots: int, like: torch.Tensor) -> torch.Tensor:
+        probs = torch.zeros(batch, slots, self.vocab_size, dtype=self._dtype, device=like.device)
+        probs[..., self.low:self.high] = 1.0 / (self.high - self.low)
+        return probs
+
+    def _fill(self, last_committed: torch.Tensor) -> None:
+        """Append freshly initialised slots until the window is full."""
+        batch, have = self._tokens.shape
+        missing = self.window - have
+        if missing <= 0:
+            return
+        if self.init == "random" and self.sampling.do_sample:
+            probs = self._uniform(batch, missing, self._tokens)
+            new = sample(probs, self.generator)
+        else:  # copies of the left neighbour (also the greedy Jacobi default): point masses
+            left = self._tokens[:, -1] if have else last_committed
+            new = left.unsqueeze(1).expand(batch, missing)
+            probs = None
+        self._tokens = torch.cat([self._tokens, new], 1)
+        if self.sampling.do_sample:
+            old = self._probs if self._probs is not None else self._uniform(batch, 0, new)
+            fresh = probs if probs is not None else one_hot_probs(new, self.vocab_size).to(self._dtype)
+            self._probs = torch.cat([old, fresh], 1)
+
+    def propose(self, pending: torch.Tensor) -> DraftChain:
+        return DraftChain(self._tokens.clone(), self._probs if self.sampling.do_sample else None)
+
+    def commit(self, result: RoundResult) -> None:
+        if result.target_probs is None:
+            raise ValueError("JacobiDrafter needs the round's target distributions")
+        emitted = result.num_accepted + 1  # slots consumed per row (accepted drafts + corrected token)
+        # Redraw every slot from the target distribution this round computed for it.
+        target = result.target_probs[:, : self.window].to(self._dtype)  # [B, L, V] q for the next round
+        redrawn = target.argmax(-1) if not self.sampling.do_sample else sample(target, self.generator)
+        # Drop the consumed slots per row (shift left by `emitted`), then refill the end.
+        batch = redrawn.shape[0]
+        index = (torch.arange(self.window, device=redrawn.device).unsqueeze(0) + emitted.unsqueeze(1))
+        valid = index < self.window
+        tokens = redrawn.gather(1, index.clamp(max=self.window - 1))
+        keep = int(valid.sum(1).min())
+        self._tokens = tokens[:, :keep]
+        if self.sampling.do_sample:
+            probs = target.gather(1, index.clamp(max=self.window - 1).unsqueeze(-1).expand(-1, -1, target.shape[-1]))
+            self._probs = probs[:, :keep]
+        # Rows that consumed fewer slots than the batch maximum lose their extra kept slots: their
+        # tokens were drawn from valid distributions, but slots must align across rows.
+        self._fill(result.next_tokens)
+        assert self._tokens.shape == (batch, self.window)

@@ -73,6 +73,8 @@ class RoundResult:
         next_tokens: LongTensor ``[B]`` the new pending token (corrected or bonus).
         target_hidden: ``[B, M, D]`` target top hidden states of ``committed`` (None if not computed).
         path: accepted tree node indices ``[B, D]`` (-1 pad) for tree rounds, else None.
+        target_probs: the processed target distributions of the round ``[B, K+1, V]`` (``[B, N+1, V]``
+            for trees), which Jacobi-style drafters turn into their next drafts.
     """
 
     committed: torch.Tensor
@@ -80,6 +82,7 @@ class RoundResult:
     next_tokens: torch.Tensor
     target_hidden: torch.Tensor | None = None
     path: torch.Tensor | None = None
+    target_probs: torch.Tensor | None = None
 
 
 class Drafter(ABC):
@@ -248,7 +251,7 @@ def _speculative_round(target, drafter, pending, to_probs, rule, generator, stat
             hidden = out.hidden.gather(1, keep.clamp_min(0).unsqueeze(-1).expand(-1, -1, out.hidden.shape[-1]))
         next_tokens = result.tokens.gather(1, result.num_accepted.unsqueeze(1)).squeeze(1)
     with stats.phase("draft"):
-        drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path))
+        drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path, probs))
         stats.draft_calls += drafter.calls - calls
     drafted = (torch.arange(result.tokens.shape[1], device=pending.device) < result.num_accepted.unsqueeze(-1))
     return result.tokens, drafted & (result.tokens >= 0)

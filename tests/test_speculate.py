@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_llama
 from stats_utils import P_VALUE_FLOOR, chi_square_pvalue, empirical
 
-from mmspec import CausalLMRunner, ModelDrafter, SamplingConfig, TreeConfig, speculative_generate
+from mmspec import CausalLMRunner, JacobiDrafter, ModelDrafter, SamplingConfig, TreeConfig, speculative_generate
 
 
 def _prompt():
@@ -24,6 +24,7 @@ DRAFTERS = {
     "chain-small": lambda t, d: ModelDrafter(d, 3),
     "tree-self": lambda t, d: ModelDrafter(t, tree=TreeConfig(depth=4, top_k=3, total_tokens=30)),
     "tree-small": lambda t, d: ModelDrafter(d, tree=TreeConfig(depth=3, top_k=2, total_tokens=6)),
+    "jacobi": lambda t, d: JacobiDrafter(32, window=5),
 }
 
 
@@ -42,7 +43,8 @@ def test_greedy_speculation_equals_target_only_decoding(llama_pair, name):
         assert spec.stats.target_calls <= 24 // 3 + 2
         assert spec.stats.mean_accepted_length > 3.0
         assert spec.drafted.float().mean() > 0.6
-    assert spec.stats.draft_calls > 0
+    if name != "jacobi":
+        assert spec.stats.draft_calls > 0
 
 
 def test_eos_stops_rows_independently(llama_pair):
@@ -82,7 +84,7 @@ def _exact_marginals(target, prompt: torch.Tensor, steps: int) -> list[torch.Ten
     return marginals
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree"])
+@pytest.mark.parametrize("mode", ["chain", "tree", "jacobi-random", "jacobi-left"])
 def test_sampling_preserves_the_target_distribution(mode):
     """4000 rows of one prompt, temperature 1: each of the first three tokens follows the exact target
     marginal (chi-square p > 1e-4), with a drafter that disagrees often."""
@@ -97,10 +99,15 @@ def test_sampling_preserves_the_target_distribution(mode):
     ids = prompt.expand(rows, -1).contiguous()
     sampling = SamplingConfig(do_sample=True)
     tree = TreeConfig(depth=2, top_k=2, total_tokens=4) if mode == "tree" else None
-    drafter = ModelDrafter(draft, 2, sampling=sampling, tree=tree, generator=torch.Generator().manual_seed(1))
+    if mode.startswith("jacobi"):
+        drafter = JacobiDrafter(vocab, window=3, sampling=sampling, init=mode.split("-")[1],
+                                generator=torch.Generator().manual_seed(1))
+    else:
+        drafter = ModelDrafter(draft, 2, sampling=sampling, tree=tree, generator=torch.Generator().manual_seed(1))
     out = speculative_generate(CausalLMRunner(target), drafter, ids, max_new_tokens=3, sampling=sampling,
                                generator=torch.Generator().manual_seed(2))
-    assert 1.1 < out.stats.mean_accepted_length < 3.0  # drafts are both accepted and rejected
+    longest = 4.0 if mode.startswith("jacobi") else 3.0  # window 3 / two drafts, plus one token
+    assert 1.1 < out.stats.mean_accepted_length < longest  # drafts are both accepted and rejected
     for j, marginal in enumerate(_exact_marginals(target, prompt, 3)):
         assert chi_square_pvalue(empirical(out.sequences[:, j], vocab), marginal) > P_VALUE_FLOOR, f"token {j}"
 
@@ -115,3 +122,9 @@ def test_vocab_mismatch_is_a_clear_error():
         speculative_generate(CausalLMRunner(target), None, ids, mask, max_new_tokens=0)
     with pytest.raises(ValueError, match="num_draft_tokens"):
         ModelDrafter(target, 0)
+    with pytest.raises(ValueError, match="vocab mismatch"):
+        speculative_generate(CausalLMRunner(target), JacobiDrafter(31), ids, mask, max_new_tokens=4)
+    with pytest.raises(ValueError, match="init"):
+        JacobiDrafter(32, init="zeros")
+    with pytest.raises(ValueError, match="token_range"):
+        JacobiDrafter(32, token_range=(10, 40))
