@@ -159,15 +159,18 @@ class SlotState:
         self.round_start = self.num_slots
         self.round_base = self.last_position.clone()
 
-    def append(self, new_valid: torch.Tensor, positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, new_valid: torch.Tensor, offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``T`` slots; returns ``(positions [B, T], key_mask [B, S + T])``.
 
-        Without explicit ``positions`` the slots continue each row's chain (invalid slots do not advance
-        it); with them (tree nodes) the chain position is left unchanged.
+        Without ``offsets`` the slots continue each row's chain (invalid slots do not advance it). With
+        ``offsets [B, T]`` (tree nodes) slot t gets position ``last_position + 1 + offsets[:, t]`` and the
+        chain position is left unchanged (each row keeps its own positions, e.g. padded prompts).
         """
         new_valid = new_valid.bool()
         key_mask = torch.cat([self.valid, new_valid], dim=1)
-        if positions is None:
+        if offsets is not None:
+            positions = self.last_position.unsqueeze(-1) + 1 + offsets
+        else:
             steps = new_valid.long().cumsum(-1)
             positions = self.last_position.unsqueeze(-1) + steps.clamp_min(1)
             self.last_position = self.last_position + steps[:, -1]

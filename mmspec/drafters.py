@@ -48,7 +48,8 @@ class ModelDrafter(Drafter):
     """Draft with a small causal LM that shares the target's vocabulary.
 
     Args:
-        model: a transformers causal LM (its own KV cache is managed by a :class:`CausalLMRunner`).
+        model: a transformers causal LM (its own KV cache is managed by a :class:`CausalLMRunner`), or a
+            runner (e.g. a :class:`~mmspec.runner.GuidedRunner` to draft under classifier-free guidance).
         num_draft_tokens: K drafts per round (chain mode).
         sampling: must equal the target's sampling config: drafts are drawn from the same processed
             distribution family (greedy drafting when ``do_sample=False``).
@@ -59,7 +60,7 @@ class ModelDrafter(Drafter):
     def __init__(self, model: Any, num_draft_tokens: int = 4, sampling: SamplingConfig = SamplingConfig(do_sample=False),
                  tree: TreeConfig | None = None, generator: torch.Generator | None = None) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
-        self.runner = CausalLMRunner(model)
+        self.runner = model if hasattr(model, "begin_round") else CausalLMRunner(model)
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
         self._to_probs = target_probs_fn(sampling)
         self._backlog: torch.Tensor | None = None  # committed tokens not yet in the draft cache, -1 pad
@@ -73,7 +74,7 @@ class ModelDrafter(Drafter):
         if context.target.logits.shape[-1] != vocab:
             raise ValueError(f"vocab mismatch: the drafter has {vocab} tokens, the target {context.target.logits.shape[-1]}")
         self.runner.prefill(context.input_ids, context.attention_mask)
-        self._backlog = context.input_ids.new_full((context.input_ids.shape[0], 0), -1)
+        self._backlog = context.first_tokens.new_full((context.first_tokens.shape[0], 0), -1)
 
     def _feed_pending(self, pending: torch.Tensor) -> torch.Tensor:
         """Start a round: feed the backlog and the pending token; returns logits after pending ``[B, V]``."""
@@ -101,13 +102,12 @@ class ModelDrafter(Drafter):
         batch = root_logits.shape[0]
         builder = TreeAttentionBuilder(batch, root_logits.device)
         tree_start = self.runner.num_slots
-        base = self.runner.slots.last_position  # position of the pending token
 
         def step(tokens, node_ids, parent_ids, depth):
             visible = builder.feed(node_ids, parent_ids)
             before = torch.ones(batch, tokens.shape[1], tree_start, dtype=torch.bool, device=tokens.device)
-            positions = (base + depth).unsqueeze(-1).expand_as(tokens)
-            logits = self.runner.forward(tokens, positions=positions, attention=torch.cat([before, visible], 2)).logits
+            offsets = torch.full_like(tokens, depth - 1)  # the pending token's position + depth
+            logits = self.runner.forward(tokens, offsets=offsets, attention=torch.cat([before, visible], 2)).logits
             return logits_to_probs(logits, SamplingConfig()).clamp_min(1e-30).log()
 
         root = logits_to_probs(root_logits, SamplingConfig()).clamp_min(1e-30).log()

@@ -94,20 +94,21 @@ class CausalLMRunner:
         return self._state().num_slots
 
     @torch.no_grad()
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
                 attention: torch.Tensor | None = None) -> StepOutput:
         """Append ``tokens [B, T]`` to the cache and return their outputs.
 
         Args:
             valid: bool ``[B, T]``; invalid slots are padding (hidden from every query, position unused).
-            positions: explicit position ids ``[B, T]`` (tree nodes); default continues each row's chain.
+            offsets: tree position offsets ``[B, T]``: slot t sits at ``last chain position + 1 +
+                offsets[:, t]`` (0 for the root, the depth for nodes); default continues each chain.
             attention: explicit key visibility ``[B, T, S + T]`` (S = slots before this call) for tree
                 drafting/verification; default is causal over valid slots.
         """
         state = self._state()
         valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
         previous = state.num_slots
-        positions, key_mask = state.append(valid, positions)
+        positions, key_mask = state.append(valid, offsets)
         if attention is None:
             mask: torch.Tensor = key_mask.long()
         else:
@@ -127,3 +128,54 @@ class CausalLMRunner:
         if self.slots is None:
             raise RuntimeError("call prefill() before decoding")
         return self.slots
+
+
+class GuidedRunner:
+    """Classifier-free guidance around a runner: ``[cond; uncond]`` rows run as one doubled batch.
+
+    The prompt comes as ``2B`` rows (the B conditional prompts, then their B unconditional versions);
+    every later call takes ``B`` rows, runs them for both halves and returns the guided logits
+    ``uncond + s * (cond - uncond)`` for ``B`` rows (hidden states of the conditional half). Works for
+    targets and for model drafters alike, so drafts are proposed under the same guidance.
+    """
+
+    def __init__(self, runner: CausalLMRunner, guidance_scale: float) -> None:
+        if guidance_scale < 0:
+            raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale}")
+        self.runner, self.guidance_scale = runner, guidance_scale
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.vocab_size
+
+    @property
+    def num_slots(self) -> int:
+        return self.runner.num_slots
+
+    @property
+    def calls(self) -> int:
+        return self.runner.calls
+
+    def _merge(self, out: StepOutput) -> StepOutput:
+        from mmspec.sampling import apply_guidance
+
+        half = out.logits.shape[0] // 2
+        hidden = None if out.hidden is None else out.hidden[:half]
+        return StepOutput(apply_guidance(out.logits, self.guidance_scale), hidden)
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                **model_inputs: Any) -> StepOutput:
+        if input_ids.shape[0] % 2:
+            raise ValueError(f"guided prefill expects 2B prompt rows [cond; uncond], got {input_ids.shape[0]}")
+        return self._merge(self.runner.prefill(input_ids, attention_mask, **model_inputs))
+
+    def begin_round(self) -> None:
+        self.runner.begin_round()
+
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
+                attention: torch.Tensor | None = None) -> StepOutput:
+        double = (lambda t: None if t is None else torch.cat([t, t], 0))
+        return self._merge(self.runner.forward(double(tokens), double(valid), double(offsets), double(attention)))
+
+    def commit(self, keep: torch.Tensor) -> None:
+        self.runner.commit(torch.cat([keep, keep], 0))

@@ -39,8 +39,10 @@ class Target(Protocol):
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 **model_inputs: Any) -> StepOutput: ...
     def begin_round(self) -> None: ...
-    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+    def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
                 attention: torch.Tensor | None = None) -> StepOutput: ...
+    @property
+    def num_slots(self) -> int: ...
     def commit(self, keep: torch.Tensor) -> None: ...
 
 
@@ -169,7 +171,6 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
     eos = torch.tensor([] if eos_token_id is None else
                        ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)),
                        device=input_ids.device)
-    batch = input_ids.shape[0]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
 
@@ -178,6 +179,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
         stats.target_calls += 1
         probs = to_probs(out.logits[:, -1])
         rule.check_vocab(probs.shape[-1])
+        batch = probs.shape[0]  # B rows (a guided target takes 2B prompt rows)
         pending = probs.argmax(-1) if rule.greedy else sample(probs, generator)
     if drafter is not None:
         with stats.phase("draft"):
@@ -222,9 +224,8 @@ def _speculative_round(target, drafter, pending, to_probs, rule, generator, stat
     with stats.phase("target"):
         target.begin_round()
         if isinstance(proposal, DraftTree):
-            offsets = tree_position_offsets(proposal.parents)
-            positions = target.slots.last_position.unsqueeze(-1) + 1 + offsets
-            out = target.forward(torch.cat([pending.unsqueeze(1), proposal.tokens], 1), positions=positions,
+            out = target.forward(torch.cat([pending.unsqueeze(1), proposal.tokens], 1),
+                                 offsets=tree_position_offsets(proposal.parents),
                                  attention=_tree_attention(target, proposal))
         else:
             out = target.forward(torch.cat([pending.unsqueeze(1), proposal.tokens], 1))

@@ -128,3 +128,28 @@ def test_vocab_mismatch_is_a_clear_error():
         JacobiDrafter(32, init="zeros")
     with pytest.raises(ValueError, match="token_range"):
         JacobiDrafter(32, token_range=(10, 40))
+
+
+def test_classifier_free_guidance_runner_matches_a_manual_guided_loop(llama_pair):
+    from mmspec.runner import GuidedRunner
+    from mmspec.sampling import apply_guidance
+
+    target, _ = llama_pair
+    g = torch.Generator().manual_seed(0)
+    cond = torch.randint(3, 32, (2, 5), generator=g)
+    prompt = torch.cat([cond, torch.ones_like(cond)])  # [cond; uncond]
+    sequence, manual = prompt.clone(), []
+    for _ in range(8):
+        with torch.no_grad():
+            token = apply_guidance(target(sequence).logits[:, -1], 3.0).argmax(-1)
+        manual.append(token)
+        sequence = torch.cat([sequence, torch.cat([token, token]).unsqueeze(1)], 1)
+    baseline = speculative_generate(GuidedRunner(CausalLMRunner(target), 3.0), None, prompt, max_new_tokens=8)
+    assert torch.equal(baseline.sequences, torch.stack(manual, 1))
+    for drafter in (ModelDrafter(GuidedRunner(CausalLMRunner(target), 3.0), 3),
+                    ModelDrafter(GuidedRunner(CausalLMRunner(target), 3.0), tree=TreeConfig(3, 2, 8))):
+        spec = speculative_generate(GuidedRunner(CausalLMRunner(target), 3.0), drafter, prompt, max_new_tokens=8)
+        assert torch.equal(spec.sequences, baseline.sequences)
+        assert spec.stats.target_calls < baseline.stats.target_calls
+    with pytest.raises(ValueError, match="2B prompt rows"):
+        speculative_generate(GuidedRunner(CausalLMRunner(target), 3.0), None, prompt[:3], max_new_tokens=2)
