@@ -24,25 +24,36 @@ class KVCache:
 
     ``update(layer, k, v)`` writes ``T`` new slots at the pointer and returns the filled views; the
     pointer advances after the last layer. Rolling back is moving the pointer (``crop``), so it is free.
+    When more slots are needed than preallocated, the buffers double (``growable=True``, the default)
+    or a ``ValueError`` is raised.
     """
 
     def __init__(self, num_layers: int, batch_size: int, num_heads: int, head_dim: int, max_length: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+                 growable: bool = True) -> None:
         shape = (num_layers, batch_size, num_heads, max_length, head_dim)
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
-        self.num_layers, self.max_length, self.length = num_layers, max_length, 0
+        self.num_layers, self.max_length, self.length, self.growable = num_layers, max_length, 0, growable
 
     def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         new = keys.shape[2]
         end = self.length + new
         if end > self.max_length:
-            raise ValueError(f"KVCache overflow: {end} slots needed, max_length is {self.max_length}")
+            if not self.growable:
+                raise ValueError(f"KVCache overflow: {end} slots needed, max_length is {self.max_length}")
+            self._grow(max(end, 2 * self.max_length))
         self.keys[layer, :, :, self.length:end] = keys
         self.values[layer, :, :, self.length:end] = values
         if layer == self.num_layers - 1:
             self.length = end
         return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
+
+    def _grow(self, capacity: int) -> None:
+        pad = capacity - self.max_length
+        self.keys = torch.nn.functional.pad(self.keys, (0, 0, 0, pad))
+        self.values = torch.nn.functional.pad(self.values, (0, 0, 0, pad))
+        self.max_length = capacity
 
     def get_seq_length(self) -> int:
         return self.length

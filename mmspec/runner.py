@@ -52,7 +52,9 @@ class CausalLMRunner:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def _new_cache(self) -> Any:
+    def _new_cache(self, batch_size: int) -> Any:
+        if hasattr(self.model, "new_cache"):  # the project's own models bring a KVCache
+            return self.model.new_cache(batch_size)
         from transformers import DynamicCache
 
         config = self.model.config
@@ -70,15 +72,23 @@ class CausalLMRunner:
         return StepOutput(out.logits, hidden)
 
     @torch.no_grad()
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+    def prefill(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None = None,
                 **model_inputs: Any) -> StepOutput:
-        """Run the prompt (left or right padding allowed) and start a fresh cache."""
-        check_ndim(input_ids, 2, "input_ids", "[B, T]")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
-        self.cache = self._new_cache()
+        """Run the prompt (left or right padding allowed) and start a fresh cache.
+
+        ``input_ids`` may be None when the prompt is given otherwise through ``model_inputs`` (e.g.
+        condition embeddings of an image model); ``attention_mask [B, T]`` then gives its layout.
+        """
+        if input_ids is None and attention_mask is None:
+            raise ValueError("prefill needs input_ids or, for embedding prompts, an attention_mask [B, T]")
+        if input_ids is not None:
+            check_ndim(input_ids, 2, "input_ids", "[B, T]")
+            if attention_mask is None:
+                attention_mask = torch.ones_like(input_ids)
+            if attention_mask.shape != input_ids.shape:
+                raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids "
+                                 f"{tuple(input_ids.shape)}")
+        self.cache = self._new_cache(attention_mask.shape[0])
         self.slots = SlotState.from_attention_mask(attention_mask)
         return self._run(input_ids, attention_mask.long(), self.slots.prompt_positions(), **model_inputs)
 
@@ -95,13 +105,14 @@ class CausalLMRunner:
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
-                attention: torch.Tensor | None = None) -> StepOutput:
+                attention: torch.Tensor | None = None, **model_inputs: Any) -> StepOutput:
         """Append ``tokens [B, T]`` to the cache and return their outputs.
 
         Args:
             valid: bool ``[B, T]``; invalid slots are padding (hidden from every query, position unused).
             offsets: tree position offsets ``[B, T]``: slot t sits at ``last chain position + 1 +
                 offsets[:, t]`` (0 for the root, the depth for nodes); default continues each chain.
+            model_inputs: extra keyword arguments for the model (e.g. a draft head's input features).
             attention: explicit key visibility ``[B, T, S + T]`` (S = slots before this call) for tree
                 drafting/verification; default is causal over valid slots.
         """
@@ -116,7 +127,7 @@ class CausalLMRunner:
             if tuple(attention.shape) != expected:
                 raise ValueError(f"attention must have shape {expected}, got {tuple(attention.shape)}")
             mask = (attention & key_mask.unsqueeze(1)).unsqueeze(1)  # [B, 1, T, S+T]
-        return self._run(tokens, mask, positions)
+        return self._run(tokens, mask, positions, **model_inputs)
 
     def commit(self, keep: torch.Tensor) -> None:
         """Keep, per row, the round's slots ``keep [B, M]`` (relative to the round start, -1 = hole)."""

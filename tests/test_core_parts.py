@@ -132,8 +132,13 @@ def test_kv_cache_update_crop_and_select():
     assert cache.get_seq_length() == 3
     assert cache.keys[0, 0, 0, :3, 0].tolist() == [0.0, 10.0, 1.0]
     assert cache.keys[0, 1, 0, 1, 0].item() == 2.0
+    fixed = KVCache(num_layers=1, batch_size=2, num_heads=1, head_dim=1, max_length=4, growable=False)
     with pytest.raises(ValueError, match="overflow"):
-        cache.update(0, torch.zeros(2, 1, 9, 1), torch.zeros(2, 1, 9, 1))
+        fixed.update(0, torch.zeros(2, 1, 9, 1), torch.zeros(2, 1, 9, 1))
+    cache.update(0, torch.ones(2, 1, 9, 1), torch.ones(2, 1, 9, 1))  # grows past max_length=8
+    keys, _ = cache.update(1, torch.ones(2, 1, 9, 1), torch.ones(2, 1, 9, 1))
+    assert cache.get_seq_length() == 12 and keys.shape[2] == 12 and cache.max_length >= 12
+    assert keys[0, 0, 0, 0].item() == 0.0  # old content survives the growth
 
 
 def test_transformers_cache_rollback():
