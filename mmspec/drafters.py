@@ -55,14 +55,18 @@ class ModelDrafter(Drafter):
             distribution family (greedy drafting when ``do_sample=False``).
         tree: draft an EAGLE-2 dynamic tree instead of a chain (deterministic top-k expansion).
         generator: random source for sampled drafts.
+        share_model_inputs: give the drafter's prefill the same extra inputs as the target's (image
+            pixels, condition ids); False for a text-only drafter of a multimodal target.
     """
 
     def __init__(self, model: Any, num_draft_tokens: int = 4, sampling: SamplingConfig = SamplingConfig(do_sample=False),
-                 tree: TreeConfig | None = None, generator: torch.Generator | None = None) -> None:
+                 tree: TreeConfig | None = None, generator: torch.Generator | None = None,
+                 share_model_inputs: bool = True) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
         self.runner = model if hasattr(model, "begin_round") else CausalLMRunner(model)
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
         self._to_probs = target_probs_fn(sampling)
+        self.share_model_inputs = share_model_inputs
         self._backlog: torch.Tensor | None = None  # committed tokens not yet in the draft cache, -1 pad
 
     @property
@@ -73,7 +77,8 @@ class ModelDrafter(Drafter):
         vocab = self.runner.vocab_size
         if context.target.logits.shape[-1] != vocab:
             raise ValueError(f"vocab mismatch: the drafter has {vocab} tokens, the target {context.target.logits.shape[-1]}")
-        self.runner.prefill(context.input_ids, context.attention_mask)
+        extra = context.model_inputs if self.share_model_inputs else {}
+        self.runner.prefill(context.input_ids, context.attention_mask, **extra)
         self._backlog = context.first_tokens.new_full((context.first_tokens.shape[0], 0), -1)
 
     def _feed_pending(self, pending: torch.Tensor) -> torch.Tensor:

@@ -145,7 +145,7 @@ def target_probs_fn(sampling: SamplingConfig) -> Callable[[torch.Tensor], torch.
 
 
 @torch.no_grad()
-def speculative_generate(target: Target, drafter: Drafter | None, input_ids: torch.Tensor,
+def speculative_generate(target: Target, drafter: Drafter | None, input_ids: torch.Tensor | None,
                          attention_mask: torch.Tensor | None = None, *, max_new_tokens: int = 64,
                          sampling: SamplingConfig = SamplingConfig(do_sample=False), rule: AcceptanceRule | None = None,
                          eos_token_id: int | list[int] | None = None, pad_token_id: int = 0,
@@ -157,20 +157,24 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
     Args:
         target: the target model interface; drafter: a :class:`Drafter` or None (target-only baseline).
         input_ids / attention_mask: ``[B, T]`` prompt (padding allowed); ``model_inputs`` go to the
-            target's prefill (e.g. ``pixel_values``).
+            target's prefill (e.g. ``pixel_values``). ``input_ids`` may be None for prompts given as
+            model inputs (e.g. an image model's condition), with ``attention_mask`` giving their layout.
         sampling: how logits become distributions; greedy when ``do_sample=False``.
         rule: acceptance rule (default ExactRule when sampling, GreedyRule when greedy).
         callback: called after every round with ``(new_tokens [B, M] (-1 pad), drafted [B, M])`` for
             streaming.
     """
-    check_ndim(input_ids, 2, "input_ids", "[B, T]")
+    if input_ids is not None:
+        check_ndim(input_ids, 2, "input_ids", "[B, T]")
+    elif attention_mask is None:
+        raise ValueError("pass input_ids, or an attention_mask [B, T] describing a prompt given as model inputs")
     check_positive_int(max_new_tokens, "max_new_tokens")
     rule = rule or default_rule(sampling)
     to_probs = target_probs_fn(sampling)
     stats = stats if stats is not None else SpecStats()
+    device = (input_ids if input_ids is not None else attention_mask).device
     eos = torch.tensor([] if eos_token_id is None else
-                       ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)),
-                       device=input_ids.device)
+                       ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=device)
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
 
@@ -185,8 +189,8 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
         with stats.phase("draft"):
             drafter.prefill(PrefillContext(input_ids, attention_mask, out, pending, model_inputs))
 
-    output = _OutputBuffer(batch, max_new_tokens, eos, input_ids.device)
-    output.append(pending.unsqueeze(1), torch.zeros(batch, 1, dtype=torch.bool, device=input_ids.device))
+    output = _OutputBuffer(batch, max_new_tokens, eos, device)
+    output.append(pending.unsqueeze(1), torch.zeros(batch, 1, dtype=torch.bool, device=device))
     if callback is not None:
         callback(pending.unsqueeze(1), torch.zeros(batch, 1, dtype=torch.bool))
     while not output.all_done():
