@@ -1,0 +1,1 @@
+"""Training recipes of the reference zoo (one command each, deterministic, CPU minutes)."""

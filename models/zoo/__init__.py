@@ -1,0 +1,1 @@
+"""The bundled reference zoo: small trained weights (safetensors) and their reports."""
