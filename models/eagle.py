@@ -1,0 +1,286 @@
+"""EAGLE draft head (Li et al., arXiv 2401.15077 / 2406.16858) for any target that exposes features.
+
+The head predicts the target's next *feature* (top hidden state) from the current token and the
+previous feature, and reads tokens off predicted features with the target's frozen LM head:
+
+    input at position i:  [ embed(x_i) ; h_{i-1} ]  --fc (2d -> d)-->  one decoder layer  -->  h^_i
+    q(x_{i+1}) = softmax(lm_head(h^_i))
+
+During drafting the head feeds its own predictions back (h^_i in place of h_i); after verification the
+accepted tokens are re-fed with the target's true features. The same head serves image targets
+(LlamaGen, Janus) and VLMs (the base of FLASH, ViSpec and SpecVLM); EagleVLM's extra input norm is the
+``input_norm`` option. The decoder layer is a one-layer transformers ``LlamaModel`` (1-D RoPE over the
+head's own slot positions), so the core's :class:`~mmspec.runner.CausalLMRunner` drives it, trees
+included.
+
+The embedding and LM head are the target's, frozen, and not saved with the head (:meth:`bind_target`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
+from transformers import DynamicCache, LlamaConfig, LlamaModel
+
+from mmspec.drafters import TreeConfig
+from mmspec.runner import CausalLMRunner
+from mmspec.sampling import SamplingConfig, logits_to_probs, sample
+from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
+from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
+from mmspec.validation import check_positive_int
+
+
+@dataclass
+class EagleOutput:
+    logits: torch.Tensor
+    past_key_values: Any
+    hidden_states: tuple[torch.Tensor, ...]
+
+
+class EagleHead(ModelMixin, ConfigMixin):
+    """One-layer feature-level draft head.
+
+    Args:
+        hidden_size: the target's feature width d.
+        vocab_size: the target's vocabulary (checked against the bound LM head).
+        num_attention_heads / num_key_value_heads / intermediate_size: the decoder layer's shape.
+        rope_theta: RoPE base of the decoder layer.
+        input_norm: RMS-normalise the fused input (EagleVLM of SpecVLM).
+        norm_eps: RMSNorm epsilon.
+    """
+
+    @register_to_config
+    def __init__(self, hidden_size: int, vocab_size: int, num_attention_heads: int = 4,
+                 num_key_value_heads: int | None = None, intermediate_size: int | None = None,
+                 rope_theta: float = 10000.0, input_norm: bool = False, norm_eps: float = 1e-6,
+                 max_position_embeddings: int = 4096) -> None:
+        super().__init__()
+        self.llama_config = LlamaConfig(
+            vocab_size=1, hidden_size=hidden_size, intermediate_size=intermediate_size or 4 * hidden_size,
+            num_hidden_layers=1, num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads or num_attention_heads, rope_theta=rope_theta,
+            rms_norm_eps=norm_eps, max_position_embeddings=max_position_embeddings,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None)
+        self.fc = nn.Linear(2 * hidden_size, hidden_size)
+        self.fused_norm = nn.RMSNorm(2 * hidden_size, eps=norm_eps) if input_norm else None
+        self.decoder = LlamaModel(self.llama_config)
+        self.decoder.embed_tokens = None  # inputs arrive as embeddings
+        self._target: dict[str, nn.Module] = {}
+
+    # -- target binding -------------------------------------------------------------------------------
+    def bind_target(self, input_embeddings: nn.Module, output_embeddings: nn.Module) -> EagleHead:
+        """Use the target's (frozen) token embedding and LM head. They are not parameters of the head."""
+        vocab = output_embeddings.weight.shape[0]
+        if vocab != self.config.vocab_size:
+            raise ValueError(f"vocab mismatch: the EAGLE head was built for {self.config.vocab_size} tokens, the "
+                             f"target's LM head has {vocab}")
+        width = output_embeddings.weight.shape[1]
+        if width != self.config.hidden_size:
+            raise ValueError(f"hidden size mismatch: the EAGLE head expects features of width "
+                             f"{self.config.hidden_size}, the target's LM head reads {width}")
+        self._target = {"embed": input_embeddings, "head": output_embeddings}
+        return self
+
+    def _bound(self) -> dict[str, nn.Module]:
+        if not self._target:
+            raise RuntimeError("call bind_target(target.get_input_embeddings(), target.get_output_embeddings()) first")
+        return self._target
+
+    def new_cache(self, batch_size: int) -> DynamicCache:
+        return DynamicCache(config=self.llama_config)
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self._bound()["head"]
+
+    # -- forward --------------------------------------------------------------------------------------
+    def fuse(self, input_ids: torch.Tensor | None, target_hidden: torch.Tensor) -> torch.Tensor:
+        """``fc([embed(x) ; h])``; a missing token id (None or -1) embeds as zeros (condition prefixes)."""
+        if input_ids is None:
+            embeds = torch.zeros_like(target_hidden)
+        else:
+            embeds = self._bound()["embed"](input_ids.clamp_min(0)).to(target_hidden.dtype)
+            embeds = embeds.masked_fill((input_ids < 0).unsqueeze(-1), 0.0)
+        fused = torch.cat([embeds, target_hidden], dim=-1)
+        if self.fused_norm is not None:
+            fused = self.fused_norm(fused)
+        return self.fc(fused)
+
+    def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = True,
+                output_hidden_states: bool = False, target_hidden: torch.Tensor | None = None) -> EagleOutput:
+        """Predict features ``[B, T, d]`` and their logits ``[B, T, V]``.
+
+        Args:
+            input_ids: ``[B, T]`` tokens x_i (-1 = no token: condition positions).
+            target_hidden: ``[B, T, d]`` the feature preceding each token (h_{i-1}, true or predicted).
+        """
+        if target_hidden is None:
+            raise ValueError("EagleHead needs target_hidden [B, T, d], the feature preceding each token")
+        embeds = self.fuse(input_ids, target_hidden)
+        out = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
+                           past_key_values=past_key_values, use_cache=use_cache)
+        features = out.last_hidden_state
+        logits = self._bound()["head"](features.to(self._bound()["head"].weight.dtype))
+        return EagleOutput(logits, out.past_key_values, (features,))
+
+
+def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: torch.Tensor,
+               valid: torch.Tensor | None = None, feature_noise: float = 0.0, feature_weight: float = 1.0,
+               ce_weight: float = 0.1, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """EAGLE's training objective on one batch of target features (teacher forcing).
+
+    Pairs (x_i, h_{i-1}) predict h_i: SmoothL1 to the target feature (``feature_weight``) plus a soft
+    cross-entropy of the head's token distribution against the target's (``ce_weight``); the input
+    features get uniform noise of width ``feature_noise`` (robustness to the head's own errors).
+
+    Args:
+        input_ids: ``[B, T]`` tokens (-1 or None where there is no token id, e.g. a condition prefix).
+        target_hidden: ``[B, T, d]`` target top hidden states of the same positions (no grad).
+        valid: bool ``[B, T]`` (padding False).
+    Returns:
+        dict with "loss", "feature_loss", "ce_loss" and "top1" (agreement of argmaxes, a proxy for
+        acceptance).
+    """
+    batch, length, _ = target_hidden.shape
+    if length < 2:
+        raise ValueError("eagle_loss needs sequences of at least two positions")
+    valid = torch.ones(batch, length, dtype=torch.bool, device=target_hidden.device) if valid is None else valid.bool()
+    tokens = None if input_ids is None else input_ids[:, 1:]
+    inputs = target_hidden[:, :-1]
+    if feature_noise > 0:
+        noise = torch.rand(inputs.shape, generator=generator, dtype=inputs.dtype, device="cpu").to(inputs.device)
+        inputs = inputs + (noise - 0.5) * feature_noise
+    pair_valid = valid[:, 1:] & valid[:, :-1]
+    positions = (pair_valid.long().cumsum(1) - 1).clamp_min(0)
+    out = head(tokens, attention_mask=pair_valid.long(), position_ids=positions, target_hidden=inputs, use_cache=False)
+    predicted, targets = out.hidden_states[0], target_hidden[:, 1:]
+    weight = pair_valid.to(predicted.dtype)
+    feature_loss = (nn.functional.smooth_l1_loss(predicted, targets, reduction="none").mean(-1) * weight).sum() / weight.sum()
+    with torch.no_grad():
+        target_probs = head.get_output_embeddings()(targets).softmax(-1)
+    log_q = out.logits.log_softmax(-1)
+    ce_loss = (-(target_probs * log_q).sum(-1) * weight).sum() / weight.sum()
+    top1 = ((out.logits.argmax(-1) == target_probs.argmax(-1)).to(weight.dtype) * weight).sum() / weight.sum()
+    return {"loss": feature_weight * feature_loss + ce_weight * ce_loss, "feature_loss": feature_loss.detach(),
+            "ce_loss": ce_loss.detach(), "top1": top1.detach()}
+
+
+class EagleDrafter(Drafter):
+    """Drafts chains or EAGLE-2 dynamic trees with an :class:`EagleHead`.
+
+    Needs the target's top hidden states (run the target with ``CausalLMRunner(..., return_hidden=True)``).
+    Each round feeds the committed tokens of the previous round with their *true* target features (the
+    head's own predictions are dropped after verification, as in EAGLE), then drafts from its own
+    predicted features.
+
+    Args:
+        head: a trained (or untrained: correctness never depends on it) :class:`EagleHead`, bound to
+            the target's embedding and LM head.
+        num_draft_tokens: chain length K; tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`.
+        sampling: the target's sampling config (sampled chains return their distributions).
+    """
+
+    needs_target_hidden = True
+
+    def __init__(self, head: EagleHead, num_draft_tokens: int = 4,
+                 sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
+                 generator: torch.Generator | None = None) -> None:
+        check_positive_int(num_draft_tokens, "num_draft_tokens")
+        head._bound()
+        self.head, self.runner = head, CausalLMRunner(head, return_hidden=True)
+        self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
+        self._to_probs = target_probs_fn(sampling)
+        self._pending_pairs: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [B, L], features [B, L, d]
+
+    @property
+    def calls(self) -> int:
+        return self.runner.calls
+
+    def prefill(self, context: PrefillContext) -> None:
+        hidden = context.target.hidden
+        if hidden is None:
+            raise ValueError("EagleDrafter needs the target's hidden states: use CausalLMRunner(target, return_hidden=True)")
+        if hidden.shape[-1] != self.head.config.hidden_size:
+            raise ValueError(f"hidden size mismatch: the target's features have width {hidden.shape[-1]}, the EAGLE "
+                             f"head expects {self.head.config.hidden_size} (a head trained for another target?)")
+        if context.target.logits.shape[-1] != self.head.config.vocab_size:
+            raise ValueError(f"vocab mismatch: the target has {context.target.logits.shape[-1]} tokens, the EAGLE "
+                             f"head {self.head.config.vocab_size}")
+        # Pairs (x_i, h_{i-1}) for the prompt, then (pending, h_{T-1}); condition prompts have no ids (-1).
+        batch, length = hidden.shape[:2]
+        ids = context.input_ids if context.input_ids is not None else \
+            torch.full((batch, length), -1, dtype=torch.long, device=hidden.device)
+        tokens = torch.cat([ids[:, 1:], context.first_tokens.unsqueeze(1)], 1)
+        valid = torch.cat([context.attention_mask[:, 1:].bool(), torch.ones_like(tokens[:, :1], dtype=torch.bool)], 1)
+        out = self.runner.prefill(tokens, valid.long(), target_hidden=hidden)
+        self._root = (out.logits[:, -1], out.hidden[:, -1])
+        self._pending_pairs = None
+
+    def _start_round(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the previous round's committed pairs; returns the root (logits [B, V], feature [B, d])."""
+        self.runner.begin_round()
+        if self._pending_pairs is None:  # right after prefill: the root is already computed
+            self._prefix_valid = torch.zeros(self._root[0].shape[0], 0, dtype=torch.bool, device=self._root[0].device)
+            return self._root
+        tokens, features = self._pending_pairs
+        self._prefix_valid = tokens >= 0
+        out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features)
+        last = self._prefix_valid.long().cumsum(1).argmax(1)  # last valid slot of each row
+        rows = torch.arange(tokens.shape[0], device=tokens.device)
+        return out.logits[rows, last], out.hidden[rows, last]
+
+    def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
+        logits, feature = self._start_round()
+        if self.tree is not None:
+            return self._propose_tree(logits, feature)
+        tokens, dists = [], []
+        for i in range(self.num_draft_tokens):
+            probs = self._to_probs(logits)
+            token = probs.argmax(-1) if not self.sampling.do_sample else sample(probs, self.generator)
+            tokens.append(token)
+            dists.append(probs)
+            if i < self.num_draft_tokens - 1:
+                out = self.runner.forward(token.unsqueeze(1), target_hidden=feature.unsqueeze(1))
+                logits, feature = out.logits[:, 0], out.hidden[:, 0]
+        return DraftChain(torch.stack(tokens, 1), torch.stack(dists, 1) if self.sampling.do_sample else None)
+
+    def _propose_tree(self, root_logits: torch.Tensor, root_feature: torch.Tensor) -> DraftTree:
+        batch = root_logits.shape[0]
+        builder = TreeAttentionBuilder(batch, root_logits.device)
+        tree_start = self.runner.num_slots
+        features: dict[str, torch.Tensor] = {"ids": torch.empty(batch, 0, dtype=torch.long, device=root_logits.device),
+                                             "values": root_feature.new_zeros(batch, 0, root_feature.shape[-1])}
+
+        def step(tokens, node_ids, parent_ids, depth):
+            match = features["ids"].unsqueeze(1) == parent_ids.unsqueeze(-1)  # [B, F, fed]
+            parent_feature = (match.to(root_feature.dtype) @ features["values"]) if features["ids"].shape[1] else \
+                torch.zeros(*tokens.shape, root_feature.shape[-1], dtype=root_feature.dtype, device=tokens.device)
+            parent_feature = torch.where((parent_ids < 0).unsqueeze(-1), root_feature.unsqueeze(1), parent_feature)
+            visible = builder.feed(node_ids, parent_ids)
+            before = torch.ones(batch, tokens.shape[1], tree_start, dtype=torch.bool, device=tokens.device)
+            out = self.runner.forward(tokens, offsets=torch.full_like(tokens, depth - 1),
+                                      attention=torch.cat([before, visible], 2), target_hidden=parent_feature)
+            features["ids"] = torch.cat([features["ids"], node_ids], 1)
+            features["values"] = torch.cat([features["values"], out.hidden], 1)
+            return logits_to_probs(out.logits, SamplingConfig()).clamp_min(1e-30).log()
+
+        root = logits_to_probs(root_logits, SamplingConfig()).clamp_min(1e-30).log()
+        return expand_dynamic_tree(root, step, self.tree.depth, self.tree.top_k, self.tree.total_tokens)
+
+    def commit(self, result: RoundResult) -> None:
+        if result.target_hidden is None:
+            raise ValueError("EagleDrafter needs the target's hidden states of the committed tokens")
+        prefix = self._prefix_valid.shape[1]
+        self.runner.commit(torch.where(self._prefix_valid, torch.arange(prefix, device=self._prefix_valid.device), -1))
+        # Next round's pairs: (accepted draft j, h of the token before it), then (new pending, h of the last).
+        width = result.committed.shape[1]
+        steps = torch.arange(width, device=result.committed.device)
+        n = result.num_accepted.unsqueeze(1)
+        shifted = torch.cat([result.committed[:, 1:], result.committed.new_full((result.committed.shape[0], 1), -1)], 1)
+        tokens = torch.where(steps < n, shifted, torch.where(steps == n, result.next_tokens.unsqueeze(1), -1))
+        self._pending_pairs = (tokens, result.target_hidden)
