@@ -23,13 +23,12 @@ from mmspec.runner import CausalLMRunner
 from mmspec.sampling import SamplingConfig, logits_to_probs, sample
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
 from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
+from mmspec.validation import check_positive_int
 
 
 def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Point-mass distributions ``[..., V]`` (float64) at ``tokens``."""
     return torch.nn.functional.one_hot(tokens, vocab_size).to(torch.float64)
-from mmspec.validation import check_positive_int
-
 
 @dataclass(frozen=True)
 class TreeConfig:

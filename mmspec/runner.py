@@ -185,7 +185,9 @@ class GuidedRunner:
 
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
                 attention: torch.Tensor | None = None) -> StepOutput:
-        double = (lambda t: None if t is None else torch.cat([t, t], 0))
+        def double(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else torch.cat([t, t], 0)
+
         return self._merge(self.runner.forward(double(tokens), double(valid), double(offsets), double(attention)))
 
     def commit(self, keep: torch.Tensor) -> None:

@@ -7,7 +7,16 @@ import math
 import pytest
 import torch
 
-from mmspec import KVCache, RewardRouter, SamplingConfig, SpecStats, apply_guidance, local_resample_sets, logits_to_probs, sample
+from mmspec import (
+    KVCache,
+    RewardRouter,
+    SamplingConfig,
+    SpecStats,
+    apply_guidance,
+    local_resample_sets,
+    logits_to_probs,
+    sample,
+)
 from mmspec.cache import SlotState, crop_cache, select_cache_slots
 from mmspec.sampling import sample_inverse_cdf
 
@@ -142,9 +151,8 @@ def test_kv_cache_update_crop_and_select():
 
 
 def test_transformers_cache_rollback():
-    from transformers import DynamicCache
-
     from conftest import tiny_llama
+    from transformers import DynamicCache
 
     model = tiny_llama()
     cache = DynamicCache(config=model.config)

@@ -7,7 +7,14 @@ import torch
 from conftest import tiny_llama
 from stats_utils import P_VALUE_FLOOR, chi_square_pvalue, empirical
 
-from mmspec import CausalLMRunner, JacobiDrafter, ModelDrafter, SamplingConfig, TreeConfig, speculative_generate
+from mmspec import (
+    CausalLMRunner,
+    JacobiDrafter,
+    ModelDrafter,
+    SamplingConfig,
+    TreeConfig,
+    speculative_generate,
+)
 
 
 def _prompt():

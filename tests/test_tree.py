@@ -7,9 +7,23 @@ import torch
 from stats_utils import P_VALUE_FLOOR, chi_square_pvalue, empirical, make_dist
 from test_verify import MarkovWorld
 
-from mmspec import DraftTree, ExactRule, GreedyRule, LanternRule, static_tree_from_choices, tree_attention_mask, verify_tree
+from mmspec import (
+    DraftTree,
+    ExactRule,
+    GreedyRule,
+    LanternRule,
+    static_tree_from_choices,
+    tree_attention_mask,
+    verify_tree,
+)
 from mmspec.sampling import sample
-from mmspec.tree import TreeAttentionBuilder, children_table, expand_dynamic_tree, tree_depths, tree_position_offsets
+from mmspec.tree import (
+    TreeAttentionBuilder,
+    children_table,
+    expand_dynamic_tree,
+    tree_depths,
+    tree_position_offsets,
+)
 
 CHOICES = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [1, 0, 0]]
 
