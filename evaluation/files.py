@@ -1,0 +1,239 @@
+"""File helpers shared by the evaluation tools: image folders, prompt files and atomic writes.
+
+Every tool reads its inputs through these functions so bad input fails the same way everywhere: a
+missing path raises FileNotFoundError, an empty folder or images of mixed sizes raise ValueError naming
+the argument and the offending files. Outputs are written to a temporary file in the destination folder
+and renamed into place, so an interrupted or failed run never leaves a half-written result behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
+
+
+# ----------------------------------------------------------------------------------------------
+# Atomic writes
+# ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds.
+
+    The temporary file lives in the same folder (same file system), so the final ``os.replace`` is atomic.
+    On any exception the temporary file is removed and ``path`` is left untouched.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        # mkstemp creates 0600 (and some writers recreate the file): give the result normal permissions.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)
+        os.replace(tmp_path, path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temporary file, then rename)."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
+    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def write_jsonl_atomic(path: str | os.PathLike, rows: Sequence[dict]) -> Path:
+    """Write one JSON object per line to ``path`` atomically."""
+    return write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
+
+
+def save_image_atomic(image: Image.Image, path: str | os.PathLike) -> Path:
+    """Save a PIL image atomically; the format follows the suffix of ``path``."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        image.save(tmp, format=Image.registered_extensions().get(path.suffix.lower(), "PNG"))
+    return path
+
+
+def read_jsonl(path: str | os.PathLike, *, argument: str = "path") -> list[dict]:
+    """Read a JSON-lines file; blank lines are skipped, a malformed line raises ValueError with its number."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{argument}: no such file: {path}")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{argument}: {path} line {number} is not valid JSON ({err.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{argument}: {path} line {number} is not a JSON object")
+        rows.append(row)
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Images
+# ----------------------------------------------------------------------------------------------
+
+
+def list_images(folder: str | os.PathLike, *, argument: str = "folder", recursive: bool = False) -> list[Path]:
+    """Sorted image files (png/jpg/jpeg/webp/bmp) in ``folder``; raises if the folder is missing or empty."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise FileNotFoundError(f"{argument}: no such folder: {folder}")
+    if not folder.is_dir():
+        raise ValueError(f"{argument}: expected a folder of images, got a file: {folder}")
+    pattern = "**/*" if recursive else "*"
+    files = sorted(p for p in folder.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    if not files:
+        raise ValueError(f"{argument}: no images ({', '.join(IMAGE_EXTENSIONS)}) in {folder}")
+    return files
+
+
+def open_rgb(path: str | os.PathLike) -> Image.Image:
+    """Open an image file as RGB (loads it fully, so the file handle is closed)."""
+    with Image.open(path) as image:
+        return image.convert("RGB")
+
+
+def check_same_size(images: Sequence[Image.Image], names: Sequence[str] | None = None, *, argument: str = "images"):
+    """Raise ValueError if the images do not all have the same size, naming the first mismatch."""
+    if not images:
+        raise ValueError(f"{argument}: no images given")
+    first = images[0].size
+    for index, image in enumerate(images):
+        if image.size != first:
+            name0 = names[0] if names else "image 0"
+            name = names[index] if names else f"image {index}"
+            raise ValueError(
+                f"{argument}: images of mixed sizes: {name0} is {first[0]}x{first[1]} but {name} is "
+                f"{image.size[0]}x{image.size[1]}; resize them to one size first"
+            )
+    return first
+
+
+def pil_to_uint8(images: Sequence[Image.Image]) -> torch.Tensor:
+    """Stack RGB PIL images of one size into a uint8 tensor [N, 3, H, W]."""
+    arrays = [np.asarray(image.convert("RGB"), dtype=np.uint8) for image in images]  # each [H, W, 3]
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+
+
+def as_uint8_batch(images: Any, *, argument: str = "images") -> torch.Tensor:
+    """Accept PIL images, a uint8 tensor [N,3,H,W] or a float tensor in [0,1]; return uint8 [N,3,H,W]."""
+    if isinstance(images, torch.Tensor):
+        if images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"{argument}: expected a tensor [N, 3, H, W], got shape {tuple(images.shape)}")
+        if images.dtype == torch.uint8:
+            return images
+        if images.is_floating_point():
+            if images.numel() and (images.min() < 0 or images.max() > 1):
+                raise ValueError(f"{argument}: float images must lie in [0, 1]")
+            return (images * 255).round().to(torch.uint8)
+        raise ValueError(f"{argument}: unsupported dtype {images.dtype} (use uint8 or float in [0, 1])")
+    images = list(images)
+    if not images:
+        raise ValueError(f"{argument}: no images given")
+    if not all(isinstance(image, Image.Image) for image in images):
+        raise ValueError(f"{argument}: expected PIL images or a tensor [N, 3, H, W]")
+    check_same_size(images, argument=argument)
+    return pil_to_uint8(images)
+
+
+# ----------------------------------------------------------------------------------------------
+# Image/prompt pairs
+# ----------------------------------------------------------------------------------------------
+
+
+def load_prompt_pairs(
+    folder: str | os.PathLike, prompts: str | os.PathLike | None = None, *, argument: str = "folder"
+) -> list[tuple[Path, str]]:
+    """(image path, prompt) pairs for CLIP score and ImageReward.
+
+    Layouts understood:
+      * the GenEval layout: ``folder/<index>/metadata.jsonl`` + ``folder/<index>/samples/*.png``;
+      * ``prompts`` (or ``folder/prompts.jsonl``) as JSON lines ``{"file": "0001.png", "prompt": "..."}``,
+        file names relative to ``folder``;
+      * ``prompts`` as a plain text file with one prompt per line, matched to the sorted images of
+        ``folder`` (one line per image, or a single line for all images).
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{argument}: no such folder: {folder}")
+    if prompts is None:
+        if (folder / "prompts.jsonl").is_file():
+            prompts = folder / "prompts.jsonl"
+        else:
+            pairs = _geneval_layout_pairs(folder)
+            if pairs:
+                return pairs
+            raise ValueError(
+                f"{argument}: {folder} has neither prompts.jsonl nor the GenEval layout "
+                "(<index>/metadata.jsonl + samples/); pass a prompts file"
+            )
+    prompts = Path(prompts)
+    if not prompts.is_file():
+        raise FileNotFoundError(f"prompts: no such file: {prompts}")
+    if prompts.suffix == ".jsonl":
+        pairs = []
+        for number, row in enumerate(read_jsonl(prompts, argument="prompts"), start=1):
+            if "file" not in row or "prompt" not in row:
+                raise ValueError(f"prompts: {prompts} line {number} needs the keys 'file' and 'prompt'")
+            path = folder / row["file"]
+            if not path.is_file():
+                raise FileNotFoundError(f"prompts: {prompts} line {number} names a missing image: {path}")
+            pairs.append((path, str(row["prompt"])))
+        if not pairs:
+            raise ValueError(f"prompts: {prompts} is empty")
+        return pairs
+    lines = [line.strip() for line in prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
+    images = list_images(folder, argument=argument)
+    if len(lines) == 1:
+        lines = lines * len(images)
+    if len(lines) != len(images):
+        raise ValueError(
+            f"prompts: {prompts} has {len(lines)} prompts but {folder} has {len(images)} images "
+            "(give one prompt per image, or one prompt for all)"
+        )
+    return list(zip(images, lines))
+
+
+def _geneval_layout_pairs(folder: Path) -> list[tuple[Path, str]]:
+    pairs = []
+    for sub in sorted(p for p in folder.iterdir() if p.is_dir() and p.name.isdigit()):
+        meta_path = sub / "metadata.jsonl"
+        if not meta_path.is_file():
+            continue
+        rows = read_jsonl(meta_path, argument="folder")
+        if not rows or "prompt" not in rows[0]:
+            raise ValueError(f"folder: {meta_path} has no 'prompt'")
+        prompt = rows[0]["prompt"]
+        samples = sub / "samples"
+        if samples.is_dir():
+            for image in sorted(p for p in samples.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS):
+                pairs.append((image, prompt))
+    return pairs

@@ -1,0 +1,151 @@
+"""Speed harness: timing and speedup, same seeds for every case, warm-up and round-robin order,
+duck-typed statistics, peak memory, report formats, bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from mmspec.evaluation.speed import BenchmarkReport, RunResult, as_run_result, run_benchmark
+
+
+def _sleeper(seconds: float, items: int = 10, log: list | None = None, name: str = ""):
+    def run():
+        if log is not None:
+            log.append(name)
+        time.sleep(seconds)
+        return RunResult(num_items=items)
+
+    return run
+
+
+def test_speedup_median_and_throughput():
+    report = run_benchmark({"none": _sleeper(0.04), "fast": _sleeper(0.02)}, baseline="none", warmup=1, repeats=3)
+    base, fast = report.cases["none"], report.cases["fast"]
+    assert base.speedup == pytest.approx(1.0)
+    assert 1.5 < fast.speedup < 2.5
+    assert len(fast.times) == 3 and fast.min_s <= fast.median_s <= fast.max_s
+    assert fast.median_s >= 0.02
+    assert fast.items_per_s == pytest.approx(10 / fast.median_s)
+
+
+def test_same_seed_for_every_call_warmup_and_round_robin_order():
+    draws: dict[str, list[float]] = {"none": [], "eagle": []}
+    order: list[str] = []
+
+    def case(name):
+        def run():
+            order.append(name)
+            draws[name].append((torch.rand(()).item(), float(np.random.rand())))
+            return RunResult(num_items=5)
+
+        return run
+
+    run_benchmark({"eagle": case("eagle"), "none": case("none")}, baseline="none", warmup=2, repeats=3, seed=7)
+    # Warm-up first (baseline first), then timed repeats round-robin.
+    assert order == ["none", "none", "eagle", "eagle"] + ["none", "eagle"] * 3
+    values = draws["none"] + draws["eagle"]
+    assert len(set(values)) == 1  # every call started from the same random state
+    torch.manual_seed(7)
+    np.random.seed(7)
+    assert values[0] == (torch.rand(()).item(), float(np.random.rand()))
+
+
+def test_duck_typed_stats_and_ideal_speedup():
+    from mmspec.stats import SpecStats
+
+    spec = SpecStats(target_calls=26, tokens=100, verify_steps=25, emitted=100)  # 4 tokens per verification
+    plain = SimpleNamespace(mean_accepted_length=1.0, tokens=100, target_calls=101)
+    report = run_benchmark(
+        {"none": lambda: RunResult(100, stats=plain), "eagle": lambda: RunResult(100, stats=spec, quality={"acc": 0.9})},
+        baseline="none", warmup=0, repeats=2,
+    )
+    eagle = report.cases["eagle"]
+    assert eagle.mean_accepted_length == pytest.approx(4.0)
+    assert eagle.tokens_per_target_call == pytest.approx(100 / 26)
+    assert eagle.ideal_speedup == pytest.approx((100 / 26) / (100 / 101))
+    assert eagle.quality == {"acc": 0.9}
+    assert eagle.stats["mean_accepted_length"] == pytest.approx(4.0)  # SpecStats.as_dict was used
+    assert report.cases["none"].stats == {"mean_accepted_length": 1.0, "tokens": 100, "target_calls": 101}
+
+
+def test_self_timed_cases_and_outputs_with_stats():
+    out = SimpleNamespace(stats=SimpleNamespace(tokens=64, mean_accepted_length=2.0), images=None)
+    assert as_run_result(out).num_items == 64
+    assert as_run_result(12, unit="images").unit == "images"
+    with pytest.raises(TypeError, match="RunResult"):
+        as_run_result("twelve")
+    report = run_benchmark({"none": lambda: RunResult(10, wall_time=2.0), "m": lambda: RunResult(10, wall_time=0.5)},
+                           baseline="none", warmup=0, repeats=2)
+    assert report.cases["m"].speedup == pytest.approx(4.0)
+    assert report.cases["m"].median_s == pytest.approx(0.5)
+
+
+def test_peak_memory_reflects_allocations():
+    def big():
+        a = np.ones(60 * 2**20 // 8)  # 60 MiB, touched
+        return RunResult(int(a[0]))
+
+    report = run_benchmark({"none": lambda: RunResult(1), "big": big}, baseline="none", warmup=1, repeats=2)
+    assert "VmHWM" in report.meta["memory_source"] or "ru_maxrss" in report.meta["memory_source"]
+    if "VmHWM" in report.meta["memory_source"]:
+        assert report.cases["big"].peak_memory_increase_bytes > 50 * 2**20
+        assert report.cases["none"].peak_memory_increase_bytes < 20 * 2**20
+    assert report.cases["big"].peak_memory_bytes >= report.cases["big"].peak_memory_increase_bytes
+
+
+def test_python_memory_tracing_is_untimed():
+    calls = []
+
+    def case():
+        calls.append(1)
+        blob = [bytes(1000) for _ in range(2000)]  # ~2 MB of python objects
+        return RunResult(len(blob))
+
+    report = run_benchmark({"none": case}, warmup=0, repeats=2, trace_python_memory=True)
+    assert len(calls) == 3 and len(report.cases["none"].times) == 2
+    assert report.cases["none"].python_peak_bytes > 1_500_000
+
+
+def test_report_markdown_json_and_plots(tmp_path):
+    report = run_benchmark(
+        {"none": lambda: RunResult(10, wall_time=1.0, quality={"accuracy": 0.95}),
+         "lantern": lambda: RunResult(10, wall_time=0.5, quality={"accuracy": 0.9})},
+        baseline="none", warmup=0, repeats=3,
+    )
+    md = report.to_markdown()
+    lines = md.splitlines()
+    assert lines[0].startswith("| method | median s") and "accuracy" in lines[0]
+    assert lines[2].startswith("| none (baseline) | 1.0000") and "| 1.00x |" in lines[2]
+    assert lines[3].startswith("| lantern | 0.5000") and "| 2.00x |" in lines[3]
+    path = report.to_json(tmp_path / "out" / "bench.json")
+    data = json.loads(path.read_text())
+    assert data["baseline"] == "none" and data["cases"]["lantern"]["speedup"] == pytest.approx(2.0)
+    again = BenchmarkReport.from_dict(data)
+    assert again.to_markdown() == md
+    png = report.plot(tmp_path / "speed_quality.png", quality_key="accuracy")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bars = report.plot(tmp_path / "speed.png")
+    assert bars.stat().st_size > 1000
+    with pytest.raises(ValueError, match="quality_key"):
+        report.plot(tmp_path / "x.png", quality_key="fid")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_bad_input():
+    ok = _sleeper(0.0)
+    with pytest.raises(ValueError, match="baseline"):
+        run_benchmark({"eagle": ok}, baseline="none")
+    with pytest.raises(ValueError, match="cases"):
+        run_benchmark({}, baseline="none")
+    with pytest.raises(ValueError, match="repeats"):
+        run_benchmark({"none": ok}, repeats=0)
+    with pytest.raises(ValueError, match="callable"):
+        run_benchmark({"none": 3})
+    with pytest.raises(TypeError, match="RunResult"):
+        run_benchmark({"none": lambda: "done"}, warmup=0, repeats=1)
