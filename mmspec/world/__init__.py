@@ -57,7 +57,16 @@ from .prompts import (
     sample_prompt,
     scene_for_prompt,
 )
-from .render import MAX_DIFFICULTY, MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, render_batch, render_scene, to_pil, to_tensor, to_uint8
+from .render import (
+    MAX_DIFFICULTY,
+    MAX_IMAGE_SIZE,
+    MIN_IMAGE_SIZE,
+    render_batch,
+    render_scene,
+    to_pil,
+    to_tensor,
+    to_uint8,
+)
 from .scene import (
     COLORS,
     MARGIN,

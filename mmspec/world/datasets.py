@@ -25,7 +25,15 @@ from .captions import caption_scene, describe_scene, sample_qa
 from .prompts import CATEGORIES, sample_prompt, scene_for_prompt
 from .render import check_difficulty, check_image_size, render_scene, to_tensor
 from .scene import Scene, rng_for, sample_scene
-from .video import MAX_VIDEO_OBJECTS, VideoClip, caption_video, check_num_frames, narrate_video, render_video, sample_video
+from .video import (
+    MAX_VIDEO_OBJECTS,
+    VideoClip,
+    caption_video,
+    check_num_frames,
+    narrate_video,
+    render_video,
+    sample_video,
+)
 
 SPLITS = ("train", "val", "test")
 SCENE_CATEGORIES: tuple[str, ...] = CATEGORIES + ("scene",)

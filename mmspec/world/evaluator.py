@@ -8,15 +8,16 @@ Parsing (:func:`parse_image`), one pass per image:
 2. Connected components (8-connectivity). Components smaller than ``MIN_PIXELS_FRACTION`` of the
    smallest possible object are noise and ignored. The minimum gap between objects (4 pixels at
    32x32) keeps objects apart even after anti-aliasing and tokenization.
-3. Colour: the median RGB of the component's core (pixels within 80 % of its brightest), named by
-   the nearest palette colour; farther than ``COLOR_TOLERANCE`` from every palette colour -> "unknown".
+3. Colour: a majority vote of the component's core pixels (within 80 % of its brightest) for their
+   nearest palette colour; the measured RGB is the median of the winners; farther than
+   ``COLOR_TOLERANCE`` from every palette colour -> "unknown".
 4. Coverage: every pixel of a window around the component is projected onto the line from the local
    background colour to the object colour, giving its fractional coverage alpha in [0, 1].
 5. Shape and size by analysis-by-synthesis: the renderer's own anti-aliased coverage template of
-   every (shape, size) candidate is placed with its centroid on the measured centroid (searching a few
-   sub-pixel shifts) and compared to alpha (L1). The best candidate gives shape, size class, bounding
-   box and centre; its match quality 1 - L1 / (mass of alpha + mass of template) below
-   ``MIN_MATCH`` -> shape "unknown" (a blob that is no shape of the world).
+   every (shape, size) candidate is placed with its centroid on the measured centroid and compared to
+   alpha (L1); the two best candidates are refined over sub-pixel shifts. The best one gives shape,
+   size class, bounding box and centre; a match quality 1 - L1 / (mass of alpha + mass of template)
+   below ``MIN_MATCH`` -> shape "unknown" (a blob that is no shape of the world).
 
 Scoring follows GenEval (:mod:`mmspec.world.prompts`): :func:`score_image` per prompt,
 :func:`evaluate` for a set (per-category accuracy and their mean). :func:`score_video` scores clips:
@@ -131,15 +132,34 @@ def _soft(alpha: np.ndarray) -> np.ndarray:
     return np.clip((alpha - ALPHA_FLOOR) / (1 - 2 * ALPHA_FLOOR), 0.0, 1.0)
 
 
+def _template_error(alpha: np.ndarray, mass: float, shape: str, side_hi: int, left: int, top: int,
+                    wx0: int, wy0: int) -> float:
+    """Normalised L1 distance between a coverage window and one placed template."""
+    ss = SUPERSAMPLE
+    wh, ww = alpha.shape
+    patch = coverage_patch(shape, side_hi, left % ss, top % ss, ss)
+    px, py = left // ss - wx0, top // ss - wy0
+    tmpl = np.zeros((wh, ww), dtype=np.float32)
+    y0, x0 = max(py, 0), max(px, 0)
+    y1, x1 = min(py + patch.shape[0], wh), min(px + patch.shape[1], ww)
+    if y0 < y1 and x0 < x1:
+        tmpl[y0:y1, x0:x1] = patch[y0 - py : y1 - py, x0 - px : x1 - px]
+    tmpl = _soft(tmpl)
+    return float(np.abs(tmpl - alpha).sum()) / max(mass + float(tmpl.sum()), 1e-6)
+
+
 def _match_templates(alpha: np.ndarray, wx0: int, wy0: int, n: int):
-    """Best (error, shape, size, left_hi, top_hi, side_hi) for a coverage window at (wx0, wy0)."""
+    """Best (error, shape, size, left_hi, top_hi, side_hi) for a coverage window at (wx0, wy0).
+
+    Every (shape, size) candidate whose area is plausible is placed with its centroid on the measured
+    centroid; the two best are then refined over sub-pixel shifts of up to half a pixel.
+    """
     ss = SUPERSAMPLE
     mass = float(alpha.sum())
     ys, xs = np.mgrid[0 : alpha.shape[0], 0 : alpha.shape[1]]
     cx = float((alpha * (xs + 0.5)).sum() / mass) + wx0  # centroid in low-res pixels
     cy = float((alpha * (ys + 0.5)).sum() / mass) + wy0
-    wh, ww = alpha.shape
-    best = None
+    coarse = []
     for size, frac in SIZES.items():
         side_hi = max(1, int(round(frac * n * ss)))
         area = (side_hi / ss) ** 2
@@ -147,23 +167,21 @@ def _match_templates(alpha: np.ndarray, wx0: int, wy0: int, n: int):
             continue
         for shape in SHAPES:
             ox, oy = _centroid_offset(shape, side_hi)
-            base_left = int(round(cx * ss - ox))
-            base_top = int(round(cy * ss - oy))
-            for dy in (-2, 0, 2):
-                for dx in (-2, 0, 2):
-                    left, top = base_left + dx, base_top + dy
-                    patch = coverage_patch(shape, side_hi, left % ss, top % ss, ss)
-                    px, py = left // ss - wx0, top // ss - wy0
-                    tmpl = np.zeros((wh, ww), dtype=np.float32)
-                    y0, x0 = max(py, 0), max(px, 0)
-                    y1, x1 = min(py + patch.shape[0], wh), min(px + patch.shape[1], ww)
-                    if y0 >= y1 or x0 >= x1:
-                        continue
-                    tmpl[y0:y1, x0:x1] = patch[y0 - py : y1 - py, x0 - px : x1 - px]
-                    tmpl = _soft(tmpl)
-                    err = float(np.abs(tmpl - alpha).sum()) / max(mass + float(tmpl.sum()), 1e-6)
-                    if best is None or err < best[0]:
-                        best = (err, shape, size, left, top, side_hi)
+            left, top = int(round(cx * ss - ox)), int(round(cy * ss - oy))
+            err = _template_error(alpha, mass, shape, side_hi, left, top, wx0, wy0)
+            coarse.append((err, shape, size, left, top, side_hi))
+    if not coarse:
+        return None
+    coarse.sort(key=lambda c: c[0])
+    best = coarse[0]
+    for _, shape, size, left0, top0, side_hi in coarse[:2]:
+        for dy in (-2, -1, 0, 1, 2):
+            for dx in (-2, -1, 0, 1, 2):
+                if dx == dy == 0:
+                    continue
+                err = _template_error(alpha, mass, shape, side_hi, left0 + dx, top0 + dy, wx0, wy0)
+                if err < best[0]:
+                    best = (err, shape, size, left0 + dx, top0 + dy, side_hi)
     return best
 
 
@@ -180,6 +198,23 @@ def _check_image(image) -> np.ndarray:
     if not MIN_IMAGE_SIZE <= h <= MAX_IMAGE_SIZE:
         raise ValueError(f"image size must be in [{MIN_IMAGE_SIZE}, {MAX_IMAGE_SIZE}], got {h}")
     return arr
+
+
+def _object_color(img: np.ndarray, bright: np.ndarray, comp: np.ndarray) -> tuple[np.ndarray, str]:
+    """Measured RGB and colour name of a component, by majority vote over its core.
+
+    Core: the component's pixels within 80 % of its brightest (anti-aliased edges are dimmer). Each
+    core pixel votes for its nearest palette colour; the measured RGB is the median of the winning
+    pixels. A vote (unlike a channel-wise median) is not pulled to a third colour when a tokenized
+    edge carries a neighbouring colour. Farther than ``COLOR_TOLERANCE`` from the palette: "unknown".
+    """
+    comp_bright = bright[comp]
+    core = img[comp][comp_bright >= 0.8 * comp_bright.max()]  # [P, 3]
+    nearest = np.linalg.norm(core[:, None, :] - _PALETTE[None], axis=2).argmin(axis=1)  # [P]
+    winner = np.bincount(nearest, minlength=len(_PALETTE)).argmax()
+    rgb = np.median(core[nearest == winner], axis=0)
+    dist = np.linalg.norm(_PALETTE - rgb[None], axis=1)
+    return rgb, (_PALETTE_NAMES[int(dist.argmin())] if dist.min() <= COLOR_TOLERANCE else "unknown")
 
 
 def parse_image(image) -> list[DetectedObject]:
@@ -215,12 +250,8 @@ def parse_image(image) -> list[DetectedObject]:
         y0, y1 = max(ys.min() - pad, 0), min(ys.max() + pad + 1, n)
         x0, x1 = max(xs.min() - pad, 0), min(xs.max() + pad + 1, n)
         win = img[y0:y1, x0:x1]
-        # 3. colour from the component's core
-        comp_bright = bright[comp]
-        core = img[comp][comp_bright >= 0.8 * comp_bright.max()]
-        rgb = np.median(core, axis=0)
-        dist = np.linalg.norm(_PALETTE - rgb[None], axis=1)
-        color = _PALETTE_NAMES[int(dist.argmin())] if dist.min() <= COLOR_TOLERANCE else "unknown"
+        # 3. colour
+        rgb, color = _object_color(img, bright, comp)
         # 4. coverage of every window pixel
         local = bg_mask[y0:y1, x0:x1]
         bg = np.median(win[local], axis=0) if local.sum() >= 4 else global_bg
