@@ -33,7 +33,8 @@ Two worlds:
   world's GenEval rules, with no detector or colour classifier needed.
 
 Image layout (GenEval's): ``IMAGEDIR/<index:05d>/metadata.jsonl`` (the prompt's row) and
-``IMAGEDIR/<index:05d>/samples/<k:04d>.png``.
+``IMAGEDIR/<index:05d>/samples/<k:04d>.png``. Each row says its world, so ``evaluate`` needs a detector
+(and a colour classifier) only for COCO rows.
 
 Command line::
 
@@ -41,8 +42,8 @@ Command line::
     python -m mmspec.evaluation.geneval prompts --world shapes --out shapes_prompts.jsonl
     python -m mmspec.evaluation.geneval generate --world shapes --ground-truth --outdir runs/gt
     accelerate launch -m mmspec.evaluation.geneval generate --pipeline mmspec/shapes-t2i --method eagle ...
-    python -m mmspec.evaluation.geneval evaluate runs/gt --world shapes --out runs/gt/results.jsonl
-    python -m mmspec.evaluation.geneval evaluate IMAGEDIR --world coco --detector PATH \\
+    python -m mmspec.evaluation.geneval evaluate runs/gt --out runs/gt/results.jsonl
+    python -m mmspec.evaluation.geneval evaluate IMAGEDIR --detector PATH \\
         --clip-model ViT-L-14 --clip-pretrained PATH --out results.jsonl
     python -m mmspec.evaluation.geneval summary results.jsonl
 """
@@ -51,7 +52,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -439,8 +439,8 @@ class CLIPColorClassifier:
 
 
 class NearestColorClassifier:
-    """A transparent colour check for flat synthetic images: the median colour of the box's brightest
-    half of pixels, named by the nearest palette entry. Not GenEval's method (that is CLIP); useful
+    """A transparent colour check for flat synthetic images: the median colour of the object's pixels
+    (the mask, or the brighter half of the box), named by the nearest palette entry. Not GenEval's method (that is CLIP); useful
     for tests and for worlds of flat colours."""
 
     PALETTE = {"red": (220, 30, 30), "orange": (245, 135, 10), "yellow": (240, 230, 40), "green": (40, 180, 60),
@@ -453,12 +453,20 @@ class NearestColorClassifier:
         self._rgb = np.asarray([self.palette[n] for n in self._names], dtype=np.float64)
 
     def __call__(self, image: Image.Image, boxes: np.ndarray, classname: str, masks=None) -> list[str]:
+        rgb = np.asarray(image.convert("RGB"), dtype=np.float64)  # [H, W, 3]
         out = []
         for i, box in enumerate(boxes):
-            crop = np.asarray(_crop(image.convert("RGB"), box, None if masks is None else masks[i], "#000"), dtype=np.float64)
-            pixels = crop.reshape(-1, 3)
-            bright = pixels[pixels.max(1) >= np.median(pixels.max(1))]
-            color = np.median(bright, axis=0)
+            x0, y0 = max(int(np.floor(box[0])), 0), max(int(np.floor(box[1])), 0)
+            x1, y1 = max(int(np.ceil(box[2])), x0 + 1), max(int(np.ceil(box[3])), y0 + 1)
+            pixels = rgb[y0:y1, x0:x1].reshape(-1, 3)
+            if masks is not None and masks[i] is not None:
+                pixels = pixels[np.asarray(masks[i], bool)[y0:y1, x0:x1].reshape(-1)]
+            else:  # no mask: the brighter half of the box (objects on a darker background)
+                pixels = pixels[pixels.max(1) >= np.median(pixels.max(1))]
+            if pixels.size == 0:
+                out.append("unknown")
+                continue
+            color = np.median(pixels, axis=0)
             out.append(self._names[int(np.argmin(((self._rgb - color) ** 2).sum(1)))])
         return out
 
@@ -752,7 +760,7 @@ class GenEvalReport:
                 lines.append(f"| {tag} | - | 0 / 0 |")
         note = "" if self.complete else " (not all six categories present)"
         lines.append(f"| **overall** (mean of categories){note} | **{self.overall:.4f}** | "
-                     f"{self.num_images} images, {self.num_prompts} prompts |")
+                     f"{self.num_images} images, {self.num_prompts} distinct prompts |")
         return "\n".join(lines) + "\n"
 
 

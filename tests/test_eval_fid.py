@@ -8,9 +8,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-from torch import nn
-
 from mmspec.evaluation import fid as fidmod
 from mmspec.evaluation.fid import (
     compute_fid,
@@ -20,6 +17,8 @@ from mmspec.evaluation.fid import (
     load_feature_extractor,
     save_statistics,
 )
+from PIL import Image
+from torch import nn
 
 
 def _random_spd(rng: np.random.Generator, d: int) -> np.ndarray:
@@ -223,7 +222,12 @@ def test_shapes_features_separate_matching_from_shifted_distributions():
 
 
 def test_shapes_feature_training_is_deterministic(tmp_path):
-    from mmspec.evaluation.shapes_features import TrainConfig, load_shapes_features, save_shapes_features, train
+    from mmspec.evaluation.shapes_features import (
+        TrainConfig,
+        load_shapes_features,
+        save_shapes_features,
+        train,
+    )
 
     cfg = TrainConfig(num_train=128, num_val=64, epochs=1, batch_size=64)
     m1, info1 = train(cfg, progress=False)

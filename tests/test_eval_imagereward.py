@@ -42,7 +42,7 @@ def test_import_keeps_warning_filters_and_installs_shims():
     # The package calls warnings.filterwarnings("ignore") at import; that must not leak out.
     assert ("ignore", None, Warning, None, 0) not in warnings.filters
     with pytest.warns(UserWarning, match="still visible"):
-        warnings.warn("still visible", UserWarning)
+        warnings.warn("still visible", UserWarning, stacklevel=1)
     import transformers.modeling_utils as mu
 
     for name in ("apply_chunking_to_forward", "find_pruneable_heads_and_indices", "prune_linear_layer"):
