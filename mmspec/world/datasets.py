@@ -57,6 +57,16 @@ def _check_seed(seed: int) -> int:
     return int(seed)
 
 
+def _check_index(index: int, length: int) -> int:
+    if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+        raise ValueError(f"index must be an integer, got {index!r}")
+    if index < 0:
+        index += length
+    if not 0 <= index < length:
+        raise IndexError(f"index {index} out of range for a dataset of {length}")
+    return int(index)
+
+
 @dataclass(frozen=True)
 class ImageSample:
     """The structured form of an image item (what ``dataset.sample(i)`` returns)."""
@@ -134,13 +144,7 @@ class ShapesImageDataset(Dataset):
         return self.num_samples
 
     def _check_index(self, index: int) -> int:
-        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
-            raise ValueError(f"index must be an integer, got {index!r}")
-        if index < 0:
-            index += self.num_samples
-        if not 0 <= index < self.num_samples:
-            raise IndexError(f"index {index} out of range for a dataset of {self.num_samples}")
-        return int(index)
+        return _check_index(index, self.num_samples)
 
     def sample(self, index: int) -> ImageSample:
         """The scene, caption and category of item ``index`` (no rendering)."""
@@ -218,7 +222,7 @@ class ShapesVideoDataset(Dataset):
         return self.num_samples
 
     def _check_index(self, index: int) -> int:
-        return ShapesImageDataset._check_index(self, index)  # type: ignore[arg-type]
+        return _check_index(index, self.num_samples)
 
     def sample(self, index: int) -> VideoClip:
         return self.source.sample(self._check_index(index))
