@@ -94,7 +94,10 @@ def draw_uniforms(shape: tuple[int, ...], like: torch.Tensor, generator: torch.G
     """Uniforms in [0, 1) with the dtype and device of ``like``, from ``generator`` when given."""
     device = generator.device if generator is not None else like.device
     u = torch.rand(shape, generator=generator, dtype=torch.float64, device=device)
-    return u.to(device=like.device, dtype=like.dtype)
+    u = u.to(device=like.device, dtype=like.dtype)
+    # a float64 draw just below 1 can round up to 1.0 in float32/bfloat16, which would make the
+    # inverse-CDF search fall through to the last (possibly zero-weight) token
+    return u.clamp_(max=1.0 - torch.finfo(like.dtype).eps)
 
 
 def sample_inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
