@@ -571,7 +571,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
 
     @classmethod
     def from_llamagen_checkpoint(cls, path: str | os.PathLike, *, key: str | None = None, weights_only: bool = True,
-                                 **config: Any) -> LlamaGenTransformer:
+                                 torch_dtype: torch.dtype | None = None, **config: Any) -> LlamaGenTransformer:
         """Load an official LlamaGen GPT checkpoint (``.pt``/``.pth``/``.bin``/``.safetensors``).
 
         The state dict is ``ckpt[key]`` or the first of ``ckpt["model"]``, ``["module"]``,
@@ -580,6 +580,8 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         are inferred from the weights (width, depth, vocabulary, model type, classes, caption width,
         condition length of t2i, grouped-query heads; heads from the official sizes); ``block_size``
         defaults to 256 (256 px): pass 576 for 384 px c2i models and 1024 for 512 px t2i models.
+        ``key`` picks another entry (e.g. ``"ema"``); ``torch_dtype`` defaults to the checkpoint's float
+        dtype; ``weights_only=False`` unpickles arbitrary objects (trusted files only).
 
         Raises:
             FileNotFoundError: no file at ``path``. ValueError: not a LlamaGen GPT state dict, listing
@@ -588,7 +590,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         state = load_llamagen_state_dict(path, key=key, weights_only=weights_only,
                                          drop=(r"(^|\.)freqs_cis$", r"(^|\.)causal_mask$", r"\.kv_cache\."))
         full = {**infer_gpt_config(state, config), **config}
-        model = cls(**full)
+        model = cls(**full).to(torch_dtype or checkpoint_dtype(state))
         load_checked(model, state, path)
         return model.eval()
 
@@ -636,6 +638,15 @@ def load_llamagen_state_dict(path: str | os.PathLike, key: str | None = None, we
             continue
         cleaned[name] = tensor
     return cleaned
+
+
+def checkpoint_dtype(state: dict[str, torch.Tensor]) -> torch.dtype:
+    """The most common floating dtype of a state dict (float32 if it has none)."""
+    counts: dict[torch.dtype, int] = {}
+    for tensor in state.values():
+        if tensor.is_floating_point():
+            counts[tensor.dtype] = counts.get(tensor.dtype, 0) + tensor.numel()
+    return max(counts, key=counts.get) if counts else torch.float32
 
 
 def load_checked(model: nn.Module, state: dict[str, torch.Tensor], path: Any) -> None:

@@ -26,7 +26,7 @@ from torch import nn
 
 from mmspec.validation import checks_enabled
 
-from .llamagen import load_checked, load_llamagen_state_dict
+from .llamagen import checkpoint_dtype, load_checked, load_llamagen_state_dict
 
 # ----------------------------------------------------------------------------------------------------
 # building blocks (official parameter names)
@@ -327,18 +327,19 @@ class LlamaGenVQModel(ModelMixin, ConfigMixin):
 
     @classmethod
     def from_llamagen_checkpoint(cls, path: str | os.PathLike, *, key: str | None = None, weights_only: bool = True,
-                                 **config: Any) -> LlamaGenVQModel:
+                                 torch_dtype: torch.dtype | None = None, **config: Any) -> LlamaGenVQModel:
         """Load an official LlamaGen VQ checkpoint (e.g. ``vq_ds16_c2i.pt``, ``vq_ds16_t2i.pt``).
 
         Same file handling as :meth:`LlamaGenTransformer.from_llamagen_checkpoint` (``ckpt["model"]`` /
         ``["module"]`` / ``["state_dict"]`` / the dict itself, prefixes stripped, the usage buffer
         ``quantize.codebook_used`` dropped). The architecture is inferred from the weights (codebook,
         widths, channel multipliers, blocks per level); ``codebook_l2_norm`` (True) cannot be and may
-        be passed. Bad files raise ValueError naming missing/unexpected/mis-shaped keys.
+        be passed. ``torch_dtype`` defaults to the checkpoint's float dtype. Bad files raise ValueError
+        naming missing/unexpected/mis-shaped keys.
         """
         state = load_llamagen_state_dict(path, key=key, weights_only=weights_only,
                                          drop=(r"^quantize\.codebook_used$",))
-        model = cls(**{**infer_vq_config(state), **config})
+        model = cls(**{**infer_vq_config(state), **config}).to(torch_dtype or checkpoint_dtype(state))
         load_checked(model, state, path)
         return model.eval()
 
