@@ -26,6 +26,9 @@ def _packages() -> list[str]:
 setup(
     packages=_packages(),
     package_dir=PACKAGE_DIRS,
-    package_data={"mmspec.models": ["zoo/**/*.json", "zoo/**/*.safetensors", "zoo/**/*.txt"]},
+    package_data={
+        "mmspec.models": ["zoo/**/*.json", "zoo/**/*.safetensors", "zoo/**/*.txt"],
+        "mmspec.evaluation": ["weights/*.safetensors"],
+    },
     include_package_data=True,
 )

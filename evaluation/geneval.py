@@ -579,12 +579,12 @@ def score_shapes_image(image: Image.Image, metadata: dict) -> tuple[bool, str, l
 
     Returns (correct, reason, parsed objects as dicts).
     """
-    from mmspec.world.evaluator import parse_image
+    from mmspec.world.evaluator import is_valid_scene, parse_image
     from mmspec.world.prompts import prompt_satisfied
 
     prompt = metadata_to_shapes_prompt(metadata)
     objects = parse_image(image)
-    correct = prompt_satisfied(prompt, objects)
+    correct = is_valid_scene(objects) and prompt_satisfied(prompt, objects)  # noise satisfies no prompt
     found = ", ".join(f"{o.color} {o.shape}" for o in objects) or "nothing"
     details = [{"shape": o.shape, "color": o.color, "size": o.size, "bbox": [round(v, 4) for v in o.bbox]} for o in objects]
     return correct, "" if correct else f"expected {prompt.text!r}, found {found}", details
@@ -646,10 +646,10 @@ def generate_images(
 def shapes_ground_truth_generator(image_size: int = 32, difficulty: float = 1.0) -> Callable[[str, int, int], list[Image.Image]]:
     """A ``generate`` callable for :func:`generate_images` that renders scenes satisfying shapes prompts
     (the world's ground truth: the reference a perfect generator would reach)."""
-    from mmspec.world.prompts import _cached_prompts, scene_for_prompt
+    from mmspec.world.prompts import enumerate_prompts, scene_for_prompt
     from mmspec.world.render import render_scene
 
-    by_text = {p.text: p for c in CATEGORIES for p in _cached_prompts(c)}
+    by_text = {p.text: p for c in CATEGORIES for p in enumerate_prompts(c)}
 
     def generate(prompt: str, num_images: int, seed: int) -> list[Image.Image]:
         if prompt not in by_text:

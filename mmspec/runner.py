@@ -176,8 +176,9 @@ class GuidedRunner:
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 **model_inputs: Any) -> StepOutput:
-        if input_ids.shape[0] % 2:
-            raise ValueError(f"guided prefill expects 2B prompt rows [cond; uncond], got {input_ids.shape[0]}")
+        rows = (input_ids if input_ids is not None else attention_mask).shape[0]
+        if rows % 2:
+            raise ValueError(f"guided prefill expects 2B prompt rows [cond; uncond], got {rows}")
         return self._merge(self.runner.prefill(input_ids, attention_mask, **model_inputs))
 
     def begin_round(self) -> None:

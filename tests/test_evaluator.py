@@ -170,3 +170,21 @@ def test_video_scoring():
         score_video(frames, "a red circle moving right")
     with pytest.raises(ValueError, match="frames"):
         score_video(frames[0], prompt)
+
+
+def test_noise_and_fragment_images_satisfy_no_prompt():
+    """The parser reads every blob; an image that is not a valid scene must fail even 'a circle'."""
+    import numpy as np
+
+    from mmspec.world import is_valid_scene, make_prompt_set, parse_image, score_image
+
+    rng = np.random.default_rng(0)
+    prompts = make_prompt_set()[:50]
+    for trial in range(20):
+        # random tokens-like mosaic of 4x4 coloured patches
+        patches = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
+        image = np.kron(patches, np.ones((4, 4, 1), dtype=np.uint8))
+        if not is_valid_scene(parse_image(image)):
+            assert not any(score_image(image, p) for p in prompts)
+    noise = rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
+    assert not any(score_image(noise, p) for p in prompts)

@@ -42,6 +42,7 @@ from .evaluator import (
     VideoScore,
     evaluate,
     evaluate_videos,
+    is_valid_scene,
     parse_image,
     scene_matches,
     score_image,

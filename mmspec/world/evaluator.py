@@ -35,7 +35,7 @@ import numpy as np
 
 from .prompts import CATEGORIES, EvalPrompt, prompt_satisfied
 from .render import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, SUPERSAMPLE, coverage_patch, glyph_mask, to_uint8
-from .scene import COLORS, SHAPES, SIZES
+from .scene import COLORS, MAX_OBJECTS, SHAPES, SIZES
 
 FG_THRESHOLD = 110.0
 MIN_PIXELS_FRACTION = 0.35
@@ -305,11 +305,26 @@ def parse_image(image) -> list[DetectedObject]:
 # ----------------------------------------------------------------------------------------------------
 
 
+def is_valid_scene(detections: Sequence[DetectedObject]) -> bool:
+    """Whether detections could come from a world scene: every object fully identified (shape, colour,
+    size) and at most ``MAX_OBJECTS`` of them.
+
+    A real GenEval detector ignores low-confidence blobs; the exact parser reads everything, so an
+    image of noise or fragments would otherwise satisfy "a circle" by containing one among many. Such
+    images fail every prompt instead.
+    """
+    if len(detections) > MAX_OBJECTS:
+        return False
+    return all("unknown" not in (d.shape, d.color, d.size) for d in detections)
+
+
 def score_image(image, prompt: EvalPrompt) -> bool:
-    """Whether an image satisfies a prompt (GenEval rules, see :mod:`mmspec.world.prompts`)."""
+    """Whether an image satisfies a prompt (GenEval rules, see :mod:`mmspec.world.prompts`); images
+    that are not valid scenes (:func:`is_valid_scene`) satisfy none."""
     if not isinstance(prompt, EvalPrompt):
         raise ValueError(f"prompt must be an EvalPrompt, got {type(prompt).__name__}")
-    return prompt_satisfied(prompt, parse_image(image))
+    detections = parse_image(image)
+    return is_valid_scene(detections) and prompt_satisfied(prompt, detections)
 
 
 @dataclass
