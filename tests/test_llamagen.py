@@ -6,11 +6,11 @@ import argparse
 
 import pytest
 import torch
-from mmspec.models.llamagen import LlamaGenTransformer, rope_2d
-from mmspec.models.llamagen_vq import LlamaGenVQModel
 from safetensors.torch import save_file
 
 from mmspec import CausalLMRunner, ModelDrafter, TreeConfig, apply_guidance, speculative_generate
+from mmspec.models.llamagen import LlamaGenTransformer, rope_2d
+from mmspec.models.llamagen_vq import LlamaGenVQModel
 from mmspec.runner import GuidedRunner
 from mmspec.tree import tree_attention_mask, tree_position_offsets
 
@@ -71,6 +71,18 @@ def test_rope_2d_rotates_rows_and_columns_and_zeroes_conditions():
     assert torch.allclose(rope[1], torch.ones(8, dtype=rope.dtype))  # grid (0, 0): no rotation
     expected = torch.polar(torch.ones(8, dtype=torch.float64), torch.cat([1 * freqs, 3 * freqs]))  # (row 1, col 3)
     assert torch.allclose(rope[2], expected, atol=1e-15)
+
+
+def test_condition_tokens_have_zero_queries_and_keys_as_in_llamagen():
+    """LlamaGen's rotary table is (cos, sin) = (0, 0) at condition positions: their q and k vanish, so
+    changing the q/k projections cannot change a condition-only prefill, only image tokens."""
+    model, cond, toks = tiny_gpt("t2i"), condition("t2i"), images()
+    before_prefill, before_image = model(**cond).logits, model.forward_train(image_tokens=toks, **cond)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.attention.wqkv.weight[:64].mul_(-2.5)  # the q and k rows (dim 32 each)
+    assert torch.allclose(model(**cond).logits, before_prefill, atol=1e-12, rtol=0)
+    assert not torch.allclose(model.forward_train(image_tokens=toks, **cond), before_image, atol=1e-3)
 
 
 @pytest.mark.parametrize("model_type", ["c2i", "t2i"])
@@ -228,6 +240,12 @@ def test_four_d_mask_is_used_as_given_and_padding_rows_stay_finite():
     out = model(input_ids=images()[:, :3], past_key_values=cache, attention_mask=visible,
                 position_ids=torch.tensor([[1, 2, 3], [1, 1, 2]]))
     assert torch.isfinite(out.logits).all()
+    cache.crop(1)
+    itself = visible.clone()
+    itself[0, 0, 2, 3] = True  # what the model does for a slot that sees nothing: it sees its own slot
+    again = model(input_ids=images()[:, :3], past_key_values=cache, attention_mask=itself,
+                  position_ids=torch.tensor([[1, 2, 3], [1, 1, 2]]))
+    assert torch.equal(again.logits, out.logits)
     alone = model(condition_ids=condition("c2i")["condition_ids"][1:])
     single = model(input_ids=images()[1:2, 1:2], past_key_values=alone.past_key_values, position_ids=torch.tensor([[1]]))
     assert torch.allclose(out.logits[1, 1], single.logits[0, 0], atol=1e-10, rtol=0)  # a sibling of slot 0
