@@ -14,6 +14,7 @@ _EXPORTS = {
     "eagle_loss": ".eagle",
     "LlamaGenTransformer": ".llamagen",
     "LlamaGenVQModel": ".llamagen_vq",
+    "LLAMAGEN_PRESETS": ".llamagen",
     "VQTokenizer": ".tokenizers",
     "ContinuousTokenizer": ".tokenizers",
     "load_zoo_tokenizer": ".tokenizers",

@@ -284,18 +284,6 @@ def test_speculation_loop_drives_the_model_as_target_and_drafter(model_type):
     assert spec.stats.target_calls < baseline.stats.target_calls / 2  # self-drafting: every draft accepted
 
 
-class _ConditionGuidedRunner(GuidedRunner):
-    """GuidedRunner whose prefill accepts input_ids=None (a condition prompt). The core's GuidedRunner
-    reads ``input_ids.shape`` and fails on None; drop this shim once it uses the attention mask."""
-
-    def prefill(self, input_ids, attention_mask=None, **model_inputs):
-        if input_ids is not None:
-            return super().prefill(input_ids, attention_mask, **model_inputs)
-        if attention_mask is None or attention_mask.shape[0] % 2:
-            raise ValueError("guided prefill expects 2B mask rows [cond; uncond]")
-        return self._merge(self.runner.prefill(None, attention_mask, **model_inputs))
-
-
 @pytest.mark.parametrize("model_type", ["c2i", "t2i"])
 def test_classifier_free_guidance_doubled_batch_equals_manual_loop(model_type):
     target, draft = tiny_gpt(model_type, n_layer=3), tiny_gpt(model_type, seed=5, n_layer=1)
@@ -306,11 +294,11 @@ def test_classifier_free_guidance_doubled_batch_equals_manual_loop(model_type):
     doubled = {k: torch.cat([v, v]) for k, v in cond.items()}
     doubled["condition_drop"] = torch.tensor([False, False, True, True])
     mask = torch.ones(4, next(iter(cond.values())).reshape(2, -1).shape[1], dtype=torch.long)
-    guided = speculative_generate(_ConditionGuidedRunner(CausalLMRunner(target), scale), None, None, mask,
+    guided = speculative_generate(GuidedRunner(CausalLMRunner(target), scale), None, None, mask,
                                   max_new_tokens=N, **doubled)
     assert torch.equal(guided.sequences, reference)
-    drafter = ModelDrafter(_ConditionGuidedRunner(CausalLMRunner(draft), scale), 3)
-    spec = speculative_generate(_ConditionGuidedRunner(CausalLMRunner(target), scale), drafter, None, mask,
+    drafter = ModelDrafter(GuidedRunner(CausalLMRunner(draft), scale), 3)
+    spec = speculative_generate(GuidedRunner(CausalLMRunner(target), scale), drafter, None, mask,
                                 max_new_tokens=N, **doubled)
     assert torch.equal(spec.sequences, reference)
 
