@@ -14,13 +14,14 @@ the same interface.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from mmspec.runner import CausalLMRunner
-from mmspec.sampling import SamplingConfig, logits_to_probs, sample
+from mmspec.sampling import SamplingConfig, sample
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
 from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
 from mmspec.validation import check_positive_int
@@ -29,6 +30,28 @@ from mmspec.validation import check_positive_int
 def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Point-mass distributions ``[..., V]`` (float64) at ``tokens``."""
     return torch.nn.functional.one_hot(tokens, vocab_size).to(torch.float64)
+
+def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], num_tokens: int,
+                sampling: SamplingConfig, generator: torch.Generator | None) -> DraftChain:
+    """Autoregressive chain drafting shared by every drafter.
+
+    Args:
+        logits: ``[B, V]`` the drafter's logits for the first draft.
+        step: ``step(token [B]) -> logits [B, V]`` feeds a drafted token and returns the next logits.
+        num_tokens: K; sampling: greedy drafts (deterministic, ``probs=None``) or sampled drafts
+            returned with the distributions they were drawn from.
+    """
+    to_probs = target_probs_fn(sampling)
+    tokens, dists = [], []
+    for i in range(num_tokens):
+        probs = to_probs(logits)
+        token = sample(probs, generator) if sampling.do_sample else probs.argmax(-1)
+        tokens.append(token)
+        dists.append(probs)
+        if i < num_tokens - 1:
+            logits = step(token)
+    return DraftChain(torch.stack(tokens, 1), torch.stack(dists, 1) if sampling.do_sample else None)
+
 
 @dataclass(frozen=True)
 class TreeConfig:
@@ -64,7 +87,6 @@ class ModelDrafter(Drafter):
         check_positive_int(num_draft_tokens, "num_draft_tokens")
         self.runner = model if hasattr(model, "begin_round") else CausalLMRunner(model)
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
-        self._to_probs = target_probs_fn(sampling)
         self.share_model_inputs = share_model_inputs
         self._backlog: torch.Tensor | None = None  # committed tokens not yet in the draft cache, -1 pad
 
@@ -91,16 +113,8 @@ class ModelDrafter(Drafter):
         logits = self._feed_pending(pending)
         if self.tree is not None:
             return self._propose_tree(logits)
-        tokens, dists = [], []
-        for i in range(self.num_draft_tokens):
-            probs = self._to_probs(logits)
-            token = probs.argmax(-1) if not self.sampling.do_sample else sample(probs, self.generator)
-            tokens.append(token)
-            dists.append(probs)
-            if i < self.num_draft_tokens - 1:
-                logits = self.runner.forward(token.unsqueeze(1)).logits[:, 0]
-        draft_probs = torch.stack(dists, 1) if self.sampling.do_sample else None
-        return DraftChain(torch.stack(tokens, 1), draft_probs)
+        return draft_chain(logits, lambda token: self.runner.forward(token.unsqueeze(1)).logits[:, 0],
+                           self.num_draft_tokens, self.sampling, self.generator)
 
     def _propose_tree(self, root_logits: torch.Tensor) -> DraftTree:
         batch = root_logits.shape[0]
@@ -112,9 +126,9 @@ class ModelDrafter(Drafter):
             before = torch.ones(batch, tokens.shape[1], tree_start, dtype=torch.bool, device=tokens.device)
             offsets = torch.full_like(tokens, depth - 1)  # the pending token's position + depth
             logits = self.runner.forward(tokens, offsets=offsets, attention=torch.cat([before, visible], 2)).logits
-            return logits_to_probs(logits, SamplingConfig()).clamp_min(1e-30).log()
+            return logits.log_softmax(-1)
 
-        root = logits_to_probs(root_logits, SamplingConfig()).clamp_min(1e-30).log()
+        root = root_logits.log_softmax(-1)
         return expand_dynamic_tree(root, step, self.tree.depth, self.tree.top_k, self.tree.total_tokens)
 
     def commit(self, result: RoundResult) -> None:

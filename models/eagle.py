@@ -27,10 +27,10 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
-from mmspec.drafters import TreeConfig
+from mmspec.drafters import TreeConfig, draft_chain
 from mmspec.runner import CausalLMRunner
-from mmspec.sampling import SamplingConfig, logits_to_probs, sample
-from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
+from mmspec.sampling import SamplingConfig
+from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult
 from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
 from mmspec.validation import check_positive_int
 
@@ -194,7 +194,6 @@ class EagleDrafter(Drafter):
         head._bound()
         self.head, self.runner = head, CausalLMRunner(head, return_hidden=True)
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
-        self._to_probs = target_probs_fn(sampling)
         self._pending_pairs: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [B, L], features [B, L, d]
 
     @property
@@ -238,16 +237,14 @@ class EagleDrafter(Drafter):
         logits, feature = self._start_round()
         if self.tree is not None:
             return self._propose_tree(logits, feature)
-        tokens, dists = [], []
-        for i in range(self.num_draft_tokens):
-            probs = self._to_probs(logits)
-            token = probs.argmax(-1) if not self.sampling.do_sample else sample(probs, self.generator)
-            tokens.append(token)
-            dists.append(probs)
-            if i < self.num_draft_tokens - 1:
-                out = self.runner.forward(token.unsqueeze(1), target_hidden=feature.unsqueeze(1))
-                logits, feature = out.logits[:, 0], out.hidden[:, 0]
-        return DraftChain(torch.stack(tokens, 1), torch.stack(dists, 1) if self.sampling.do_sample else None)
+        state = {"feature": feature}
+
+        def step(token: torch.Tensor) -> torch.Tensor:  # feed the head its own predicted feature
+            out = self.runner.forward(token.unsqueeze(1), target_hidden=state["feature"].unsqueeze(1))
+            state["feature"] = out.hidden[:, 0]
+            return out.logits[:, 0]
+
+        return draft_chain(logits, step, self.num_draft_tokens, self.sampling, self.generator)
 
     def _propose_tree(self, root_logits: torch.Tensor, root_feature: torch.Tensor) -> DraftTree:
         batch = root_logits.shape[0]
@@ -267,9 +264,9 @@ class EagleDrafter(Drafter):
                                       attention=torch.cat([before, visible], 2), target_hidden=parent_feature)
             features["ids"] = torch.cat([features["ids"], node_ids], 1)
             features["values"] = torch.cat([features["values"], out.hidden], 1)
-            return logits_to_probs(out.logits, SamplingConfig()).clamp_min(1e-30).log()
+            return out.logits.log_softmax(-1)
 
-        root = logits_to_probs(root_logits, SamplingConfig()).clamp_min(1e-30).log()
+        root = root_logits.log_softmax(-1)
         return expand_dynamic_tree(root, step, self.tree.depth, self.tree.top_k, self.tree.total_tokens)
 
     def commit(self, result: RoundResult) -> None:
