@@ -1,1 +1,23 @@
-"""placeholder"""
+"""mmspec.pipelines: one diffusers-style pipeline per model family (imported lazily).
+
+* :class:`ARImagePipeline` (:mod:`.ar_image`): discrete AR image generation (LlamaGen-style targets)
+  with "none", "eagle", "lantern", "sjd", "gsd" ("mulo" later).
+"""
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {
+    "ARImagePipeline": ".ar_image",
+    "ARImagePipelineOutput": ".ar_image",
+    "resolve_pretrained": ".ar_image",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(_EXPORTS[name], __name__), name)
+    raise AttributeError(f"module 'mmspec.pipelines' has no attribute {name!r}")
+
+
+__all__ = list(_EXPORTS)

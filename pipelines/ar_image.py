@@ -1,0 +1,431 @@
+"""Discrete autoregressive image generation with speculative decoding (issue 4).
+
+:class:`ARImagePipeline` composes a LlamaGen-style target (:class:`~mmspec.models.llamagen.LlamaGenTransformer`),
+an image tokenizer (``vqvae``: the project's :class:`~mmspec.models.tokenizers.VQTokenizer` or anything with
+``decode``, ``codebook_neighbors`` and ``vocab_size``) and an optional EAGLE draft head. Every method is one
+call of the core's :func:`~mmspec.speculate.speculative_generate`; the pipeline only builds the target
+runner, the drafter and the acceptance rule:
+
+=========  ===================================  =============================================  ==========
+method     drafter                              rule (default; ``rule=`` overrides)            lossless
+=========  ===================================  =============================================  ==========
+"none"     None (target-only baseline)          Exact / Greedy                                 yes
+"eagle"    EagleDrafter (chain or EAGLE-2 tree) Exact / Greedy                                 yes
+"lantern"  EagleDrafter                         LanternRule(codebook neighbours, k, delta)     no (delta>0)
+"sjd"      JacobiDrafter (no draft model)       Exact / Greedy                                 yes
+"gsd"      JacobiDrafter                        GroupedRule(G, prob_threshold, embeddings)     no (G>1)
+"mulo"     not implemented yet (MuLo-SD drafter missing)
+=========  ===================================  =============================================  ==========
+
+Classifier-free guidance runs the target on a doubled batch ``[cond; uncond]`` through
+:class:`~mmspec.runner.GuidedRunner`; drafters see the guided distributions only through verification
+(the EAGLE head drafts from the conditional half's features), which keeps every lossless method lossless.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.utils import BaseOutput
+
+from mmspec.drafters import JacobiDrafter, TreeConfig
+from mmspec.rules import AcceptanceRule, GroupedRule, LanternRule
+from mmspec.runner import CausalLMRunner, GuidedRunner
+from mmspec.sampling import SamplingConfig
+from mmspec.speculate import Drafter, PrefillContext, RoundResult, speculative_generate
+from mmspec.stats import SpecStats
+
+# TODO(core): WordTokenizer belongs in a small text module (e.g. models/text.py); imported from the recipe for now.
+from mmspec.models.recipes.train_t2i import WordTokenizer
+
+METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
+OUTPUT_TYPES = ("pil", "np", "pt", "tokens")
+TEXT_VOCAB_FILE = "text_vocab.json"  # the word vocabulary, saved in the transformer's folder
+
+# Zoo ids -> the command that builds the entry's weights (the pipeline folder is written by save_pretrained).
+ZOO_RECIPES = {
+    "shapes-t2i": "python -m mmspec.models.recipes.train_t2i --out models/zoo/shapes-t2i/transformer",
+}
+
+
+def zoo_dir() -> Path:
+    """Folder of the bundled zoo (``mmspec/models/zoo``)."""
+    import mmspec.models.zoo as zoo
+
+    return Path(zoo.__file__).resolve().parent
+
+
+def resolve_pretrained(path_or_id: str | os.PathLike) -> str:
+    """Map a zoo id ``mmspec/<name>`` to its bundled folder; return any other path or id unchanged.
+
+    Raises:
+        FileNotFoundError: a zoo id whose folder is missing or has no ``model_index.json`` yet (the
+            message names the recipe that builds it).
+    """
+    text = os.fspath(path_or_id)
+    if not text.startswith("mmspec/"):
+        return text
+    name = text.split("/", 1)[1]
+    folder = zoo_dir() / name
+    recipe = ZOO_RECIPES.get(name)
+    how = (f" Its weights are built by `{recipe}`; the pipeline folder (model_index.json, transformer/, vqvae/, "
+           "eagle_head/) is then written with ARImagePipeline(...).save_pretrained(folder).") if recipe else ""
+    if not folder.is_dir():
+        raise FileNotFoundError(f"unknown zoo id {text!r}: there is no bundled folder {folder}." + how)
+    if not (folder / "model_index.json").is_file():
+        raise FileNotFoundError(f"the zoo entry {text!r} is not built yet: {folder} has no model_index.json." + how)
+    return str(folder)
+
+
+@dataclass
+class ARImagePipelineOutput(BaseOutput):
+    """Output of :class:`ARImagePipeline`.
+
+    Attributes:
+        images: list of PIL images (``output_type="pil"``), float32 array ``[B, H, W, 3]`` in [0, 1]
+            ("np"), float tensor ``[B, 3, H, W]`` in [0, 1] ("pt"), or None ("tokens").
+        tokens: LongTensor ``[B, h, w]`` image tokens (raster order).
+        stats: :class:`~mmspec.stats.SpecStats` of the run (mean accepted length includes the bonus token).
+        drafted: bool ``[B, h, w]``: True where the token is a drafted-and-accepted token, False where the
+            target produced it (first token, corrections, bonus tokens; everything for ``method="none"``).
+    """
+
+    images: list[PIL.Image.Image] | np.ndarray | torch.Tensor | None
+    tokens: torch.Tensor
+    stats: SpecStats
+    drafted: torch.Tensor
+
+    def drafted_overlay(self, color: tuple[int, int, int] = (255, 0, 255), alpha: float = 0.5) -> list[PIL.Image.Image]:
+        """The images with every drafted-and-accepted token's patch tinted by ``color`` (PIL list)."""
+        if self.images is None:
+            raise ValueError("drafted_overlay needs decoded images: call the pipeline with output_type 'pil', "
+                             "'np' or 'pt'")
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        images = _as_numpy(self.images)  # [B, H, W, 3] in [0, 1]
+        batch, height, width, _ = images.shape
+        grid_h, grid_w = self.drafted.shape[1:]
+        mask = self.drafted.cpu().numpy().repeat(height // grid_h, 1).repeat(width // grid_w, 2)[..., None]
+        tint = np.asarray(color, dtype=np.float32) / 255.0
+        mixed = np.where(mask, (1 - alpha) * images + alpha * tint, images)
+        return DiffusionPipeline.numpy_to_pil(mixed)
+
+
+def _as_numpy(images: Any) -> np.ndarray:
+    if isinstance(images, torch.Tensor):
+        return images.detach().float().permute(0, 2, 3, 1).cpu().numpy()
+    if isinstance(images, np.ndarray):
+        return images
+    return np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0 for image in images])
+
+
+class _ConditionalHalf(Drafter):
+    """Hands a drafter the conditional half of a guided prompt.
+
+    Under classifier-free guidance the prompt has 2B rows ``[cond; uncond]`` while the target's outputs
+    (logits and the cond half's features) have B rows; the EAGLE drafter reads the prompt's attention
+    mask row by row, so it gets the B conditional rows. TODO(models/eagle.py): take the batch size from
+    the features and drop this wrapper.
+    """
+
+    def __init__(self, inner: Drafter) -> None:
+        self.inner = inner
+        self.needs_target_hidden = inner.needs_target_hidden
+
+    @property
+    def calls(self) -> int:
+        return self.inner.calls
+
+    def prefill(self, context: PrefillContext) -> None:
+        batch = context.first_tokens.shape[0]
+        half = lambda t: t[:batch] if isinstance(t, torch.Tensor) and t.shape[:1] == (2 * batch,) else t  # noqa: E731
+        self.inner.prefill(PrefillContext(half(context.input_ids), half(context.attention_mask), context.target,
+                                          context.first_tokens, {k: half(v) for k, v in context.model_inputs.items()}))
+
+    def propose(self, pending: torch.Tensor):
+        return self.inner.propose(pending)
+
+    def commit(self, result: RoundResult) -> None:
+        self.inner.commit(result)
+
+
+class ARImagePipeline(DiffusionPipeline):
+    r"""Text- or class-conditioned discrete AR image generation, speculative or not, on one core loop.
+
+    Args:
+        transformer: :class:`~mmspec.models.llamagen.LlamaGenTransformer` (c2i or t2i with a word table).
+        vqvae: image tokenizer with ``decode(tokens [B, h, w]) -> images [B, 3, H, W]`` in [0, 1],
+            ``codebook_neighbors(k)`` and ``vocab_size`` (:class:`~mmspec.models.tokenizers.VQTokenizer`).
+        eagle_head: :class:`~mmspec.models.eagle.EagleHead` for "eagle" / "lantern" (None: those methods
+            are unavailable). It is bound to the transformer's embeddings and LM head here.
+        text_tokenizer: word vocabulary of a t2i model with ``text_vocab_size`` (a
+            :class:`~mmspec.models.recipes.train_t2i.WordTokenizer`); saved as ``transformer/text_vocab.json``.
+
+    Example::
+
+        >>> pipe = ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
+        >>> out = pipe("a red circle", method="eagle", generator=torch.Generator().manual_seed(0))
+        >>> out.images[0], out.stats.mean_accepted_length, out.drafted_overlay()[0]
+    """
+
+    _optional_components = ["eagle_head"]
+
+    def __init__(self, transformer: Any, vqvae: Any, eagle_head: Any = None, text_tokenizer: WordTokenizer | None = None
+                 ) -> None:
+        super().__init__()
+        if int(vqvae.vocab_size) != int(transformer.config.vocab_size):
+            raise ValueError(f"vqvae has {vqvae.vocab_size} codebook entries but the transformer predicts "
+                             f"{transformer.config.vocab_size} image tokens")
+        self.register_modules(transformer=transformer, vqvae=vqvae, eagle_head=eagle_head)
+        if eagle_head is not None:
+            eagle_head.bind_target(transformer.get_input_embeddings(), transformer.get_output_embeddings())
+        text_vocab = getattr(transformer.config, "text_vocab_size", None)
+        if text_tokenizer is not None and text_vocab is not None and len(text_tokenizer) > text_vocab:
+            raise ValueError(f"text_tokenizer has {len(text_tokenizer)} words but the transformer embeds {text_vocab}")
+        self.text_tokenizer = text_tokenizer
+        self._neighbors: torch.Tensor | None = None  # cached codebook_neighbors table [V, k_max]
+
+    # -- loading and saving ---------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> ARImagePipeline:
+        """Load a saved pipeline folder or a zoo id (``mmspec/shapes-t2i``, offline, see
+        :func:`resolve_pretrained`); the word vocabulary is read from ``transformer/text_vocab.json``."""
+        path = resolve_pretrained(pretrained_model_name_or_path)
+        vocab_file = Path(path) / "transformer" / TEXT_VOCAB_FILE
+        if "text_tokenizer" not in kwargs and vocab_file.is_file():
+            kwargs["text_tokenizer"] = WordTokenizer.load(vocab_file)
+        return super().from_pretrained(path, **kwargs)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """diffusers' folder layout (``model_index.json`` + one folder per component) plus the word
+        vocabulary in ``transformer/text_vocab.json``."""
+        super().save_pretrained(save_directory, **kwargs)
+        if self.text_tokenizer is not None:
+            self.text_tokenizer.save(Path(save_directory) / "transformer" / TEXT_VOCAB_FILE)
+
+    # -- helpers --------------------------------------------------------------------------------------
+    @property
+    def grid_size(self) -> int:
+        return int(round(self.transformer.config.block_size ** 0.5))
+
+    def codebook_neighbors(self, k: int) -> torch.Tensor:
+        """``vqvae.codebook_neighbors(k)`` computed once (for the largest k asked so far) and cached."""
+        if self._neighbors is None or self._neighbors.shape[1] < k:
+            self._neighbors = self.vqvae.codebook_neighbors(k).to(torch.long)
+        return self._neighbors[:, :k]
+
+    def codebook_embeddings(self) -> torch.Tensor | None:
+        """The codebook vectors ``[V, D]`` if the tokenizer exposes them (GSD's embedding distances)."""
+        if hasattr(self.vqvae, "codebook_embeddings"):
+            return self.vqvae.codebook_embeddings().detach()
+        codebook = getattr(self.vqvae, "codebook", None)
+        return codebook.detach() if isinstance(codebook, torch.Tensor) else None
+
+    def encode_prompt(self, prompt: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Word ids ``[B, C]`` (left-padded with -1, LlamaGen's layout; longer prompts keep their first
+        C words) and their attention mask."""
+        ids = self.text_tokenizer.batch(prompt, self.transformer.config.cls_token_num)
+        return ids.to(self.transformer.device), (ids >= 0).long().to(self.transformer.device)
+
+    def check_inputs(self, prompt: Any, class_labels: Any, method: str, do_sample: bool, top_k: int | None,
+                     guidance_scale: float, num_images_per_prompt: int, output_type: str,
+                     rule: AcceptanceRule | None, generator: Any) -> None:
+        config = self.transformer.config
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
+        if output_type not in OUTPUT_TYPES:
+            raise ValueError(f"output_type must be one of {list(OUTPUT_TYPES)}, got {output_type!r}")
+        if (prompt is None) == (class_labels is None):
+            raise ValueError("pass exactly one of prompt (text-to-image models) and class_labels (class-conditioned "
+                             "models)")
+        if prompt is not None:
+            if config.model_type != "t2i":
+                raise ValueError("this transformer is class-conditioned (c2i): pass class_labels, not prompt")
+            prompts = [prompt] if isinstance(prompt, str) else prompt
+            if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
+                raise ValueError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}")
+            if not prompts:
+                raise ValueError("prompt is an empty list")
+            if getattr(config, "text_vocab_size", None) is None:
+                raise NotImplementedError("this t2i transformer reads caption features (no word table): the text "
+                                          "encoder (T5) is not wired into ARImagePipeline yet")
+            if self.text_tokenizer is None:
+                raise ValueError(f"this pipeline has no word vocabulary (text_tokenizer; saved as "
+                                 f"transformer/{TEXT_VOCAB_FILE}), so prompts cannot be encoded")
+            for i, text in enumerate(prompts):
+                try:
+                    words = self.text_tokenizer.encode(text)
+                except ValueError as error:
+                    raise ValueError(f"prompt {i} ({text!r}): {error}") from None
+                if not words:
+                    raise ValueError(f"prompt {i} is empty (no words)")
+        else:
+            if config.model_type != "c2i":
+                raise ValueError("this transformer is text-conditioned (t2i): pass prompt, not class_labels")
+            labels = torch.as_tensor(class_labels)
+            if labels.is_floating_point() or labels.dtype == torch.bool or labels.ndim > 1 or labels.numel() == 0:
+                raise ValueError(f"class_labels must be an int or a non-empty list of ints, got {class_labels!r}")
+            if labels.min() < 0 or labels.max() >= config.num_classes:
+                raise ValueError(f"class_labels must be in [0, {config.num_classes}), got {labels.tolist()}")
+        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
+            raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")
+        vocab = config.vocab_size
+        if top_k is not None and top_k > vocab:
+            raise ValueError(f"top_k={top_k} is larger than the image vocabulary ({vocab} tokens)")
+        if not guidance_scale >= 0:
+            raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale}")
+        if guidance_scale != 1.0 and not config.class_dropout_prob > 0:
+            raise ValueError(f"guidance_scale={guidance_scale} needs an unconditional model (a transformer trained "
+                             "with class_dropout_prob > 0); this one has none: use guidance_scale=1.0")
+        if method in ("eagle", "lantern") and self.eagle_head is None:
+            raise ValueError(f"method={method!r} needs an eagle_head; this pipeline has none")
+        if rule is not None:
+            if not isinstance(rule, AcceptanceRule):
+                raise ValueError(f"rule must be an AcceptanceRule, got {type(rule).__name__}")
+            if rule.greedy == do_sample:
+                raise ValueError(f"rule.greedy={rule.greedy} contradicts do_sample={do_sample}: build the rule with "
+                                 f"greedy={not do_sample}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
+
+    def _build_method(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
+                      num_draft_tokens: int, tree: TreeConfig | None, lantern_k: int | None, lantern_delta: float,
+                      lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
+                      gsd_prob_threshold: float, gsd_distance_threshold: float
+                      ) -> tuple[Drafter | None, AcceptanceRule | None]:
+        """The drafter and (when the method has its own) the acceptance rule of ``method``."""
+        greedy = not sampling.do_sample
+        vocab = self.transformer.config.vocab_size
+        if method == "none":
+            return None, None
+        if method in ("eagle", "lantern"):
+            from mmspec.models.eagle import EagleDrafter
+
+            drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator)
+            if method == "eagle":
+                return drafter, None
+            k = min(1000, vocab - 1) if lantern_k is None else lantern_k
+            if not isinstance(k, int) or not 1 <= k <= vocab - 1:
+                raise ValueError(f"lantern_k must be an integer in [1, {vocab - 1}], got {lantern_k!r}")
+            rule = LanternRule(self.codebook_neighbors(k), k=k, delta=lantern_delta, lam=lantern_lam, greedy=greedy)
+            return drafter, rule
+        if method in ("sjd", "gsd"):
+            drafter = JacobiDrafter(vocab, window=sjd_window, sampling=sampling, init=sjd_init, generator=generator)
+            if method == "sjd":
+                return drafter, None
+            rule = GroupedRule(G=gsd_group_size, prob_threshold=gsd_prob_threshold,
+                               embeddings=self.codebook_embeddings(), distance_threshold=gsd_distance_threshold,
+                               greedy=greedy)
+            return drafter, rule
+        raise NotImplementedError("method='mulo' needs the MuLo-SD drafter (low-resolution drafter + token "
+                                  "up-sampler, local resampling), which is not implemented yet")
+
+    # -- generation -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(self, prompt: str | list[str] | None = None, class_labels: int | list[int] | torch.Tensor | None = None,
+                 method: str = "none", *, do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float = 1.0, guidance_scale: float = 3.0, num_images_per_prompt: int = 1,
+                 generator: torch.Generator | None = None, output_type: str = "pil", num_draft_tokens: int = 4,
+                 tree: TreeConfig | None = None, lantern_k: int | None = None, lantern_delta: float = 0.1,
+                 lantern_lam: float | None = None, sjd_window: int = 16, sjd_init: str = "random",
+                 gsd_group_size: int = 10, gsd_prob_threshold: float = 0.15,
+                 gsd_distance_threshold: float = float("inf"), rule: AcceptanceRule | None = None,
+                 callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
+                 ) -> ARImagePipelineOutput:
+        """Generate images token by token, speculatively unless ``method="none"``.
+
+        Args:
+            prompt: text prompt(s) (t2i models); class_labels: class id(s) (c2i models). Exactly one.
+            method: "none", "eagle", "lantern", "sjd", "gsd" ("mulo" is not implemented yet).
+            do_sample / temperature / top_k / top_p: how the (guided) logits become distributions; greedy
+                decoding when ``do_sample=False``.
+            guidance_scale: classifier-free guidance (1.0: no guidance, no doubled batch).
+            num_images_per_prompt: images per prompt (rows ``prompt0 x n, prompt1 x n, ...``).
+            generator: one ``torch.Generator`` for every random draw (drafts, acceptance, resampling).
+            output_type: "pil", "np", "pt" or "tokens" (no decoding).
+            num_draft_tokens / tree: EAGLE chain length, or an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`.
+            lantern_k / lantern_delta / lantern_lam: LANTERN neighbourhood size (default min(1000, V - 1)),
+                TV budget, LANTERN++ bound (when given, delta is ignored).
+            sjd_window / sjd_init: Jacobi window length and initialisation ("random" or "left").
+            gsd_group_size / gsd_prob_threshold / gsd_distance_threshold: GSD group size G, |p(y) - p(x)|
+                filter, codebook-distance filter.
+            rule: an :class:`~mmspec.rules.AcceptanceRule` replacing the method's (e.g. ``GroupedRule`` on
+                EAGLE drafts); its ``greedy`` flag must equal ``not do_sample``.
+            callback_on_step_end: called after every verification round as ``fn(pipeline, round_index,
+                {"new_tokens": [B, M] (-1 pad), "drafted": [B, M], "num_generated": [B]})``.
+        Returns:
+            :class:`ARImagePipelineOutput`.
+        """
+        self.check_inputs(prompt, class_labels, method, do_sample, top_k, guidance_scale, num_images_per_prompt,
+                          output_type, rule, generator)
+        config = self.transformer.config
+        device = self.transformer.device
+        sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+        drafter, method_rule = self._build_method(method, sampling, generator, num_draft_tokens, tree, lantern_k,
+                                                  lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
+                                                  gsd_prob_threshold, gsd_distance_threshold)
+        rule = rule if rule is not None else method_rule
+
+        # 1. Condition rows: [B, C] word ids (t2i) or [B] class ids (c2i), repeated per image.
+        if prompt is not None:
+            condition, mask = self.encode_prompt([prompt] if isinstance(prompt, str) else list(prompt))
+        else:
+            condition = torch.as_tensor(class_labels, dtype=torch.long, device=device).reshape(-1)
+            mask = torch.ones(condition.shape[0], 1, dtype=torch.long, device=device)
+        condition = condition.repeat_interleave(num_images_per_prompt, 0)
+        mask = mask.repeat_interleave(num_images_per_prompt, 0)
+        batch = condition.shape[0]
+
+        # 2. Target: the transformer, with a doubled [cond; uncond] batch under guidance.
+        target: Any = CausalLMRunner(self.transformer, return_hidden=drafter is not None and drafter.needs_target_hidden)
+        inputs: dict[str, torch.Tensor] = {"condition_ids": condition}
+        if guidance_scale != 1.0:
+            target = GuidedRunner(target, guidance_scale)
+            inputs = {"condition_ids": torch.cat([condition, condition]),
+                      "condition_drop": torch.arange(2 * batch, device=device) >= batch}
+            mask = torch.cat([mask, mask])  # unconditional rows keep their prompt's layout, as LlamaGen's sampler
+            if drafter is not None:
+                drafter = _ConditionalHalf(drafter)
+
+        # 3. Decode block_size tokens per row; every accept/reject happens in the core.
+        tokens_per_image = config.block_size
+        progress = self.progress_bar(total=batch * tokens_per_image)
+        generated = torch.zeros(batch, dtype=torch.long)
+        rounds = [0]
+
+        def on_round(new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
+            nonlocal generated
+            before = int(generated.sum())
+            generated = (generated + (new_tokens >= 0).sum(1).cpu()).clamp(max=tokens_per_image)
+            progress.update(int(generated.sum()) - before)
+            if callback_on_step_end is not None:
+                callback_on_step_end(self, rounds[0], {"new_tokens": new_tokens, "drafted": drafted,
+                                                       "num_generated": generated.clone()})
+            rounds[0] += 1
+
+        out = speculative_generate(target, drafter, None, mask, max_new_tokens=tokens_per_image, sampling=sampling,
+                                   rule=rule, generator=generator, callback=on_round, **inputs)
+        progress.close()
+
+        # 4. Token grid, drafted map, decoding.
+        grid = self.grid_size
+        tokens = out.sequences.reshape(batch, grid, grid)
+        drafted = out.drafted.reshape(batch, grid, grid)
+        images: Any = None
+        if output_type != "tokens":
+            pixels = self.vqvae.decode(tokens).float().clamp(0.0, 1.0)  # [B, 3, H, W]
+            if output_type == "pt":
+                images = pixels
+            else:
+                images = pixels.permute(0, 2, 3, 1).cpu().numpy()
+                if output_type == "pil":
+                    images = self.numpy_to_pil(images)
+        return ARImagePipelineOutput(images=images, tokens=tokens, stats=out.stats, drafted=drafted)
