@@ -1,0 +1,25 @@
+"""Packaging promises: one namespace, light imports, the CLI."""
+
+import subprocess
+import sys
+
+
+def test_import_mmspec_pulls_no_optional_dependency():
+    code = (
+        "import sys, mmspec\n"
+        "from mmspec import verify_tokens, speculative_generate, ModelDrafter\n"
+        "heavy = [m for m in ('triton', 'open_clip', 'ImageReward', 'gradio', 'diffusers', 'torchvision')"
+        " if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+        "import mmspec.pipelines, mmspec.models, mmspec.evaluation\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
+
+
+def test_cli_info_runs():
+    out = subprocess.run([sys.executable, "-m", "mmspec.cli", "info"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("mmspec ") and "kernel backend here: torch" in out.stdout
