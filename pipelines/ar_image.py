@@ -202,7 +202,50 @@ class ARImagePipeline(DiffusionPipeline):
         vocab_file = Path(path) / "transformer" / TEXT_VOCAB_FILE
         if "text_tokenizer" not in kwargs and vocab_file.is_file():
             kwargs["text_tokenizer"] = WordTokenizer.load(vocab_file)
+        if (Path(path) / "model_index.json").is_file():
+            return cls._from_local_folder(Path(path), **kwargs)
         return super().from_pretrained(path, **kwargs)
+
+    @classmethod
+    def _from_local_folder(cls, path: Path, torch_dtype: torch.dtype | None = None, **overrides: Any
+                           ) -> ARImagePipeline:
+        """Build the pipeline from a ``save_pretrained`` folder, each component with its own
+        ``from_pretrained``.
+
+        Why not diffusers' loader: it looks the loadable base class (``ModelMixin``) up *in the
+        component's own module*, and refuses classes that inherit it through another module (e.g.
+        ``VQTokenizer`` via ``PatchTokenizerMixin``: ``tokenizers/vq.py`` does not import ``ModelMixin``).
+        TODO(models/tokenizers): import ModelMixin in vq.py / continuous.py, then use diffusers' loader.
+        """
+        import importlib
+        import json
+
+        names = ("transformer", "vqvae", "eagle_head", "text_tokenizer")
+        unknown = sorted(set(overrides) - set(names))
+        if unknown:
+            raise ValueError(f"unexpected keyword arguments for a local pipeline folder: {unknown} (accepted: "
+                             f"torch_dtype and the components {list(names)})")
+        index = json.loads((path / "model_index.json").read_text())
+        if index.get("_class_name") not in (None, cls.__name__):
+            raise ValueError(f"{path} holds a {index['_class_name']}, not an {cls.__name__}")
+        components: dict[str, Any] = dict(overrides)
+        for name in ("transformer", "vqvae", "eagle_head"):
+            if name in components:
+                continue
+            library, class_name = index.get(name) or (None, None)
+            if library is None:
+                if name != "eagle_head":
+                    raise ValueError(f"{path}/model_index.json has no {name!r} component")
+                components[name] = None
+                continue
+            component_class = getattr(importlib.import_module(library), class_name)
+            component = component_class.from_pretrained(str(path / name))
+            if torch_dtype is not None:
+                component = component.to(torch_dtype)
+            components[name] = component.eval()
+        pipe = cls(**components)
+        pipe.register_to_config(_name_or_path=str(path))
+        return pipe
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """diffusers' folder layout (``model_index.json`` + one folder per component) plus the word

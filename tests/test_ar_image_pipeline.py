@@ -1,0 +1,338 @@
+"""ARImagePipeline: every method against the target-only baseline, CFG, batching, outputs, save/load, errors.
+
+Tiny random components in float64: a LlamaGen t2i / c2i transformer (4x4 token grid, 32 image tokens),
+a VQTokenizer whose codebook is k-means of random patches (2x2 patches, 8x8 images) and an EAGLE head.
+The head is a "copy head" (fc passes the previous feature through, the decoder layer adds nothing), so
+it drafts the distribution of the last token again: drafts are plausible and often accepted, which makes
+the losslessness tests meaningful. Correctness never depends on the head.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+from stats_utils import P_VALUE_FLOOR, chi_square_pvalue, empirical
+
+from mmspec import GroupedRule, SamplingConfig, TreeConfig, apply_guidance, logits_to_probs, sample
+from mmspec.models.eagle import EagleHead
+from mmspec.models.llamagen import LlamaGenTransformer
+from mmspec.models.recipes.train_t2i import WordTokenizer
+from mmspec.models.tokenizers import VQTokenizer
+from mmspec.pipelines import ARImagePipeline, ARImagePipelineOutput, ar_image, resolve_pretrained
+
+V, GRID, CLASSES, COND = 32, 4, 5, 6
+N = GRID * GRID
+WORDS = ["a", "and", "blue", "circle", "green", "red", "square", "triangle"]
+PROMPTS = ["a red circle", "a blue square and a green triangle", "circle"]
+
+
+def tiny_transformer(model_type: str = "t2i", sharpness: float = 30.0, seed: int = 0) -> LlamaGenTransformer:
+    torch.manual_seed(seed)
+    config = dict(dim=32, n_layer=2, n_head=4, multiple_of=16, vocab_size=V, block_size=N, model_type=model_type,
+                  num_classes=CLASSES)
+    if model_type == "t2i":
+        config.update(cls_token_num=COND, caption_dim=24, text_vocab_size=len(WORDS))
+    model = LlamaGenTransformer(**config).double().eval()
+    with torch.no_grad():
+        model.output.weight.mul_(sharpness)
+        for layer in model.layers:
+            layer.attention.wqkv.weight.mul_(10.0)
+    return model
+
+
+def tiny_vq() -> VQTokenizer:
+    vq = VQTokenizer(codebook_size=V, patch_size=2, image_size=2 * GRID)
+    return vq.fit_codebook(torch.rand(1500, 12, generator=torch.Generator().manual_seed(0)), iters=3)
+
+
+def copy_head(hidden: int = 32) -> EagleHead:
+    """An EAGLE head that predicts the previous feature (the last token's distribution) again."""
+    torch.manual_seed(1)
+    head = EagleHead(hidden_size=hidden, vocab_size=V, num_attention_heads=4).double()
+    with torch.no_grad():
+        head.fc.weight.zero_()
+        head.fc.weight[:, hidden:] = torch.eye(hidden)
+        head.fc.bias.zero_()
+        head.decoder.layers[0].self_attn.o_proj.weight.zero_()
+        head.decoder.layers[0].mlp.down_proj.weight.zero_()
+    return head
+
+
+def make_pipe(model_type: str = "t2i", sharpness: float = 30.0, head: bool = True) -> ARImagePipeline:
+    words = WordTokenizer(WORDS) if model_type == "t2i" else None
+    pipe = ARImagePipeline(tiny_transformer(model_type, sharpness), tiny_vq(), copy_head() if head else None, words)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def pipe() -> ARImagePipeline:
+    return make_pipe()
+
+
+def _tokens(pipe, method, **kwargs):
+    kwargs.setdefault("do_sample", False)
+    return pipe(PROMPTS, method=method, output_type="tokens", **kwargs)
+
+
+# -- greedy: every method reproduces the baseline exactly ---------------------------------------------------
+
+GREEDY_CASES = {
+    "eagle-chain": ("eagle", {}),
+    "eagle-tree": ("eagle", {"tree": TreeConfig(depth=3, top_k=2, total_tokens=6)}),
+    "lantern-delta0": ("lantern", {"lantern_delta": 0.0, "lantern_k": 8}),
+    "sjd": ("sjd", {"sjd_window": 5}),
+    "gsd-G1": ("gsd", {"gsd_group_size": 1, "sjd_window": 5}),
+    "gsd-rule-on-eagle": ("eagle", {"rule": GroupedRule(G=1, greedy=True)}),
+}
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0], ids=["no-cfg", "cfg"])
+@pytest.mark.parametrize("case", list(GREEDY_CASES))
+def test_greedy_methods_reproduce_target_only_tokens(pipe, case, guidance_scale):
+    method, kwargs = GREEDY_CASES[case]
+    baseline = _tokens(pipe, "none", guidance_scale=guidance_scale)
+    out = _tokens(pipe, method, guidance_scale=guidance_scale, **kwargs)
+    assert torch.equal(out.tokens, baseline.tokens)
+    assert out.stats.mean_accepted_length > 1.2  # drafts were accepted, so the comparison means something
+    assert out.stats.target_calls < baseline.stats.target_calls
+    assert out.drafted.any()
+
+
+def test_class_conditioned_model_with_guidance():
+    pipe = make_pipe("c2i")
+    baseline = pipe(class_labels=[0, 3, 4], method="none", do_sample=False, output_type="tokens")
+    for method in ("eagle", "sjd"):
+        out = pipe(class_labels=[0, 3, 4], method=method, do_sample=False, output_type="tokens")
+        assert torch.equal(out.tokens, baseline.tokens)
+    assert not torch.equal(baseline.tokens, pipe(class_labels=[0, 3, 4], do_sample=False, output_type="tokens",
+                                                 guidance_scale=1.0).tokens)  # guidance changes the images
+
+
+def test_lossy_methods_run_and_codebook_neighbours_are_computed_once(pipe, monkeypatch):
+    """LANTERN with a budget and GSD with G > 1 (not lossless: no equality to test) produce valid grids;
+    the neighbour table is computed once for the largest k and reused."""
+    calls = []
+    original = pipe.vqvae.codebook_neighbors
+    monkeypatch.setattr(pipe.vqvae, "codebook_neighbors", lambda k: calls.append(k) or original(k))
+    pipe._neighbors = None
+    for k in (12, 8, 12):
+        out = _tokens(pipe, "lantern", lantern_delta=0.3, lantern_k=k)
+        assert out.tokens.shape == (3, GRID, GRID) and 0 <= int(out.tokens.min()) and int(out.tokens.max()) < V
+    assert calls == [12]
+    assert torch.equal(pipe.codebook_neighbors(8), original(8))
+    out = _tokens(pipe, "gsd", gsd_group_size=4, sjd_window=5)
+    assert out.tokens.shape == (3, GRID, GRID) and out.stats.mean_accepted_length > 1.0
+
+
+# -- sampling: the output follows the target distribution -------------------------------------------------
+
+
+def _exact_first_two_marginals(model: LlamaGenTransformer, words: torch.Tensor, scale: float) -> list[torch.Tensor]:
+    """Guided distributions of image tokens 0 and 1 for one prompt, by enumerating token 0."""
+    cond = words.expand(V, -1)
+    mask = (cond >= 0).long()
+    image = torch.stack([torch.arange(V), torch.zeros(V, dtype=torch.long)], 1)  # [V, 2]: (token 0, unused)
+    with torch.no_grad():
+        halves = [model.forward_train(cond, image, torch.full((V,), drop), condition_mask=mask) for drop in (False, True)]
+    probs = logits_to_probs(apply_guidance(torch.cat(halves), scale))  # [V, 2, V]
+    first = probs[0, 0]
+    return [first, (first.unsqueeze(1) * probs[:, 1]).sum(0)]
+
+
+@pytest.mark.parametrize("method,kwargs", [("none", {}), ("eagle", {}),
+                                           ("eagle", {"tree": TreeConfig(depth=2, top_k=2, total_tokens=4)}),
+                                           ("sjd", {"sjd_window": 4})], ids=["none", "eagle", "eagle-tree", "sjd"])
+def test_sampling_matches_the_exact_target_marginals(method, kwargs):
+    """2000 rows of one prompt at temperature 1 with CFG: tokens 0 and 1 follow the exact guided marginals."""
+    pipe = make_pipe(sharpness=3.0)
+    rows, scale = 2000, 3.0
+    out = pipe("a red circle", method=method, num_images_per_prompt=rows, guidance_scale=scale,
+               generator=torch.Generator().manual_seed(0), output_type="tokens", **kwargs)
+    if method != "none":
+        assert 1.05 < out.stats.mean_accepted_length  # drafts are accepted and rejected
+    words = pipe.encode_prompt(["a red circle"])[0]
+    for j, marginal in enumerate(_exact_first_two_marginals(pipe.transformer, words, scale)):
+        assert chi_square_pvalue(empirical(out.tokens.flatten(1)[:, j], V), marginal) > P_VALUE_FLOOR, f"token {j}"
+
+
+# -- classifier-free guidance equals a manual loop ------------------------------------------------------------
+
+
+def _manual_guided_loop(model, words, scale, sampling, generator):
+    batch = words.shape[0]
+    cond = torch.cat([words, words])
+    mask = (cond >= 0).long()
+    drop = torch.arange(2 * batch) >= batch
+    out = model(condition_ids=cond, condition_drop=drop, attention_mask=mask)
+    tokens = []
+    for _ in range(N):
+        probs = logits_to_probs(apply_guidance(out.logits[:, -1], scale), sampling)
+        tokens.append(sample(probs, generator) if sampling.do_sample else probs.argmax(-1))
+        mask = torch.cat([mask, torch.ones(2 * batch, 1, dtype=torch.long)], 1)
+        out = model(input_ids=torch.cat([tokens[-1], tokens[-1]])[:, None], past_key_values=out.past_key_values,
+                    attention_mask=mask)
+    return torch.stack(tokens, 1)
+
+
+@pytest.mark.parametrize("do_sample", [False, True], ids=["greedy", "sampled"])
+def test_guided_baseline_equals_a_manual_guided_loop(do_sample):
+    pipe = make_pipe(sharpness=3.0)
+    sampling = SamplingConfig(do_sample=do_sample, temperature=0.8, top_k=12)
+    words = pipe.encode_prompt(PROMPTS)[0]
+    reference = _manual_guided_loop(pipe.transformer, words, 2.5, sampling, torch.Generator().manual_seed(3))
+    out = pipe(PROMPTS, do_sample=do_sample, temperature=0.8, top_k=12, guidance_scale=2.5,
+               generator=torch.Generator().manual_seed(3), output_type="tokens")
+    assert torch.equal(out.tokens.flatten(1), reference)
+
+
+# -- batching, outputs, drafted map ---------------------------------------------------------------------------
+
+
+def test_batch_of_prompts_with_several_images_each(pipe):
+    out = pipe(PROMPTS, method="eagle", do_sample=False, num_images_per_prompt=2, output_type="tokens")
+    assert out.tokens.shape == (6, GRID, GRID) and out.drafted.shape == (6, GRID, GRID)
+    for i, prompt in enumerate(PROMPTS):
+        alone = pipe(prompt, method="none", do_sample=False, output_type="tokens").tokens[0]
+        assert torch.equal(out.tokens[2 * i], alone) and torch.equal(out.tokens[2 * i + 1], alone)
+    assert len(set(map(tuple, pipe(PROMPTS, do_sample=False, output_type="tokens").tokens.flatten(1).tolist()))) > 1
+
+
+def test_output_types_decode_the_same_tokens(pipe):
+    kwargs = dict(method="sjd", generator=None, do_sample=False)
+    tokens = pipe(PROMPTS, output_type="tokens", **kwargs)
+    assert tokens.images is None
+    expected = pipe.vqvae.decode(tokens.tokens)  # [B, 3, 8, 8]
+    pt = pipe(PROMPTS, output_type="pt", **kwargs)
+    assert isinstance(pt.images, torch.Tensor) and pt.images.shape == (3, 3, 2 * GRID, 2 * GRID)
+    assert torch.equal(pt.images, expected)
+    arr = pipe(PROMPTS, output_type="np", **kwargs).images
+    assert isinstance(arr, np.ndarray) and arr.shape == (3, 2 * GRID, 2 * GRID, 3)
+    assert np.allclose(arr, expected.permute(0, 2, 3, 1).numpy())
+    pil = pipe(PROMPTS, output_type="pil", **kwargs)
+    assert isinstance(pil, ARImagePipelineOutput)
+    assert len(pil.images) == 3 and all(isinstance(im, PIL.Image.Image) and im.size == (8, 8) for im in pil.images)
+    assert np.abs(np.asarray(pil.images[1]) / 255.0 - arr[1]).max() <= 1 / 255 + 1e-6
+
+
+def test_drafted_map_and_overlay(pipe):
+    none = pipe(PROMPTS, do_sample=False, output_type="np")
+    assert none.drafted.shape == (3, GRID, GRID) and none.drafted.dtype == torch.bool
+    assert not none.drafted.any()  # the baseline drafts nothing
+    spec = pipe(PROMPTS, method="sjd", do_sample=False, output_type="np")
+    assert spec.drafted.any() and not spec.drafted[:, 0, 0].any()  # the first token comes from the prefill
+    assert int(spec.drafted.sum()) < 3 * N  # corrections/bonus tokens are the target's
+    overlay = spec.drafted_overlay(color=(255, 0, 255), alpha=1.0)
+    pixels = np.asarray(overlay[0]).astype(int)  # [8, 8, 3]
+    drafted = spec.drafted[0].numpy().repeat(2, 0).repeat(2, 1)
+    assert (pixels[drafted] == [255, 0, 255]).all()
+    plain = np.asarray(pipe.numpy_to_pil(spec.images)[0]).astype(int)
+    assert (pixels[~drafted] == plain[~drafted]).all()
+    with pytest.raises(ValueError, match="output_type"):
+        pipe(PROMPTS, do_sample=False, output_type="tokens").drafted_overlay()
+
+
+def test_progress_and_step_callback_see_every_token(pipe):
+    seen = []
+    out = pipe(PROMPTS, method="eagle", do_sample=False, output_type="tokens",
+               callback_on_step_end=lambda p, step, kw: seen.append((step, kw["num_generated"].clone())))
+    assert [s for s, _ in seen] == list(range(len(seen)))
+    assert torch.equal(seen[-1][1], torch.full((3,), N))
+    assert len(seen) == out.stats.target_calls  # one callback per target forward (prefill included)
+
+
+# -- save / load ---------------------------------------------------------------------------------------------
+
+
+def test_save_and_load_round_trip(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path / "pipe")
+    index = json.loads((tmp_path / "pipe" / "model_index.json").read_text())
+    assert index["transformer"] == ["mmspec.models.llamagen", "LlamaGenTransformer"]
+    assert index["eagle_head"] == ["mmspec.models.eagle", "EagleHead"]
+    assert index["vqvae"][1] == "VQTokenizer"
+    assert (tmp_path / "pipe" / "transformer" / "text_vocab.json").is_file()
+    loaded = ARImagePipeline.from_pretrained(tmp_path / "pipe")
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.text_tokenizer.words == WORDS
+    assert torch.equal(loaded.vqvae.codebook, pipe.vqvae.codebook)
+    for method in ("none", "eagle", "lantern"):
+        kwargs = {"lantern_k": 8} if method == "lantern" else {}
+        assert torch.equal(_tokens(loaded, method, **kwargs).tokens, _tokens(pipe, method, **kwargs).tokens)
+
+
+def test_round_trip_without_eagle_head(tmp_path):
+    pipe = make_pipe("c2i", head=False)
+    pipe.save_pretrained(tmp_path)
+    loaded = ARImagePipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.eagle_head is None and loaded.text_tokenizer is None
+    a = pipe(class_labels=[1, 2], do_sample=False, output_type="tokens").tokens
+    assert torch.equal(loaded(class_labels=[1, 2], do_sample=False, output_type="tokens").tokens, a)
+
+
+def test_zoo_ids_resolve_to_the_bundled_folder(monkeypatch, tmp_path):
+    monkeypatch.setattr(ar_image, "zoo_dir", lambda: tmp_path)
+    assert resolve_pretrained("some/other-path") == "some/other-path"
+    with pytest.raises(FileNotFoundError, match="unknown zoo id"):
+        resolve_pretrained("mmspec/shapes-t2i")
+    (tmp_path / "shapes-t2i" / "transformer").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match="not built yet.*recipes.train_t2i"):
+        ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
+    make_pipe().save_pretrained(tmp_path / "shapes-t2i")
+    assert resolve_pretrained("mmspec/shapes-t2i") == str(tmp_path / "shapes-t2i")
+    loaded = ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
+    assert loaded.text_tokenizer.words == WORDS and loaded.eagle_head is not None
+
+
+# -- bad input -----------------------------------------------------------------------------------------------
+
+BAD_INPUTS = {
+    "empty prompt list": (dict(prompt=[]), ValueError, "empty list"),
+    "unknown method": (dict(prompt="a circle", method="medusa"), ValueError, "method must be one of"),
+    "top_k above vocab": (dict(prompt="a circle", top_k=V + 1), ValueError, "top_k"),
+    "word outside vocab": (dict(prompt="a purple circle"), ValueError, "purple"),
+    "both prompt and labels": (dict(prompt="a circle", class_labels=[1]), ValueError, "exactly one"),
+    "neither prompt nor labels": (dict(), ValueError, "exactly one"),
+    "labels on a t2i model": (dict(class_labels=[1]), ValueError, "text-conditioned"),
+    "unknown output type": (dict(prompt="a circle", output_type="latent"), ValueError, "output_type"),
+    "empty prompt": (dict(prompt=["a circle", ""]), ValueError, "prompt 1 is empty"),
+    "rule contradicts do_sample": (dict(prompt="a circle", do_sample=True, rule=GroupedRule(G=2, greedy=True)),
+                                   ValueError, "greedy"),
+    "lantern_k too large": (dict(prompt="a circle", method="lantern", lantern_k=V), ValueError, "lantern_k"),
+    "mulo": (dict(prompt="a circle", method="mulo"), NotImplementedError, "MuLo-SD drafter"),
+    "bad num_images": (dict(prompt="a circle", num_images_per_prompt=0), ValueError, "num_images_per_prompt"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_inputs_raise_clear_errors(pipe, case):
+    kwargs, error, match = BAD_INPUTS[case]
+    with pytest.raises(error, match=match):
+        pipe(**{"output_type": "tokens", **kwargs})
+
+
+def test_errors_that_depend_on_the_components():
+    no_head = make_pipe(head=False)
+    for method in ("eagle", "lantern"):
+        with pytest.raises(ValueError, match="needs an eagle_head"):
+            no_head("a circle", method=method)
+    c2i = make_pipe("c2i", head=False)
+    with pytest.raises(ValueError, match="class_labels must be in"):
+        c2i(class_labels=[CLASSES])
+    with pytest.raises(ValueError, match="class-conditioned"):
+        c2i("a circle")
+    no_null = ARImagePipeline(LlamaGenTransformer(dim=32, n_layer=1, n_head=4, multiple_of=16, vocab_size=V,
+                                                  block_size=N, num_classes=CLASSES, class_dropout_prob=0.0),
+                              tiny_vq())
+    no_null.set_progress_bar_config(disable=True)
+    with pytest.raises(ValueError, match="unconditional model"):
+        no_null(class_labels=[0], guidance_scale=3.0)
+    assert no_null(class_labels=[0], guidance_scale=1.0, output_type="tokens").tokens.shape == (1, GRID, GRID)
+    with pytest.raises(ValueError, match="codebook entries"):
+        ARImagePipeline(tiny_transformer(), VQTokenizer(codebook_size=V + 1, patch_size=2, image_size=8))
+    with pytest.raises(ValueError, match="no word vocabulary"):
+        ARImagePipeline(tiny_transformer(), tiny_vq())("a circle")
