@@ -37,14 +37,14 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from mmspec.drafters import JacobiDrafter, TreeConfig
+
+# TODO(models): WordTokenizer belongs in a small text module (e.g. models/text.py); imported from the recipe for now.
+from mmspec.models.recipes.train_t2i import WordTokenizer
 from mmspec.rules import AcceptanceRule, GroupedRule, LanternRule
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import Drafter, PrefillContext, RoundResult, speculative_generate
 from mmspec.stats import SpecStats
-
-# TODO(core): WordTokenizer belongs in a small text module (e.g. models/text.py); imported from the recipe for now.
-from mmspec.models.recipes.train_t2i import WordTokenizer
 
 METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
 OUTPUT_TYPES = ("pil", "np", "pt", "tokens")

@@ -160,6 +160,15 @@ def test_sampling_matches_the_exact_target_marginals(method, kwargs):
         assert chi_square_pvalue(empirical(out.tokens.flatten(1)[:, j], V), marginal) > P_VALUE_FLOOR, f"token {j}"
 
 
+def test_the_distribution_test_detects_a_lossy_method():
+    """LANTERN with a budget (not lossless) fails the same test at token 1 (token 0 is the target's own)."""
+    pipe = make_pipe(sharpness=3.0)
+    out = pipe("a red circle", method="lantern", lantern_delta=0.3, lantern_k=8, num_images_per_prompt=2000,
+               guidance_scale=3.0, generator=torch.Generator().manual_seed(0), output_type="tokens")
+    marginal = _exact_first_two_marginals(pipe.transformer, pipe.encode_prompt(["a red circle"])[0], 3.0)[1]
+    assert chi_square_pvalue(empirical(out.tokens.flatten(1)[:, 1], V), marginal) < 1e-10
+
+
 # -- classifier-free guidance equals a manual loop ------------------------------------------------------------
 
 
