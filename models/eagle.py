@@ -212,10 +212,12 @@ class EagleDrafter(Drafter):
                              f"head {self.head.config.vocab_size}")
         # Pairs (x_i, h_{i-1}) for the prompt, then (pending, h_{T-1}); condition prompts have no ids (-1).
         batch, length = hidden.shape[:2]
-        ids = context.input_ids if context.input_ids is not None else \
+        # a guided target runs 2B prompt rows [cond; uncond] but returns the B conditional features
+        ids = context.input_ids[:batch] if context.input_ids is not None else \
             torch.full((batch, length), -1, dtype=torch.long, device=hidden.device)
+        prompt_mask = context.attention_mask[:batch]
         tokens = torch.cat([ids[:, 1:], context.first_tokens.unsqueeze(1)], 1)
-        valid = torch.cat([context.attention_mask[:, 1:].bool(), torch.ones_like(tokens[:, :1], dtype=torch.bool)], 1)
+        valid = torch.cat([prompt_mask[:, 1:].bool(), torch.ones_like(tokens[:, :1], dtype=torch.bool)], 1)
         out = self.runner.prefill(tokens, valid.long(), target_hidden=hidden)
         self._root = (out.logits[:, -1], out.hidden[:, -1])
         self._pending_pairs = None

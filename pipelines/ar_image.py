@@ -43,7 +43,7 @@ from mmspec.models.recipes.train_t2i import WordTokenizer
 from mmspec.rules import AcceptanceRule, GroupedRule, LanternRule
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
-from mmspec.speculate import Drafter, PrefillContext, RoundResult, speculative_generate
+from mmspec.speculate import Drafter, speculative_generate
 from mmspec.stats import SpecStats
 
 METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
@@ -125,36 +125,6 @@ def _as_numpy(images: Any) -> np.ndarray:
     if isinstance(images, np.ndarray):
         return images
     return np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0 for image in images])
-
-
-class _ConditionalHalf(Drafter):
-    """Hands a drafter the conditional half of a guided prompt.
-
-    Under classifier-free guidance the prompt has 2B rows ``[cond; uncond]`` while the target's outputs
-    (logits and the cond half's features) have B rows; the EAGLE drafter reads the prompt's attention
-    mask row by row, so it gets the B conditional rows. TODO(models/eagle.py): take the batch size from
-    the features and drop this wrapper.
-    """
-
-    def __init__(self, inner: Drafter) -> None:
-        self.inner = inner
-        self.needs_target_hidden = inner.needs_target_hidden
-
-    @property
-    def calls(self) -> int:
-        return self.inner.calls
-
-    def prefill(self, context: PrefillContext) -> None:
-        batch = context.first_tokens.shape[0]
-        half = lambda t: t[:batch] if isinstance(t, torch.Tensor) and t.shape[:1] == (2 * batch,) else t  # noqa: E731
-        self.inner.prefill(PrefillContext(half(context.input_ids), half(context.attention_mask), context.target,
-                                          context.first_tokens, {k: half(v) for k, v in context.model_inputs.items()}))
-
-    def propose(self, pending: torch.Tensor):
-        return self.inner.propose(pending)
-
-    def commit(self, result: RoundResult) -> None:
-        self.inner.commit(result)
 
 
 class ARImagePipeline(DiffusionPipeline):
@@ -435,8 +405,6 @@ class ARImagePipeline(DiffusionPipeline):
             inputs = {"condition_ids": torch.cat([condition, condition]),
                       "condition_drop": torch.arange(2 * batch, device=device) >= batch}
             mask = torch.cat([mask, mask])  # unconditional rows keep their prompt's layout, as LlamaGen's sampler
-            if drafter is not None:
-                drafter = _ConditionalHalf(drafter)
 
         # 3. Decode block_size tokens per row; every accept/reject happens in the core.
         tokens_per_image = config.block_size

@@ -16,6 +16,7 @@ ambiguity that real visual AR models show.
 from __future__ import annotations
 
 import torch
+from diffusers import ModelMixin  # noqa: F401  (diffusers' loader looks for ModelMixin in this module)
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
