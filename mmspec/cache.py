@@ -135,6 +135,11 @@ def select_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:
     return cache
 
 
+def keep_valid_slots(valid: torch.Tensor) -> torch.Tensor:
+    """Keep indices ``[B, T]`` for a commit that keeps a round's valid slots (``-1`` for the others)."""
+    return torch.where(valid, torch.arange(valid.shape[1], device=valid.device), -1)
+
+
 @dataclass
 class SlotState:
     """Which cache slots hold real tokens, per row, and where each row's positions stand.

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from mmspec.cache import keep_valid_slots
 from mmspec.runner import CausalLMRunner
 from mmspec.sampling import SamplingConfig, sample
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
@@ -122,10 +123,8 @@ class ModelDrafter(Drafter):
         tree_start = self.runner.num_slots
 
         def step(tokens, node_ids, parent_ids, depth):
-            visible = builder.feed(node_ids, parent_ids)
-            before = torch.ones(batch, tokens.shape[1], tree_start, dtype=torch.bool, device=tokens.device)
-            offsets = torch.full_like(tokens, depth - 1)  # the pending token's position + depth
-            logits = self.runner.forward(tokens, offsets=offsets, attention=torch.cat([before, visible], 2)).logits
+            offsets, attention = builder.frontier_inputs(node_ids, parent_ids, depth, tree_start)
+            logits = self.runner.forward(tokens, offsets=offsets, attention=attention).logits
             return logits.log_softmax(-1)
 
         root = root_logits.log_softmax(-1)
@@ -133,7 +132,7 @@ class ModelDrafter(Drafter):
 
     def commit(self, result: RoundResult) -> None:
         prefix = self._prefix_valid.shape[1]
-        prefix_keep = torch.where(self._prefix_valid, torch.arange(prefix, device=self._prefix_valid.device), -1)
+        prefix_keep = keep_valid_slots(self._prefix_valid)
         accepted = result.committed[:, 1:]  # accepted drafts, -1 pad
         if self.tree is not None:
             # Tree slots are dropped; the accepted path is fed at the start of the next round.
@@ -227,7 +226,6 @@ class JacobiDrafter(Drafter):
         target = result.target_probs[:, : self.window].to(self._dtype)  # [B, L, V] q for the next round
         redrawn = target.argmax(-1) if not self.sampling.do_sample else sample(target, self.generator)
         # Drop the consumed slots per row (shift left by `emitted`), then refill the end.
-        batch = redrawn.shape[0]
         index = (torch.arange(self.window, device=redrawn.device).unsqueeze(0) + emitted.unsqueeze(1))
         valid = index < self.window
         tokens = redrawn.gather(1, index.clamp(max=self.window - 1))
@@ -239,4 +237,3 @@ class JacobiDrafter(Drafter):
         # Rows that consumed fewer slots than the batch maximum lose their extra kept slots: their
         # tokens were drawn from valid distributions, but slots must align across rows.
         self._fill(result.next_tokens)
-        assert self._tokens.shape == (batch, self.window)

@@ -184,6 +184,15 @@ class TreeAttentionBuilder:
         self._ids = torch.empty(batch, 0, dtype=torch.long, device=device)   # fed candidate id per slot
         self._anc = torch.empty(batch, 0, 0, dtype=torch.bool, device=device)  # [B, fed, fed]
 
+    def frontier_inputs(self, node_ids: torch.Tensor, parent_ids: torch.Tensor, depth: int,
+                        slots_before_tree: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Register frontier nodes ``[B, F]`` at ``depth`` and return what a runner forward needs:
+        position offsets ``[B, F]`` (the pending token's position + depth) and the key visibility
+        ``[B, F, slots_before_tree + fed + F]`` (every slot before the tree, then ancestors and self)."""
+        visible = self.feed(node_ids, parent_ids)
+        before = torch.ones(*node_ids.shape, slots_before_tree, dtype=torch.bool, device=node_ids.device)
+        return torch.full_like(node_ids, depth - 1), torch.cat([before, visible], 2)
+
     @property
     def num_fed(self) -> int:
         return self._ids.shape[1]

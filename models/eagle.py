@@ -27,6 +27,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
+from mmspec.cache import keep_valid_slots
 from mmspec.drafters import TreeConfig, draft_chain
 from mmspec.runner import CausalLMRunner
 from mmspec.sampling import SamplingConfig
@@ -260,10 +261,8 @@ class EagleDrafter(Drafter):
             parent_feature = (match.to(root_feature.dtype) @ features["values"]) if features["ids"].shape[1] else \
                 torch.zeros(*tokens.shape, root_feature.shape[-1], dtype=root_feature.dtype, device=tokens.device)
             parent_feature = torch.where((parent_ids < 0).unsqueeze(-1), root_feature.unsqueeze(1), parent_feature)
-            visible = builder.feed(node_ids, parent_ids)
-            before = torch.ones(batch, tokens.shape[1], tree_start, dtype=torch.bool, device=tokens.device)
-            out = self.runner.forward(tokens, offsets=torch.full_like(tokens, depth - 1),
-                                      attention=torch.cat([before, visible], 2), target_hidden=parent_feature)
+            offsets, attention = builder.frontier_inputs(node_ids, parent_ids, depth, tree_start)
+            out = self.runner.forward(tokens, offsets=offsets, attention=attention, target_hidden=parent_feature)
             features["ids"] = torch.cat([features["ids"], node_ids], 1)
             features["values"] = torch.cat([features["values"], out.hidden], 1)
             return out.logits.log_softmax(-1)
@@ -274,8 +273,7 @@ class EagleDrafter(Drafter):
     def commit(self, result: RoundResult) -> None:
         if result.target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states of the committed tokens")
-        prefix = self._prefix_valid.shape[1]
-        self.runner.commit(torch.where(self._prefix_valid, torch.arange(prefix, device=self._prefix_valid.device), -1))
+        self.runner.commit(keep_valid_slots(self._prefix_valid))
         # Next round's pairs: (accepted draft j, h of the token before it), then (new pending, h of the last).
         width = result.committed.shape[1]
         steps = torch.arange(width, device=result.committed.device)
