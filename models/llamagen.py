@@ -236,12 +236,13 @@ class TransformerBlock(nn.Module):
 
 
 def rope_2d(grid_index: torch.Tensor, grid_size: int, head_dim: int, base: float,
-            dtype: torch.dtype) -> torch.Tensor:
+            dtype: torch.dtype, condition_rope: str = "zero") -> torch.Tensor:
     """LlamaGen's 2-D RoPE for image grid indices ``[B, T]``: complex ``cos + i sin`` ``[B, T, 1, head_dim/2]``.
 
     Pair j < head_dim/4 of a head rotates by ``row * f_j``, pair head_dim/4 + j by ``col * f_j`` with
     ``f_j = 1 / base^(2j / (head_dim/2))`` and ``(row, col) = divmod(k, grid_size)``. Negative indices are
-    condition tokens and get LlamaGen's all-zero entry (their q and k vanish). Indices past the grid
+    condition tokens and get LlamaGen's all-zero entry (their q and k vanish), or with
+    ``condition_rope="identity"`` the unit entry (q and k kept unrotated). Indices past the grid
     (drafts beyond the last token, which generation discards) continue the row count. ``dtype`` is the
     real dtype the rotation is computed in (float32, or float64 for float64 models).
     """
@@ -250,7 +251,11 @@ def rope_2d(grid_index: torch.Tensor, grid_size: int, head_dim: int, base: float
     k = grid_index.clamp_min(0)
     row, col = (k // grid_size).to(dtype), (k % grid_size).to(dtype)
     angles = torch.cat([row[..., None] * freqs, col[..., None] * freqs], dim=-1)  # [B, T, head_dim/2]
-    magnitude = (grid_index >= 0).to(dtype)[..., None].expand_as(angles)  # 0 for condition tokens
+    if condition_rope == "identity":  # condition tokens: angle 0, magnitude 1
+        angles = angles * (grid_index >= 0).to(dtype)[..., None]
+        magnitude = torch.ones_like(angles)
+    else:
+        magnitude = (grid_index >= 0).to(dtype)[..., None].expand_as(angles)  # 0 for condition tokens
     return torch.polar(magnitude, angles).unsqueeze(2)
 
 
@@ -285,7 +290,13 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         cls_token_num: condition tokens (1 for c2i, 120 for LlamaGen t2i).
         block_size: image tokens, a square grid (256 = 16x16 for 256 px, 576 for 384 px, 1024 for 512 px).
         text_vocab_size: t2i only: embed word ids with a learned ``text_embeddings`` table
-            ``[text_vocab_size, caption_dim]`` in front of the caption projection (no T5 needed).
+            ``[text_vocab_size, caption_dim]`` in front of the caption projection (no T5 needed), plus
+            a learned ``text_positions`` table ``[cls_token_num, caption_dim]`` indexed by word order
+            (word embeddings carry no order of their own, unlike T5 features).
+        condition_rope: "zero" (LlamaGen: the condition tokens' q and k are zeroed, so every image token
+            attends to them with one shared logit, an unweighted bag of condition tokens) or "identity"
+            (their q and k are kept, unrotated: content-based attention over the words; the project's
+            zoo models use it, since word-level conditioning through the zeroed path learns very slowly).
     """
 
     @register_to_config
@@ -295,10 +306,13 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
                  attn_dropout_p: float = 0.0, resid_dropout_p: float = 0.0, ffn_dropout_p: float = 0.0,
                  drop_path_rate: float = 0.0, num_classes: int = 1000, caption_dim: int = 2048,
                  class_dropout_prob: float = 0.1, model_type: str = "c2i", vocab_size: int = 16384,
-                 cls_token_num: int = 1, block_size: int = 256, text_vocab_size: int | None = None) -> None:
+                 cls_token_num: int = 1, block_size: int = 256, text_vocab_size: int | None = None,
+                 condition_rope: str = "zero") -> None:
         super().__init__()
         _check_config(dim, n_layer, n_head, n_kv_head, model_type, cls_token_num, block_size, vocab_size,
                       num_classes, text_vocab_size)
+        if condition_rope not in ("zero", "identity"):
+            raise ValueError(f"condition_rope must be 'zero' (LlamaGen) or 'identity', got {condition_rope!r}")
         self.grid_size = int(round(block_size**0.5))
         if model_type == "c2i":
             self.cls_embedding: nn.Module = LabelEmbedder(num_classes, dim, class_dropout_prob)
@@ -306,6 +320,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
             self.cls_embedding = CaptionEmbedder(caption_dim, dim, cls_token_num)
             if text_vocab_size is not None:
                 self.text_embeddings = nn.Embedding(text_vocab_size, caption_dim)
+                self.text_positions = nn.Embedding(cls_token_num, caption_dim)
         self.tok_embeddings = nn.Embedding(vocab_size, dim)
         self.tok_dropout = nn.Dropout(token_dropout_p)
         rates = torch.linspace(0, drop_path_rate, n_layer).tolist()
@@ -386,7 +401,9 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
                 raise ValueError(f"condition_ids of a t2i model must be word ids [B, C], got {tuple(words.shape)}")
             _check_range(words, c.text_vocab_size, "condition_ids", allow_negative=True)
             words = words.to(device)
-            caption = self.text_embeddings(words.clamp_min(0)) * (words >= 0).unsqueeze(-1).to(
+            valid = words >= 0
+            order = (valid.long().cumsum(-1) - 1).clamp(0, c.cls_token_num - 1)  # word index (too long: checked below)
+            caption = (self.text_embeddings(words.clamp_min(0)) + self.text_positions(order)) * valid.unsqueeze(-1).to(
                 self.text_embeddings.weight.dtype)  # [B, C, caption_dim]
         else:
             caption = condition_embeds
@@ -476,8 +493,11 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         position_ids = position_ids.to(h.device)
         mask, key_mask = self._attention_mask(attention_mask, batch, new, past, h.device)
 
-        if prefill:  # condition tokens: LlamaGen's rotary entry is zero
+        if prefill:  # condition tokens: LlamaGen's rotary entry is zero (or the identity)
             rope = None
+            if self.config.condition_rope == "identity":
+                rope = rope_2d(torch.full_like(position_ids, -1), self.grid_size, self.head_dim, self.config.rope_base,
+                               torch.promote_types(h.dtype, torch.float32), "identity")
             if isinstance(cache, LlamaGenKVCache):
                 valid = key_mask[:, past:] if key_mask is not None else torch.ones_like(position_ids, dtype=torch.bool)
                 cache.condition_length = torch.where(valid, position_ids, -1).max(-1).values + 1  # [B]
@@ -486,7 +506,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
             start = torch.full((batch,), self.config.cls_token_num, device=h.device) if start is None else start
             grid_index = position_ids - start.to(h.device).unsqueeze(-1)  # [B, T]
             rope = rope_2d(grid_index, self.grid_size, self.head_dim, self.config.rope_base,
-                           torch.promote_types(h.dtype, torch.float32))
+                           torch.promote_types(h.dtype, torch.float32), self.config.condition_rope)
         logits, hidden = self._decoder(h, rope, mask, cache, output_hidden_states)
         return ARImageOutput(logits, cache, hidden)
 
@@ -556,7 +576,7 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
         h = torch.cat([cond, self.tok_embeddings(image_tokens[:, :-1])], dim=1)  # [B, C+N-1, dim]
         index = torch.arange(-c, n - 1, device=h.device).expand(batch, -1)  # grid index, < 0: condition
         rope = rope_2d(index, self.grid_size, self.head_dim, self.config.rope_base,
-                       torch.promote_types(h.dtype, torch.float32))
+                       torch.promote_types(h.dtype, torch.float32), self.config.condition_rope)
         mask = None
         if condition_mask is not None:
             if tuple(condition_mask.shape) != (batch, c):

@@ -14,8 +14,11 @@ method     drafter                              rule (default; ``rule=`` overrid
 "lantern"  EagleDrafter                         LanternRule(codebook neighbours, k, delta)     no (delta>0)
 "sjd"      JacobiDrafter (no draft model)       Exact / Greedy                                 yes
 "gsd"      JacobiDrafter                        GroupedRule(G, prob_threshold, embeddings)     no (G>1)
-"mulo"     not implemented yet (MuLo-SD drafter missing)
+"mulo"     MuLoDrafter (low-res rows, up-sampled) PoolingThresholdRule(neighbours, k, tau)       no
 =========  ===================================  =============================================  ==========
+
+"mulo" runs the core's block-wise loop :func:`~mmspec.local_speculate.local_speculative_generate`
+(local rejection and resampling of radius-l neighbourhoods) instead of the raster one.
 
 Classifier-free guidance runs the target on a doubled batch ``[cond; uncond]`` through
 :class:`~mmspec.runner.GuidedRunner`; drafters see the guided distributions only through verification
@@ -37,13 +40,12 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from mmspec.drafters import JacobiDrafter, TreeConfig
-
-# TODO(models): WordTokenizer belongs in a small text module (e.g. models/text.py); imported from the recipe for now.
-from mmspec.models.recipes.train_t2i import WordTokenizer
-from mmspec.rules import AcceptanceRule, GroupedRule, LanternRule
+from mmspec.local_speculate import local_speculative_generate
+from mmspec.models.text import WordTokenizer
+from mmspec.rules import AcceptanceRule, GroupedRule, LanternRule, PoolingThresholdRule
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
-from mmspec.speculate import Drafter, speculative_generate
+from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
 
 METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
@@ -136,8 +138,11 @@ class ARImagePipeline(DiffusionPipeline):
             ``codebook_neighbors(k)`` and ``vocab_size`` (:class:`~mmspec.models.tokenizers.VQTokenizer`).
         eagle_head: :class:`~mmspec.models.eagle.EagleHead` for "eagle" / "lantern" (None: those methods
             are unavailable). It is bound to the transformer's embeddings and LM head here.
+        mulo_drafter / mulo_upsampler: MuLo-SD's low-resolution AR model (the target's condition
+            interface, ``block_size`` = the target's / r^2) and its
+            :class:`~mmspec.models.mulo.TokenUpsampler` (None: "mulo" is unavailable).
         text_tokenizer: word vocabulary of a t2i model with ``text_vocab_size`` (a
-            :class:`~mmspec.models.recipes.train_t2i.WordTokenizer`); saved as ``transformer/text_vocab.json``.
+            :class:`~mmspec.models.text.WordTokenizer`); saved as ``transformer/text_vocab.json``.
 
     Example::
 
@@ -146,15 +151,17 @@ class ARImagePipeline(DiffusionPipeline):
         >>> out.images[0], out.stats.mean_accepted_length, out.drafted_overlay()[0]
     """
 
-    _optional_components = ["eagle_head"]
+    _optional_components = ["eagle_head", "mulo_drafter", "mulo_upsampler"]
 
-    def __init__(self, transformer: Any, vqvae: Any, eagle_head: Any = None, text_tokenizer: WordTokenizer | None = None
-                 ) -> None:
+    def __init__(self, transformer: Any, vqvae: Any, eagle_head: Any = None, text_tokenizer: WordTokenizer | None = None,
+                 mulo_drafter: Any = None, mulo_upsampler: Any = None) -> None:
         super().__init__()
         if int(vqvae.vocab_size) != int(transformer.config.vocab_size):
             raise ValueError(f"vqvae has {vqvae.vocab_size} codebook entries but the transformer predicts "
                              f"{transformer.config.vocab_size} image tokens")
-        self.register_modules(transformer=transformer, vqvae=vqvae, eagle_head=eagle_head)
+        _check_mulo(transformer, mulo_drafter, mulo_upsampler)
+        self.register_modules(transformer=transformer, vqvae=vqvae, eagle_head=eagle_head, mulo_drafter=mulo_drafter,
+                              mulo_upsampler=mulo_upsampler)
         if eagle_head is not None:
             eagle_head.bind_target(transformer.get_input_embeddings(), transformer.get_output_embeddings())
         text_vocab = getattr(transformer.config, "text_vocab_size", None)
@@ -190,7 +197,8 @@ class ARImagePipeline(DiffusionPipeline):
         import importlib
         import json
 
-        names = ("transformer", "vqvae", "eagle_head", "text_tokenizer")
+        names = ("transformer", "vqvae", "eagle_head", "mulo_drafter", "mulo_upsampler", "text_tokenizer")
+        loadable = names[:-1]
         unknown = sorted(set(overrides) - set(names))
         if unknown:
             raise ValueError(f"unexpected keyword arguments for a local pipeline folder: {unknown} (accepted: "
@@ -199,12 +207,12 @@ class ARImagePipeline(DiffusionPipeline):
         if index.get("_class_name") not in (None, cls.__name__):
             raise ValueError(f"{path} holds a {index['_class_name']}, not an {cls.__name__}")
         components: dict[str, Any] = dict(overrides)
-        for name in ("transformer", "vqvae", "eagle_head"):
+        for name in loadable:
             if name in components:
                 continue
             library, class_name = index.get(name) or (None, None)
             if library is None:
-                if name != "eagle_head":
+                if name not in cls._optional_components:
                     raise ValueError(f"{path}/model_index.json has no {name!r} component")
                 components[name] = None
                 continue
@@ -300,6 +308,8 @@ class ARImagePipeline(DiffusionPipeline):
                              "with class_dropout_prob > 0); this one has none: use guidance_scale=1.0")
         if method in ("eagle", "lantern") and self.eagle_head is None:
             raise ValueError(f"method={method!r} needs an eagle_head; this pipeline has none")
+        if method == "mulo" and (self.mulo_drafter is None or self.mulo_upsampler is None):
+            raise ValueError("method='mulo' needs mulo_drafter and mulo_upsampler; this pipeline lacks them")
         if rule is not None:
             if not isinstance(rule, AcceptanceRule):
                 raise ValueError(f"rule must be an AcceptanceRule, got {type(rule).__name__}")
@@ -312,8 +322,8 @@ class ARImagePipeline(DiffusionPipeline):
     def _build_method(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
                       num_draft_tokens: int, tree: TreeConfig | None, lantern_k: int | None, lantern_delta: float,
                       lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
-                      gsd_prob_threshold: float, gsd_distance_threshold: float
-                      ) -> tuple[Drafter | None, AcceptanceRule | None]:
+                      gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
+                      guidance_scale: float) -> tuple[Any, AcceptanceRule | None]:
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
         vocab = self.transformer.config.vocab_size
@@ -338,8 +348,13 @@ class ARImagePipeline(DiffusionPipeline):
                                embeddings=self.codebook_embeddings(), distance_threshold=gsd_distance_threshold,
                                greedy=greedy)
             return drafter, rule
-        raise NotImplementedError("method='mulo' needs the MuLo-SD drafter (low-resolution drafter + token "
-                                  "up-sampler, local resampling), which is not implemented yet")
+        from mmspec.models.mulo import MuLoDrafter
+
+        if not isinstance(mulo_k, int) or not 1 <= mulo_k <= vocab - 1:
+            raise ValueError(f"mulo_k must be an integer in [1, {vocab - 1}], got {mulo_k!r}")
+        drafter = MuLoDrafter(self.mulo_drafter, self.mulo_upsampler, self.vqvae, sampling=sampling,
+                              guidance_scale=guidance_scale, generator=generator)
+        return drafter, PoolingThresholdRule(self.codebook_neighbors(mulo_k), k=mulo_k, tau=mulo_tau, greedy=greedy)
 
     # -- generation -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -350,14 +365,15 @@ class ARImagePipeline(DiffusionPipeline):
                  tree: TreeConfig | None = None, lantern_k: int | None = None, lantern_delta: float = 0.1,
                  lantern_lam: float | None = None, sjd_window: int = 16, sjd_init: str = "random",
                  gsd_group_size: int = 10, gsd_prob_threshold: float = 0.15,
-                 gsd_distance_threshold: float = float("inf"), rule: AcceptanceRule | None = None,
+                 gsd_distance_threshold: float = float("inf"), mulo_k: int = 16, mulo_tau: float = 0.3,
+                 mulo_radius: int = 1, rule: AcceptanceRule | None = None,
                  callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
                  ) -> ARImagePipelineOutput:
         """Generate images token by token, speculatively unless ``method="none"``.
 
         Args:
             prompt: text prompt(s) (t2i models); class_labels: class id(s) (c2i models). Exactly one.
-            method: "none", "eagle", "lantern", "sjd", "gsd" ("mulo" is not implemented yet).
+            method: "none", "eagle", "lantern", "sjd", "gsd", "mulo".
             do_sample / temperature / top_k / top_p: how the (guided) logits become distributions; greedy
                 decoding when ``do_sample=False``.
             guidance_scale: classifier-free guidance (1.0: no guidance, no doubled batch).
@@ -370,6 +386,8 @@ class ARImagePipeline(DiffusionPipeline):
             sjd_window / sjd_init: Jacobi window length and initialisation ("random" or "left").
             gsd_group_size / gsd_prob_threshold / gsd_distance_threshold: GSD group size G, |p(y) - p(x)|
                 filter, codebook-distance filter.
+            mulo_k / mulo_tau / mulo_radius: MuLo-SD pooled threshold (a draft is kept when the target mass
+                of it and its k nearest codebook neighbours reaches tau) and local resampling radius l.
             rule: an :class:`~mmspec.rules.AcceptanceRule` replacing the method's (e.g. ``GroupedRule`` on
                 EAGLE drafts); its ``greedy`` flag must equal ``not do_sample``.
             callback_on_step_end: called after every verification round as ``fn(pipeline, round_index,
@@ -384,7 +402,8 @@ class ARImagePipeline(DiffusionPipeline):
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         drafter, method_rule = self._build_method(method, sampling, generator, num_draft_tokens, tree, lantern_k,
                                                   lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
-                                                  gsd_prob_threshold, gsd_distance_threshold)
+                                                  gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
+                                                  guidance_scale)
         rule = rule if rule is not None else method_rule
 
         # 1. Condition rows: [B, C] word ids (t2i) or [B] class ids (c2i), repeated per image.
@@ -398,7 +417,8 @@ class ARImagePipeline(DiffusionPipeline):
         batch = condition.shape[0]
 
         # 2. Target: the transformer, with a doubled [cond; uncond] batch under guidance.
-        target: Any = CausalLMRunner(self.transformer, return_hidden=drafter is not None and drafter.needs_target_hidden)
+        target: Any = CausalLMRunner(self.transformer,
+                                     return_hidden=bool(getattr(drafter, "needs_target_hidden", False)))
         inputs: dict[str, torch.Tensor] = {"condition_ids": condition}
         if guidance_scale != 1.0:
             target = GuidedRunner(target, guidance_scale)
@@ -422,12 +442,19 @@ class ARImagePipeline(DiffusionPipeline):
                                                        "num_generated": generated.clone()})
             rounds[0] += 1
 
-        out = speculative_generate(target, drafter, None, mask, max_new_tokens=tokens_per_image, sampling=sampling,
-                                   rule=rule, generator=generator, callback=on_round, **inputs)
+        grid = self.grid_size
+        if method == "mulo":
+            ratio = self.mulo_upsampler.config.ratio
+            out = local_speculative_generate(
+                target, drafter, (grid, grid), block_rows=ratio, radius=mulo_radius, attention_mask=mask,
+                sampling=sampling, rule=rule, generator=generator,
+                callback=lambda block, tokens, drafted: on_round(tokens, drafted), **inputs)
+        else:
+            out = speculative_generate(target, drafter, None, mask, max_new_tokens=tokens_per_image, sampling=sampling,
+                                       rule=rule, generator=generator, callback=on_round, **inputs)
         progress.close()
 
         # 4. Token grid, drafted map, decoding.
-        grid = self.grid_size
         tokens = out.sequences.reshape(batch, grid, grid)
         drafted = out.drafted.reshape(batch, grid, grid)
         images: Any = None
@@ -440,3 +467,23 @@ class ARImagePipeline(DiffusionPipeline):
                 if output_type == "pil":
                     images = self.numpy_to_pil(images)
         return ARImagePipelineOutput(images=images, tokens=tokens, stats=out.stats, drafted=drafted)
+
+
+def _check_mulo(transformer: Any, mulo_drafter: Any, mulo_upsampler: Any) -> None:
+    """MuLo-SD components must come as a pair that fits the target (grid ratio, vocabulary, condition)."""
+    if (mulo_drafter is None) != (mulo_upsampler is None):
+        raise ValueError("mulo_drafter and mulo_upsampler come together (pass both or neither)")
+    if mulo_drafter is None:
+        return
+    target, low = transformer.config, mulo_drafter.config
+    ratio = mulo_upsampler.config.ratio
+    grid, low_grid = round(target.block_size ** 0.5), round(low.block_size ** 0.5)
+    if low_grid * ratio != grid:
+        raise ValueError(f"the MuLo drafter's {low_grid}x{low_grid} grid times the up-sampler's ratio {ratio} must "
+                         f"equal the target's {grid}x{grid} grid")
+    for name, a, b in (("vocab_size", mulo_upsampler.config.vocab_size, target.vocab_size),
+                       ("vocab_size", low.vocab_size, target.vocab_size),
+                       ("model_type", low.model_type, target.model_type),
+                       ("cls_token_num", low.cls_token_num, target.cls_token_num)):
+        if a != b:
+            raise ValueError(f"the MuLo drafter/up-sampler {name}={a} does not match the target's {b}")

@@ -20,7 +20,7 @@ from stats_utils import P_VALUE_FLOOR, chi_square_pvalue, empirical
 from mmspec import GroupedRule, SamplingConfig, TreeConfig, apply_guidance, logits_to_probs, sample
 from mmspec.models.eagle import EagleHead
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.train_t2i import WordTokenizer
+from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.pipelines import ARImagePipeline, ARImagePipelineOutput, ar_image, resolve_pretrained
 
@@ -312,7 +312,7 @@ BAD_INPUTS = {
     "rule contradicts do_sample": (dict(prompt="a circle", do_sample=True, rule=GroupedRule(G=2, greedy=True)),
                                    ValueError, "greedy"),
     "lantern_k too large": (dict(prompt="a circle", method="lantern", lantern_k=V), ValueError, "lantern_k"),
-    "mulo": (dict(prompt="a circle", method="mulo"), NotImplementedError, "MuLo-SD drafter"),
+    "mulo without its drafter": (dict(prompt="a circle", method="mulo"), ValueError, "needs mulo_drafter"),
     "bad num_images": (dict(prompt="a circle", num_images_per_prompt=0), ValueError, "num_images_per_prompt"),
 }
 

@@ -19,7 +19,8 @@ import torch
 
 from mmspec import CausalLMRunner, SamplingConfig, speculative_generate
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.train_t2i import DEFAULT_VQ, WordTokenizer
+from mmspec.models.recipes.train_t2i import DEFAULT_VQ
+from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.runner import GuidedRunner
 from mmspec.sampling import apply_guidance, logits_to_probs

@@ -1,0 +1,169 @@
+"""MuLo-SD drafting modules (arXiv 2601.05149): a low-resolution drafter, a learned token up-sampler
+and a down-sampler, assembled into a :class:`~mmspec.local_speculate.BlockDrafter`.
+
+* The low-resolution drafter is an ordinary AR image model over the token grid of the image at
+  1/r resolution (here a small :class:`~mmspec.models.llamagen.LlamaGenTransformer` with the target's
+  conditioning, so it reads the same prompt inputs and runs under the same classifier-free guidance).
+* :class:`TokenUpsampler` maps low-res token rows to the target's grid (x r^2 tokens): token
+  embeddings, a *row-causal* convolution (a low-res row sees itself and the rows above it, never the
+  rows below, which are not drafted yet), a pixel shuffle by r and a linear head over the codebook.
+* :func:`downsample_tokens` turns the final high-res rows back into a low-res row, the drafter's next
+  prefix: decode with the tokenizer, average-pool by r, re-encode. It is exact for the project's pixel
+  VQ tokenizer and needs no training, so it is not a learned module here (documented design choice).
+
+One MuLo-SD block is ``r`` high-res rows = one low-res row: the drafter samples the row token by token
+(``w`` forwards), the up-sampler turns it into ``r * W`` high-res drafts, and after verification the
+final block is down-sampled and written into the drafter's cache in place of its own draft.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers.models.modeling_utils import ModelMixin
+from torch import nn
+
+from mmspec.local_speculate import BlockDrafter
+from mmspec.runner import CausalLMRunner, GuidedRunner
+from mmspec.sampling import SamplingConfig, logits_to_probs, sample
+
+
+class RowCausalConv(nn.Module):
+    """2-D convolution over a token grid in which output row i sees input rows i - (rows - 1) .. i only."""
+
+    def __init__(self, channels: int, rows: int, cols: int) -> None:
+        super().__init__()
+        if cols % 2 == 0:
+            raise ValueError(f"the column kernel must be odd (centred), got {cols}")
+        self.rows, self.cols = rows, cols
+        self.conv = nn.Conv2d(channels, channels, (rows, cols))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [B, C, h, w]
+        pad = self.cols // 2
+        return self.conv(F.pad(x, (pad, pad, self.rows - 1, 0)))  # pad left/right, top only
+
+
+class TokenUpsampler(ModelMixin, ConfigMixin):
+    """Low-res token grid ``[B, h, w]`` -> logits over the high-res grid ``[B, h*r, w*r, V]``.
+
+    Args:
+        vocab_size: codebook size (shared by both resolutions).
+        ratio: resolution ratio r (each low-res token becomes an r x r block of high-res tokens).
+        dim: channel width; context_rows: low-res rows each output row sees (itself included);
+        layers: row-causal conv blocks (residual, GELU).
+    """
+
+    @register_to_config
+    def __init__(self, vocab_size: int = 2048, ratio: int = 2, dim: int = 128, context_rows: int = 2,
+                 layers: int = 2) -> None:
+        super().__init__()
+        for name, value in (("vocab_size", vocab_size), ("ratio", ratio), ("dim", dim),
+                            ("context_rows", context_rows), ("layers", layers)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.blocks = nn.ModuleList(RowCausalConv(dim, context_rows, 3) for _ in range(layers))
+        self.expand = nn.Linear(dim, dim * ratio * ratio)
+        self.norm = nn.LayerNorm(dim)
+        self.head = nn.Linear(dim, vocab_size)
+
+    def forward(self, low_tokens: torch.Tensor) -> torch.Tensor:
+        if not isinstance(low_tokens, torch.Tensor) or low_tokens.ndim != 3 or low_tokens.is_floating_point():
+            raise ValueError("low_tokens must be a LongTensor [B, h, w]")
+        vocab, r = self.config.vocab_size, self.config.ratio
+        if low_tokens.numel() and (int(low_tokens.min()) < 0 or int(low_tokens.max()) >= vocab):
+            raise ValueError(f"low_tokens must lie in [0, {vocab})")
+        x = self.embed(low_tokens).permute(0, 3, 1, 2)  # [B, C, h, w]
+        for block in self.blocks:
+            x = x + F.gelu(block(x))
+        x = self.expand(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # [B, C r^2, h, w]
+        x = F.pixel_shuffle(x, r).permute(0, 2, 3, 1)  # [B, h r, w r, C]
+        return self.head(self.norm(x))
+
+
+@torch.no_grad()
+def downsample_tokens(tokenizer: Any, tokens: torch.Tensor, ratio: int) -> torch.Tensor:
+    """High-res tokens ``[B, H, W]`` -> low-res tokens ``[B, H/r, W/r]`` through pixels (decode,
+    average-pool by ``ratio``, encode with the same tokenizer)."""
+    pixels = tokenizer.decode(tokens)  # [B, 3, H p, W p]
+    return tokenizer.encode(F.avg_pool2d(pixels, ratio).clamp(0.0, 1.0))
+
+
+class MuLoDrafter(BlockDrafter):
+    """MuLo-SD's multi-scale drafter: one low-res row per block, up-sampled to ``ratio`` target rows.
+
+    Args:
+        low_res_model: AR model over the low-res grid with the target's condition interface (a
+            :class:`~mmspec.models.llamagen.LlamaGenTransformer` whose ``block_size`` is the target's / r^2).
+        upsampler: :class:`TokenUpsampler` with the same ratio and vocabulary.
+        tokenizer: the image tokenizer (for :func:`downsample_tokens`).
+        sampling: how the low-res drafter and the up-sampler draw (greedy: argmax, deterministic drafts).
+        guidance_scale: classifier-free guidance of the low-res drafter (1.0: none; otherwise its prefill
+            takes the doubled ``[cond; uncond]`` condition rows, as the target's).
+        generator: random draws of the drafts.
+    """
+
+    def __init__(self, low_res_model: Any, upsampler: TokenUpsampler, tokenizer: Any,
+                 sampling: SamplingConfig = SamplingConfig(do_sample=False), guidance_scale: float = 1.0,
+                 generator: torch.Generator | None = None) -> None:
+        ratio = upsampler.config.ratio
+        if upsampler.config.vocab_size != low_res_model.config.vocab_size:
+            raise ValueError(f"the up-sampler predicts {upsampler.config.vocab_size} tokens but the low-res drafter "
+                             f"{low_res_model.config.vocab_size}")
+        self.low_grid = int(round(low_res_model.config.block_size ** 0.5))
+        runner = CausalLMRunner(low_res_model)
+        self.runner: Any = runner if guidance_scale == 1.0 else GuidedRunner(runner, guidance_scale)
+        self.upsampler, self.tokenizer, self.ratio = upsampler, tokenizer, ratio
+        self.sampling, self.generator = sampling, generator
+        self.low_rows: list[torch.Tensor] = []  # final low-res rows [B, w]
+        self._next_logits: torch.Tensor | None = None
+
+    @property
+    def calls(self) -> int:
+        return self.runner.calls
+
+    def _draw(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        probs = logits_to_probs(logits.float(), self.sampling) if self.sampling.do_sample else logits.float().softmax(-1)
+        token = sample(probs, self.generator) if self.sampling.do_sample else probs.argmax(-1)
+        return token, probs
+
+    def prefill(self, attention_mask: torch.Tensor | None, **model_inputs: Any) -> None:
+        self.low_rows = []
+        out = self.runner.prefill(None, attention_mask, **model_inputs)
+        self._next_logits = out.logits[:, -1]
+
+    def propose(self, block_index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if self._next_logits is None or block_index != len(self.low_rows):
+            raise RuntimeError(f"MuLoDrafter.propose({block_index}) out of order (prefill first, one block at a time)")
+        if block_index >= self.low_grid:
+            raise ValueError(f"the low-res drafter has {self.low_grid} rows; block {block_index} is past its grid")
+        self.runner.begin_round()
+        token, _ = self._draw(self._next_logits)
+        row = [token]
+        for _ in range(self.low_grid - 1):
+            out = self.runner.forward(row[-1][:, None])
+            token, _ = self._draw(out.logits[:, -1])
+            row.append(token)
+        low = torch.stack(self.low_rows + [torch.stack(row, 1)], 1)  # [B, b+1, w]
+        logits = self.upsampler(low.to(self.upsampler.device))[:, -self.ratio:]  # [B, r, W, V]
+        logits = logits.flatten(1, 2).float()
+        if not self.sampling.do_sample:
+            return logits.argmax(-1), None
+        probs = logits_to_probs(logits, self.sampling)
+        return sample(probs, self.generator), probs
+
+    def commit(self, block_index: int, tokens: torch.Tensor) -> None:
+        batch = tokens.shape[0]
+        width = tokens.shape[1] // self.ratio
+        high = tokens.view(batch, self.ratio, width)
+        low_row = downsample_tokens(self.tokenizer, high, self.ratio)[:, 0]  # [B, w]
+        self.low_rows.append(low_row)
+        # drop the drafted low-res row from the drafter's cache and write the final one in its place
+        self.runner.commit(torch.full((batch, 1), -1, dtype=torch.long, device=tokens.device))
+        self.runner.begin_round()
+        out = self.runner.forward(low_row.to(tokens.device))
+        self.runner.commit(torch.arange(low_row.shape[1], device=tokens.device).expand(batch, -1))
+        self._next_logits = out.logits[:, -1]

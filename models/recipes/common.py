@@ -1,0 +1,64 @@
+"""What every training recipe shares: the optimisation loop with warm-up + cosine decay, JSON-lines
+logs, and resumable checkpoints (rerunning the same command continues where it stopped)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def warmup_cosine(step: int, total: int, peak: float, warmup: int = 100, floor: float = 0.1) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then cosine decay to ``floor * peak`` at ``total``."""
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor], num_items: int, *, steps: int,
+               batch: int, lr: float, work: Path, save: Callable[[nn.Module], None], save_every: int = 200,
+               weight_decay: float = 0.05, log_every: int = 20) -> None:
+    """Minimise ``loss_fn(indices)`` over random mini-batches of ``num_items`` training items.
+
+    AdamW (betas 0.9/0.95), gradient clipping at 1. Every ``save_every`` steps (and at the end) the
+    optimiser state goes to ``work/checkpoint.pt`` and ``save(model)`` writes the deliverable; a
+    checkpoint found at start is resumed, RNG state included, so a resumed run equals an unbroken one.
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
+    step = 0
+    ckpt = work / "checkpoint.pt"
+    if ckpt.is_file():
+        state = torch.load(ckpt)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step = state["step"]
+        torch.set_rng_state(state["rng"])
+    model.train()
+    start = time.time()
+    with (work / "log.jsonl").open("a") as log:
+        while step < steps:
+            index = torch.randint(0, num_items, (batch,))
+            loss = loss_fn(index)
+            for group in optimizer.param_groups:
+                group["lr"] = warmup_cosine(step, steps, lr)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            step += 1
+            if step % log_every == 0:
+                log.write(json.dumps({"step": step, "loss": round(loss.item(), 4), "lr": warmup_cosine(step, steps, lr),
+                                      "seconds": round(time.time() - start, 1)}) + "\n")
+                log.flush()
+            if step % save_every == 0 or step == steps:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                            "rng": torch.get_rng_state()}, ckpt)
+                save(model)
+    model.eval()

@@ -1,0 +1,133 @@
+"""MuLo-SD modules (up-sampler, down-sampler, drafter) and ARImagePipeline(method="mulo")."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ar_image_pipeline import COND, GRID, PROMPTS, WORDS, V, copy_head, tiny_transformer, tiny_vq
+
+from mmspec.models.llamagen import LlamaGenTransformer
+from mmspec.models.mulo import MuLoDrafter, TokenUpsampler, downsample_tokens
+from mmspec.models.text import WordTokenizer
+from mmspec.pipelines import ARImagePipeline
+from mmspec.rules import LanternRule
+
+
+def tiny_low_res(seed: int = 5) -> LlamaGenTransformer:
+    torch.manual_seed(seed)
+    return LlamaGenTransformer(dim=16, n_layer=1, n_head=2, multiple_of=16, vocab_size=V, block_size=(GRID // 2) ** 2,
+                               model_type="t2i", cls_token_num=COND, caption_dim=8, text_vocab_size=len(WORDS)
+                               ).double().eval()
+
+
+def tiny_upsampler(seed: int = 6) -> TokenUpsampler:
+    torch.manual_seed(seed)
+    return TokenUpsampler(vocab_size=V, ratio=2, dim=16).eval()
+
+
+def mulo_pipe() -> ARImagePipeline:
+    pipe = ARImagePipeline(tiny_transformer(), tiny_vq(), copy_head(), WordTokenizer(WORDS),
+                           mulo_drafter=tiny_low_res(), mulo_upsampler=tiny_upsampler())
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+@pytest.fixture(scope="module")
+def pipe() -> ARImagePipeline:
+    return mulo_pipe()
+
+
+def test_upsampler_is_row_causal_and_shapes():
+    up = tiny_upsampler()
+    low = torch.randint(0, V, (2, 3, 3), generator=torch.Generator().manual_seed(0))
+    logits = up(low)
+    assert logits.shape == (2, 6, 6, V)
+    changed = low.clone()
+    changed[:, 2] = (changed[:, 2] + 1) % V  # the last low-res row
+    other = up(changed)
+    assert torch.allclose(other[:, :4], logits[:, :4])  # rows from low-res rows 0-1 do not see row 2
+    assert not torch.allclose(other[:, 4:], logits[:, 4:])
+
+
+def test_downsampler_goes_through_pixels():
+    vq = tiny_vq()
+    tokens = torch.randint(0, V, (2, GRID, GRID), generator=torch.Generator().manual_seed(1))
+    low = downsample_tokens(vq, tokens, 2)
+    assert low.shape == (2, GRID // 2, GRID // 2)
+    expected = vq.encode(torch.nn.functional.avg_pool2d(vq.decode(tokens), 2))
+    assert torch.equal(low, expected)
+
+
+def test_drafter_cache_holds_the_final_low_res_rows():
+    """After each commit the drafter's next-token logits equal a fresh teacher-forced pass over the
+    down-sampled final rows (its own drafted row is replaced, not kept)."""
+    low_model, vq = tiny_low_res(), tiny_vq()
+    drafter = MuLoDrafter(low_model, tiny_upsampler(), vq)
+    words = WordTokenizer(WORDS).batch(PROMPTS, COND)
+    drafter.prefill((words >= 0).long(), condition_ids=words)
+    finals = []
+    for block in range(GRID // 2):
+        tokens, probs = drafter.propose(block)
+        assert tokens.shape == (3, 2 * GRID) and probs is None
+        final = torch.randint(0, V, tokens.shape, generator=torch.Generator().manual_seed(block))
+        drafter.commit(block, final)
+        finals.append(downsample_tokens(vq, final.view(3, 2, GRID), 2)[:, 0])
+        low = torch.cat(finals, 1)
+        if low.shape[1] < low_model.config.block_size:
+            with torch.no_grad():
+                expected = low_model.forward_train(words, torch.cat([low, low[:, :1]], 1),
+                                                   torch.zeros(3, dtype=torch.bool),
+                                                   condition_mask=(words >= 0).long())[:, low.shape[1]]
+            assert torch.allclose(drafter._next_logits, expected, atol=1e-6)
+    with pytest.raises(ValueError, match="past its grid"):
+        drafter.propose(GRID // 2)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
+def test_pipeline_mulo_runs_batched_and_counts_one_target_pass_per_block(pipe, guidance_scale):
+    out = pipe(PROMPTS, method="mulo", do_sample=False, guidance_scale=guidance_scale, num_images_per_prompt=2,
+               output_type="np")
+    assert out.tokens.shape == (6, GRID, GRID) and out.images.shape == (6, 2 * GRID, 2 * GRID, 3)
+    assert out.stats.target_calls == 1 + GRID // 2
+    assert out.stats.draft_calls == (GRID // 2) ** 2  # w forwards per low-res row (w - 1 drafting, 1 commit)
+    again = pipe(PROMPTS, method="mulo", do_sample=False, guidance_scale=guidance_scale, num_images_per_prompt=2,
+                 output_type="tokens")
+    assert torch.equal(again.tokens, out.tokens)
+    # rows of the same prompt are identical under greedy decoding, different prompts differ
+    assert torch.equal(out.tokens[0], out.tokens[1])
+
+
+def test_pipeline_mulo_sampling_and_rule_composition(pipe):
+    a = pipe(PROMPTS, method="mulo", generator=torch.Generator().manual_seed(0), output_type="tokens", mulo_tau=0.0)
+    assert a.drafted.all()  # tau = 0 keeps every draft
+    b = pipe(PROMPTS, method="mulo", generator=torch.Generator().manual_seed(0), output_type="tokens", mulo_tau=1.0)
+    assert (~b.drafted).any()
+    lantern = LanternRule(pipe.codebook_neighbors(4), k=4, delta=0.2)
+    c = pipe(PROMPTS, method="mulo", rule=lantern, generator=torch.Generator().manual_seed(0), output_type="tokens")
+    assert c.tokens.shape == (3, GRID, GRID)
+
+
+def test_pipeline_save_and_load_keeps_the_mulo_components(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path)
+    loaded = ARImagePipeline.from_pretrained(tmp_path)
+    loaded.set_progress_bar_config(disable=True)
+    assert isinstance(loaded.mulo_upsampler, TokenUpsampler)
+    kwargs = dict(method="mulo", do_sample=False, output_type="tokens")
+    assert torch.equal(loaded(PROMPTS, **kwargs).tokens, pipe(PROMPTS, **kwargs).tokens)
+
+
+def test_mulo_component_errors():
+    with pytest.raises(ValueError, match="come together"):
+        ARImagePipeline(tiny_transformer(), tiny_vq(), None, WordTokenizer(WORDS), mulo_drafter=tiny_low_res())
+    big = LlamaGenTransformer(dim=16, n_layer=1, n_head=2, multiple_of=16, vocab_size=V, block_size=GRID * GRID,
+                              model_type="t2i", cls_token_num=COND, caption_dim=8, text_vocab_size=len(WORDS))
+    with pytest.raises(ValueError, match="grid"):
+        ARImagePipeline(tiny_transformer(), tiny_vq(), None, WordTokenizer(WORDS), mulo_drafter=big,
+                        mulo_upsampler=tiny_upsampler())
+    plain = ARImagePipeline(tiny_transformer(), tiny_vq(), None, WordTokenizer(WORDS))
+    with pytest.raises(ValueError, match="needs mulo_drafter"):
+        plain("a circle", method="mulo")
+    with pytest.raises(ValueError, match="mulo_k"):
+        mulo_pipe()("a circle", method="mulo", mulo_k=V)
+    with pytest.raises(ValueError, match="low_tokens"):
+        tiny_upsampler()(torch.zeros(1, 2, 2))
