@@ -2,6 +2,7 @@
 
 Sub-commands:
     mmspec info      versions, kernel backend and which pipelines this install provides
+    mmspec generate  images from prompts with ARImagePipeline (speculative vs target-only, PNGs, speedup)
 """
 
 from __future__ import annotations
@@ -28,10 +29,21 @@ def _info(_: argparse.Namespace) -> int:
     return 0
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from mmspec.pipelines.generate_cli import run
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for multimodal models.")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="show versions, kernel backend and available pipelines").set_defaults(run=_info)
+    generate = commands.add_parser("generate", help="generate images from prompts (discrete AR image pipeline)")
+    from mmspec.pipelines.generate_cli import add_arguments  # the pipelines package defines its own options
+
+    add_arguments(generate)
+    generate.set_defaults(run=_generate)
     return parser
 
 

@@ -552,7 +552,8 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
 
     def forward_train(self, condition_ids: torch.Tensor | None = None, image_tokens: torch.Tensor | None = None,
                       condition_drop: torch.Tensor | None = None, *, condition_embeds: torch.Tensor | None = None,
-                      condition_mask: torch.Tensor | None = None) -> torch.Tensor:
+                      condition_mask: torch.Tensor | None = None, return_hidden: bool = False
+                      ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Teacher forcing: logits ``[B, N, V]`` whose row k predicts ``image_tokens[:, k]`` from the
         condition and ``image_tokens[:, :k]``.
 
@@ -562,6 +563,9 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
             condition_drop: bool ``[B]`` rows trained unconditionally; default in training mode: each row
                 with probability ``class_dropout_prob`` (LlamaGen's label dropout for CFG), in eval: none.
             condition_mask: ``[B, C]`` 1 for real condition tokens (padding hidden from every query).
+            return_hidden: also return the top (normed) hidden states of every input position
+                ``[B, C + N - 1, dim]`` (condition tokens, then image tokens but the last): the features
+                an EAGLE head is trained on.
         """
         if not isinstance(image_tokens, torch.Tensor) or image_tokens.ndim != 2 or image_tokens.shape[1] < 1:
             raise ValueError("image_tokens must be a LongTensor [B, N] with N >= 1")
@@ -584,7 +588,9 @@ class LlamaGenTransformer(ModelMixin, ConfigMixin):
             keys = torch.cat([condition_mask.to(h.device).bool(),
                               torch.ones(batch, n - 1, dtype=torch.bool, device=h.device)], 1)
             mask, _ = self._attention_mask(keys, batch, c + n - 1, 0, h.device)
-        logits, _ = self._decoder(h, rope, mask, None, False)
+        logits, hidden = self._decoder(h, rope, mask, None, return_hidden)
+        if return_hidden:
+            return logits[:, c - 1:], hidden[-1]
         return logits[:, c - 1:]
 
     # --- official checkpoints ---------------------------------------------------------------------------

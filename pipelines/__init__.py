@@ -1,7 +1,8 @@
 """mmspec.pipelines: one diffusers-style pipeline per model family (imported lazily).
 
 * :class:`ARImagePipeline` (:mod:`.ar_image`): discrete AR image generation (LlamaGen-style targets)
-  with "none", "eagle", "lantern", "sjd", "gsd" ("mulo" later).
+  with "none", "eagle", "lantern", "sjd", "gsd", "mulo".
+* :func:`resolve_pretrained` (:mod:`.hub`): zoo ids ``mmspec/<name>`` -> bundled folders.
 """
 
 from importlib import import_module
@@ -10,7 +11,7 @@ from typing import Any
 _EXPORTS = {
     "ARImagePipeline": ".ar_image",
     "ARImagePipelineOutput": ".ar_image",
-    "resolve_pretrained": ".ar_image",
+    "resolve_pretrained": ".hub",
 }
 
 

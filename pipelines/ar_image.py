@@ -42,6 +42,7 @@ from diffusers.utils import BaseOutput
 from mmspec.drafters import JacobiDrafter, TreeConfig
 from mmspec.local_speculate import local_speculative_generate
 from mmspec.models.text import WordTokenizer
+from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.rules import AcceptanceRule, GroupedRule, LanternRule, PoolingThresholdRule
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
@@ -51,41 +52,6 @@ from mmspec.stats import SpecStats
 METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
 OUTPUT_TYPES = ("pil", "np", "pt", "tokens")
 TEXT_VOCAB_FILE = "text_vocab.json"  # the word vocabulary, saved in the transformer's folder
-
-# Zoo ids -> the command that builds the entry's weights (the pipeline folder is written by save_pretrained).
-ZOO_RECIPES = {
-    "shapes-t2i": "python -m mmspec.models.recipes.train_t2i --out models/zoo/shapes-t2i/transformer",
-}
-
-
-def zoo_dir() -> Path:
-    """Folder of the bundled zoo (``mmspec/models/zoo``)."""
-    import mmspec.models.zoo as zoo
-
-    return Path(zoo.__file__).resolve().parent
-
-
-def resolve_pretrained(path_or_id: str | os.PathLike) -> str:
-    """Map a zoo id ``mmspec/<name>`` to its bundled folder; return any other path or id unchanged.
-
-    Raises:
-        FileNotFoundError: a zoo id whose folder is missing or has no ``model_index.json`` yet (the
-            message names the recipe that builds it).
-    """
-    text = os.fspath(path_or_id)
-    if not text.startswith("mmspec/"):
-        return text
-    name = text.split("/", 1)[1]
-    folder = zoo_dir() / name
-    recipe = ZOO_RECIPES.get(name)
-    how = (f" Its weights are built by `{recipe}`; the pipeline folder (model_index.json, transformer/, vqvae/, "
-           "eagle_head/) is then written with ARImagePipeline(...).save_pretrained(folder).") if recipe else ""
-    if not folder.is_dir():
-        raise FileNotFoundError(f"unknown zoo id {text!r}: there is no bundled folder {folder}." + how)
-    if not (folder / "model_index.json").is_file():
-        raise FileNotFoundError(f"the zoo entry {text!r} is not built yet: {folder} has no model_index.json." + how)
-    return str(folder)
-
 
 @dataclass
 class ARImagePipelineOutput(BaseOutput):

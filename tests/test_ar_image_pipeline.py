@@ -22,7 +22,7 @@ from mmspec.models.eagle import EagleHead
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
-from mmspec.pipelines import ARImagePipeline, ARImagePipelineOutput, ar_image, resolve_pretrained
+from mmspec.pipelines import ARImagePipeline, ARImagePipelineOutput, hub, resolve_pretrained
 
 V, GRID, CLASSES, COND = 32, 4, 5, 6
 N = GRID * GRID
@@ -284,7 +284,7 @@ def test_round_trip_without_eagle_head(tmp_path):
 
 
 def test_zoo_ids_resolve_to_the_bundled_folder(monkeypatch, tmp_path):
-    monkeypatch.setattr(ar_image, "zoo_dir", lambda: tmp_path)
+    monkeypatch.setattr(hub, "zoo_dir", lambda: tmp_path)
     assert resolve_pretrained("some/other-path") == "some/other-path"
     with pytest.raises(FileNotFoundError, match="unknown zoo id"):
         resolve_pretrained("mmspec/shapes-t2i")

@@ -1,0 +1,210 @@
+"""Benchmark of ARImagePipeline's methods on one zoo entry: speed and quality, all measured in one run.
+
+For each decoding mode (greedy, and sampling at temperature 1) and each batch size, every method is
+timed against ``method="none"`` on the same prompts and seeds with :func:`~mmspec.evaluation.speed.run_benchmark`
+(speedup, mean accepted length, images/s, target calls per image, peak memory). Quality is measured
+once per mode and method on a larger prompt set: the exact-evaluator GenEval-shapes score and FID with
+the shapes feature network against images rendered from the same prompts. A second baseline run with
+another seed ("none, seed 2") states how much GenEval and FID move by chance alone.
+
+    python -m mmspec.evaluation.bench_ar_image --out docs/benchmarks/ar_image_cpu.md
+
+Method knobs can be overridden with ``--method-kwargs '{"lantern": {"lantern_delta": 0.3}}'``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmspec.world import evaluate, make_prompt_set, render_scene, scene_for_prompt
+
+from .fid import compute_fid
+from .files import atomic_path
+from .speed import RunResult, run_benchmark
+
+DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
+#: per-method keyword arguments of the pipeline call (overridable with --method-kwargs)
+DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "eagle": {"num_draft_tokens": 8},
+    "lantern": {"num_draft_tokens": 8, "lantern_k": 64, "lantern_delta": 0.2},
+    "sjd": {"sjd_window": 16},
+    "gsd": {"sjd_window": 16, "gsd_group_size": 10},
+    "mulo": {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1},
+}
+MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
+
+
+def generate(pipe: Any, prompts: Sequence[str], method: str, kwargs: dict, mode: dict, batch: int, seed: int
+             ) -> tuple[list[np.ndarray], list[Any]]:
+    """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``."""
+    generator = torch.Generator().manual_seed(seed)
+    images, stats = [], []
+    for start in range(0, len(prompts), batch):
+        out = pipe(list(prompts[start:start + batch]), method=method, output_type="np", generator=generator,
+                   **mode, **kwargs)
+        images += list(out.images)
+        stats.append(out.stats)
+    return images, stats
+
+
+def reference_images(prompts: Sequence[Any], difficulty: float, size: int, seed: int) -> torch.Tensor:
+    """Ground-truth renders of the prompts ``[N, 3, H, W]`` in [0, 1] (FID's real set)."""
+    rng = np.random.default_rng(seed)
+    arrays = [render_scene(scene_for_prompt(p, rng), size, difficulty) for p in prompts]
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255.0
+
+
+def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor) -> dict[str, float]:
+    fake = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float()
+    return {"geneval": evaluate(images, list(prompts)).overall, "fid": compute_fid(real, fake, "shapes").fid}
+
+
+def run(pipe: Any, methods: Sequence[str], kwargs: dict[str, dict], modes: Sequence[str], batch_sizes: Sequence[int],
+        speed_prompts: Sequence[Any], quality_prompts: Sequence[Any], real: torch.Tensor, repeats: int,
+        quality_batch: int, seed: int, log=print) -> dict:
+    """Every measurement of the table; returns a JSON-able dict."""
+    results: dict[str, Any] = {"modes": {}}
+    for mode_name in modes:
+        mode = MODES[mode_name]
+        texts = [p.text for p in quality_prompts]
+        scores: dict[str, dict[str, float]] = {}
+        for method in methods:
+            start = time.perf_counter()
+            images, _ = generate(pipe, texts, method, kwargs[method], mode, quality_batch, seed)
+            scores[method] = quality(images, quality_prompts, real)
+            log(f"[{mode_name}] quality {method}: {scores[method]} ({time.perf_counter() - start:.0f} s)")
+        images, _ = generate(pipe, texts, "none", {}, mode, quality_batch, seed + 1)
+        scores["none, seed 2"] = quality(images, quality_prompts, real)
+        log(f"[{mode_name}] quality none, seed 2: {scores['none, seed 2']}")
+
+        by_batch = {}
+        speed_texts = [p.text for p in speed_prompts]
+        for batch in batch_sizes:
+            def case(method: str, batch: int = batch):
+                def call() -> RunResult:
+                    images, stats = generate(pipe, speed_texts, method, kwargs[method], mode, batch, seed)
+                    merged = _merge_stats(stats)
+                    return RunResult(num_items=len(images), unit="images", stats=merged)
+                return call
+
+            report = run_benchmark({m: case(m) for m in methods}, baseline=methods[0], warmup=1, repeats=repeats,
+                                   seed=seed, unit="images")
+            for method, c in report.cases.items():
+                c.quality.update(scores[method])
+            by_batch[str(batch)] = report.to_dict()
+            log(f"[{mode_name}] batch {batch}:\n{report.to_markdown()}")
+        results["modes"][mode_name] = {"quality": scores, "speed": by_batch}
+    return results
+
+
+def _merge_stats(stats: list[Any]) -> Any:
+    from mmspec.stats import SpecStats
+
+    total = SpecStats()
+    for s in stats:
+        total.target_calls += s.target_calls
+        total.draft_calls += s.draft_calls
+        total.tokens += s.tokens
+        total.verify_steps += s.verify_steps
+        total.emitted += s.emitted
+    return total
+
+
+def to_markdown(results: dict, command: str) -> str:
+    lines = [f"Command: `{command}`", "",
+             f"Machine: {results['machine']}; {results['speed_prompts']} prompts per timed call set, "
+             f"{results['repeats']} timed repeats (median), quality on {results['quality_prompts']} prompts "
+             f"(GenEval-shapes = exact evaluator, FID = shapes features vs renders of the same prompts).", ""]
+    for mode_name, mode in results["modes"].items():
+        lines += [f"### {mode_name.replace('_', ' ')}", "",
+                  "| batch | method | speedup | mean acc. len | images/s | target calls / image | GenEval-shapes | FID |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for batch, report in mode["speed"].items():
+            for name, c in report["cases"].items():
+                stats = c.get("stats") or {}
+                calls = stats.get("target_calls")
+                per_image = calls / c["num_items"] if calls else float("nan")
+                q = mode["quality"][name]
+                lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {c['mean_accepted_length'] or 0:.2f} | "
+                             f"{c['items_per_s']:.2f} | {per_image:.1f} | {q['geneval']:.3f} | {q['fid']:.2f} |")
+        noise = mode["quality"]["none, seed 2"]
+        lines += ["", f"Chance level: target-only with another seed scores GenEval-shapes {noise['geneval']:.3f}, "
+                  f"FID {noise['fid']:.2f}.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", default="mmspec/shapes-t2i", help="zoo id or pipeline folder")
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
+    parser.add_argument("--method-kwargs", default="{}", help="JSON {method: {pipeline kwarg: value}} overrides")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--speed-prompts", type=int, default=4, help="timed prompts per category (6 categories)")
+    parser.add_argument("--quality-prompts", type=int, default=50, help="quality prompts per category")
+    parser.add_argument("--quality-batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
+    parser.add_argument("--guidance-scale", type=float, default=None, help="override every method's guidance")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="markdown table (a .json with all numbers beside it)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.methods[0] != "none":
+        raise SystemExit("--methods must start with none (the baseline every speedup is measured against)")
+    unknown = [m for m in args.methods if m not in DEFAULT_KWARGS]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; choose from {list(DEFAULT_KWARGS)}")
+    try:
+        overrides = json.loads(args.method_kwargs)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"--method-kwargs is not valid JSON: {error}") from None
+    kwargs = {m: {**DEFAULT_KWARGS[m], **overrides.get(m, {})} for m in args.methods}
+    if args.guidance_scale is not None:
+        for m in kwargs:
+            kwargs[m]["guidance_scale"] = args.guidance_scale
+
+    from mmspec.pipelines import ARImagePipeline
+
+    pipe = ARImagePipeline.from_pretrained(args.pipeline)
+    pipe.set_progress_bar_config(disable=True)
+    speed_prompts = make_prompt_set(n_per_category=args.speed_prompts, seed=args.seed + 7)
+    quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
+    image_size = pipe.grid_size * int(getattr(pipe.vqvae.config, "patch_size", 1))
+    real = reference_images(quality_prompts, args.difficulty, image_size, args.seed)
+    results = run(pipe, args.methods, kwargs, args.modes, args.batch_sizes, speed_prompts, quality_prompts, real,
+                  args.repeats, args.quality_batch, args.seed)
+    results.update(machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+                           f"torch {torch.__version__}",
+                   speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts), repeats=args.repeats,
+                   kwargs=kwargs)
+    command = "python -m mmspec.evaluation.bench_ar_image " + " ".join(sys.argv[1:] if argv is None else argv)
+    table = to_markdown(results, command)
+    print(table)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(args.out) as tmp:
+            Path(tmp).write_text(table)
+        with atomic_path(args.out.with_suffix(".json")) as tmp:
+            Path(tmp).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
