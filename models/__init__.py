@@ -1,7 +1,8 @@
 """mmspec.models: networks of the project.
 
-Draft heads (:mod:`.eagle`), reference targets (:mod:`.llamagen` LlamaGen-compatible AR image
-transformer, :mod:`.llamagen_vq` its VQ tokenizer), the shapes world's tokenizers (:mod:`.tokenizers`)
+Draft heads (:mod:`.eagle`), MuLo-SD's multi-scale drafter (:mod:`.mulo`), reference targets
+(:mod:`.llamagen` LlamaGen-compatible AR image transformer, :mod:`.llamagen_vq` its VQ tokenizer), the
+Janus-Pro adapter (:mod:`.janus`), the shapes world's tokenizers (:mod:`.tokenizers`, :mod:`.text`)
 and the training recipes of the reference zoo (:mod:`.recipes`). Submodules import lazily.
 """
 
@@ -15,6 +16,14 @@ _EXPORTS = {
     "LlamaGenTransformer": ".llamagen",
     "LlamaGenVQModel": ".llamagen_vq",
     "LLAMAGEN_PRESETS": ".llamagen",
+    "TokenUpsampler": ".mulo",
+    "MuLoDrafter": ".mulo",
+    "downsample_tokens": ".mulo",
+    "JanusImageGenerator": ".janus",
+    "JanusPromptTokenizer": ".janus",
+    "JanusVQDecoder": ".janus",
+    "load_janus_components": ".janus",
+    "WordTokenizer": ".text",
     "VQTokenizer": ".tokenizers",
     "ContinuousTokenizer": ".tokenizers",
     "load_zoo_tokenizer": ".tokenizers",

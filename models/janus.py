@@ -233,6 +233,11 @@ class JanusImageGenerator(ModelMixin, ConfigMixin):
         model = JanusForConditionalGeneration.from_pretrained(path, **kwargs)
         return cls(model.eval(), max_prompt_length=max_prompt_length)
 
+    def load_text_tokenizer(self, folder: str | os.PathLike) -> JanusPromptTokenizer:
+        """The prompt tokenizer saved beside this model in a pipeline folder (the hook
+        :class:`~mmspec.pipelines.ARImagePipeline` calls when loading a saved Janus pipeline)."""
+        return JanusPromptTokenizer.from_pretrained(folder, max_length=self.config.cls_token_num)
+
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """Write a transformers Janus checkpoint (``config.json`` + weights) and ``mmspec_janus.json``
         (``max_prompt_length``); ``kwargs`` go to the HF ``save_pretrained``."""

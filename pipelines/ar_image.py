@@ -187,6 +187,9 @@ class ARImagePipeline(DiffusionPipeline):
             if torch_dtype is not None:
                 component = component.to(torch_dtype)
             components[name] = component.eval()
+        hook = getattr(components["transformer"], "load_text_tokenizer", None)
+        if components.get("text_tokenizer") is None and callable(hook):  # e.g. Janus: an HF tokenizer
+            components["text_tokenizer"] = hook(path / "transformer")
         pipe = cls(**components)
         pipe.register_to_config(_name_or_path=str(path))
         return pipe

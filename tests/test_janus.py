@@ -258,7 +258,8 @@ def test_save_and_reload(tmp_path, pipe, components):
     assert (tmp_path / "transformer" / "tokenizer_config.json").is_file()  # transformer/ is a full Janus checkpoint
     tokenizer = JanusPromptTokenizer.from_pretrained(tmp_path / "transformer")
     assert tokenizer.max_length == MAX_PROMPT
-    reloaded = ARImagePipeline.from_pretrained(tmp_path, text_tokenizer=tokenizer)
+    reloaded = ARImagePipeline.from_pretrained(tmp_path)  # the tokenizer comes back through the adapter's hook
+    assert reloaded.text_tokenizer.encode("red square") == tokenizer.encode("red square")
     reloaded.set_progress_bar_config(disable=True)
     assert isinstance(reloaded.transformer, JanusImageGenerator) and isinstance(reloaded.vqvae, JanusVQDecoder)
     assert reloaded.transformer.config.cls_token_num == MAX_PROMPT
