@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
+
 from mmspec.evaluation import distributed
 from mmspec.evaluation import geneval as gv
 from mmspec.evaluation.geneval import (
@@ -26,7 +29,6 @@ from mmspec.evaluation.geneval import (
     summarize,
     validate_metadata,
 )
-from PIL import Image
 
 # --------------------------------------------------------------------------------------------
 # The COCO prompt file
@@ -449,11 +451,21 @@ def _one_coco_folder(tmp_path):
     return tmp_path / "coco_imgs"
 
 
-def test_generate_with_a_pipeline_needs_the_pipelines_package(tmp_path):
-    import mmspec.pipelines
+def test_generate_with_a_pipeline_writes_the_geneval_layout(tmp_path):
+    """`generate --pipeline` drives ARImagePipeline (a tiny random one over the shapes vocabulary)."""
+    import sys
 
-    if hasattr(mmspec.pipelines, "ARImagePipeline"):
-        pytest.skip("ARImagePipeline exists: generation through it is tested with the pipelines")
-    with pytest.raises(NotImplementedError, match="ARImagePipeline"):
-        gv.main(["generate", "--world", "shapes", "--pipeline", "mmspec/shapes-t2i", "--outdir", str(tmp_path / "o")])
-    assert not (tmp_path / "o").exists()
+    sys.path.insert(0, str(Path(__file__).parent))
+    from tiny_shapes_pipeline import save_tiny_shapes_pipeline
+
+    folder = save_tiny_shapes_pipeline(tmp_path / "pipe")
+    metadata = gv.write_metadata(tmp_path / "meta.jsonl", gv.generate_shapes_metadata(n_per_category=1)[:2])
+    code = gv.main(["generate", "--metadata", str(metadata), "--pipeline", str(folder), "--method", "eagle",
+                    "--images-per-prompt", "2", "--outdir", str(tmp_path / "o"), "--no-progress"])
+    assert code == 0
+    prompts = sorted((tmp_path / "o").iterdir())
+    assert len(prompts) == 2
+    for prompt in prompts:
+        samples = sorted((prompt / "samples").iterdir())
+        assert len(samples) == 2 and Image.open(samples[0]).size == (32, 32)
+        assert (prompt / "metadata.jsonl").is_file()

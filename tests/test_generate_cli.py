@@ -1,0 +1,75 @@
+"""`mmspec generate` and the AR image benchmark script, end to end on a tiny saved pipeline."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from PIL import Image
+from tiny_shapes_pipeline import save_tiny_shapes_pipeline
+
+from mmspec.cli import main as cli_main
+from mmspec.evaluation import bench_ar_image
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one intra-op thread avoids thread hand-off overhead (and contention on shared CPUs)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_shapes_pipeline(tmp_path_factory.mktemp("tiny") / "pipe")
+
+
+def test_generate_writes_pngs_and_reports_speedup(folder, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = cli_main(["generate", "a red circle", "two blue squares", "--pipeline", str(folder), "--method", "eagle",
+                     "--outdir", str(out), "--num-images", "2", "--scale", "2", "--greedy"])
+    assert code == 0
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) == 8 and sum(name.endswith("-drafted.png") for name in files) == 4
+    assert "00-a-red-circle-0.png" in files and "01-two-blue-squares-1.png" in files
+    assert Image.open(out / "00-a-red-circle-0.png").size == (64, 64)
+    text = capsys.readouterr().out
+    assert "speedup:" in text and "mean accepted length" in text and "none (baseline" in text
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--method", "medusa"], "invalid choice"),
+    (["--method-kwargs", "{oops"], "not valid JSON"),
+    (["--pipeline", "mmspec/no-such-entry"], "cannot load"),
+    (["--method-kwargs", '{"lantern_delta": -1}', "--method", "lantern"], "error:"),
+])
+def test_generate_rejects_bad_arguments(folder, tmp_path, capsys, args, match):
+    argv = ["generate", "a red circle", "--outdir", str(tmp_path / "o")]
+    if "--pipeline" not in args:
+        argv += ["--pipeline", str(folder)]
+    with pytest.raises(SystemExit) as info:
+        cli_main(argv + args)
+    assert match in str(info.value) + capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
+    out = tmp_path / "bench.md"
+    code = bench_ar_image.main(["--pipeline", str(folder), "--methods", "none", "eagle", "mulo", "--modes", "greedy",
+                                "--batch-sizes", "1", "2", "--speed-prompts", "1", "--quality-prompts", "1",
+                                "--repeats", "1", "--threads", "1", "--out", str(out)])
+    assert code == 0
+    table = out.read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert len(rows) == 6  # 3 methods x 2 batch sizes
+    assert "Chance level" in table and "Command: `python -m mmspec.evaluation.bench_ar_image" in table
+    data = json.loads(out.with_suffix(".json").read_text())
+    speed = data["modes"]["greedy"]["speed"]["2"]["cases"]
+    assert speed["none"]["speedup"] == pytest.approx(1.0)
+    assert set(data["modes"]["greedy"]["quality"]) == {"none", "eagle", "mulo", "none, seed 2"}
+    mulo_calls = speed["mulo"]["stats"]["target_calls"]
+    assert mulo_calls == 3 * (1 + 8 // 2)  # 6 prompts in 3 calls: prefill + one pass per block of 2 rows
