@@ -91,21 +91,22 @@ def run(pipe: Any, methods: Sequence[str], kwargs: dict[str, dict], modes: Seque
         by_batch = {}
         speed_texts = [p.text for p in speed_prompts]
         for batch in batch_sizes:
-            def case(method: str, batch: int = batch):
-                def call() -> RunResult:
-                    images, stats = generate(pipe, speed_texts, method, kwargs[method], mode, batch, seed)
-                    merged = _merge_stats(stats)
-                    return RunResult(num_items=len(images), unit="images", stats=merged)
-                return call
-
-            report = run_benchmark({m: case(m) for m in methods}, baseline=methods[0], warmup=1, repeats=repeats,
-                                   seed=seed, unit="images")
+            cases = {m: _speed_case(pipe, speed_texts, m, kwargs[m], mode, batch, seed) for m in methods}
+            report = run_benchmark(cases, baseline=methods[0], warmup=1, repeats=repeats, seed=seed, unit="images")
             for method, c in report.cases.items():
                 c.quality.update(scores[method])
             by_batch[str(batch)] = report.to_dict()
             log(f"[{mode_name}] batch {batch}:\n{report.to_markdown()}")
         results["modes"][mode_name] = {"quality": scores, "speed": by_batch}
     return results
+
+
+def _speed_case(pipe: Any, texts: list[str], method: str, kwargs: dict, mode: dict, batch: int, seed: int):
+    """A zero-argument benchmark case: every timed prompt once, in chunks of ``batch``."""
+    def call() -> RunResult:
+        images, stats = generate(pipe, texts, method, kwargs, mode, batch, seed)
+        return RunResult(num_items=len(images), unit="images", stats=_merge_stats(stats))
+    return call
 
 
 def _merge_stats(stats: list[Any]) -> Any:

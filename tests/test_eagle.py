@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_llama
-from mmspec.models.eagle import EagleDrafter, EagleHead, eagle_loss
 
 from mmspec import CausalLMRunner, SamplingConfig, TreeConfig, speculative_generate
+from mmspec.models.eagle import EagleDrafter, EagleHead, eagle_loss
 
 
 def _head(target, dtype=torch.float64, **kwargs) -> EagleHead:

@@ -8,6 +8,9 @@ import json
 import numpy as np
 import pytest
 import torch
+from PIL import Image
+from torch import nn
+
 from mmspec.evaluation import fid as fidmod
 from mmspec.evaluation.fid import (
     compute_fid,
@@ -17,8 +20,6 @@ from mmspec.evaluation.fid import (
     load_feature_extractor,
     save_statistics,
 )
-from PIL import Image
-from torch import nn
 
 
 def _random_spd(rng: np.random.Generator, d: int) -> np.ndarray:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+
 from mmspec.evaluation.speed import BenchmarkReport, RunResult, as_run_result, run_benchmark
 
 

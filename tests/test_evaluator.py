@@ -180,7 +180,7 @@ def test_noise_and_fragment_images_satisfy_no_prompt():
 
     rng = np.random.default_rng(0)
     prompts = make_prompt_set()[:50]
-    for trial in range(20):
+    for _trial in range(20):
         # random tokens-like mosaic of 4x4 coloured patches
         patches = rng.integers(0, 256, size=(8, 8, 3), dtype=np.uint8)
         image = np.kron(patches, np.ones((4, 4, 1), dtype=np.uint8))

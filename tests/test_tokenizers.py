@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
+
 from mmspec.models.recipes import train_tokenizers
 from mmspec.models.tokenizers import (
     ContinuousTokenizer,
@@ -14,7 +15,6 @@ from mmspec.models.tokenizers import (
     train_autoencoder,
     zoo_tokenizer_path,
 )
-
 from mmspec.world import parse_image, render_scene, rng_for, sample_scene, scene_matches, to_tensor
 
 

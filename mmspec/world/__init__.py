@@ -102,6 +102,7 @@ __all__ = [
     "ShapesImageDataset", "ShapesImageStream", "ShapesVideoDataset", "ShapesVideoStream", "VideoClip",
     "VideoEvalResult", "VideoPrompt", "VideoScore", "WorldObject",
     "caption_scene", "caption_video", "clip_for_prompt", "describe_scene", "enumerate_prompts", "evaluate",
+    "is_valid_scene",
     "evaluate_videos", "make_prompt_set", "make_video_prompt_set", "narrate_video", "parse_image",
     "prompt_satisfied", "qa_pairs", "relations_between", "render_batch", "render_scene", "render_video",
     "rng_for", "sample_prompt", "sample_qa", "sample_scene", "sample_video", "scene_for_prompt",
