@@ -36,11 +36,12 @@ class WordTokenizer:
                 out[b, length - len(ids):] = torch.tensor(ids)
         return out
 
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps({"words": self.words}, indent=0))
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"words": self.words}, indent=0))
 
     @classmethod
-    def load(cls, path: Path) -> WordTokenizer:
+    def load(cls, path: str | Path) -> WordTokenizer:
+        path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no word vocabulary at {path}")
         return cls(json.loads(path.read_text())["words"])
