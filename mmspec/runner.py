@@ -146,14 +146,22 @@ class GuidedRunner:
 
     The prompt comes as ``2B`` rows (the B conditional prompts, then their B unconditional versions);
     every later call takes ``B`` rows, runs them for both halves and returns the guided logits
-    ``uncond + s * (cond - uncond)`` for ``B`` rows (hidden states of the conditional half). Works for
-    targets and for model drafters alike, so drafts are proposed under the same guidance.
+    ``uncond + s * (cond - uncond)`` for ``B`` rows. Works for targets and for model drafters alike, so
+    drafts are proposed under the same guidance.
+
+    Args:
+        runner: the wrapped runner (it sees the doubled batch).
+        guidance_scale: s (1.0 is plain conditional decoding; callers usually skip the wrapper then).
+        hidden: which hidden states to return: "cond" (the ``B`` conditional rows) or "both" (all ``2B``
+            rows, ``[cond; uncond]``: what a feature-level drafter needs to draft under guidance itself).
     """
 
-    def __init__(self, runner: CausalLMRunner, guidance_scale: float) -> None:
+    def __init__(self, runner: CausalLMRunner, guidance_scale: float, hidden: str = "cond") -> None:
         if guidance_scale < 0:
             raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale}")
-        self.runner, self.guidance_scale = runner, guidance_scale
+        if hidden not in ("cond", "both"):
+            raise ValueError(f"hidden must be 'cond' or 'both', got {hidden!r}")
+        self.runner, self.guidance_scale, self.hidden = runner, guidance_scale, hidden
 
     @property
     def vocab_size(self) -> int:
@@ -171,7 +179,7 @@ class GuidedRunner:
         from mmspec.sampling import apply_guidance
 
         half = out.logits.shape[0] // 2
-        hidden = None if out.hidden is None else out.hidden[:half]
+        hidden = out.hidden if out.hidden is None or self.hidden == "both" else out.hidden[:half]
         return StepOutput(apply_guidance(out.logits, self.guidance_scale), hidden)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -185,11 +193,14 @@ class GuidedRunner:
         self.runner.begin_round()
 
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, offsets: torch.Tensor | None = None,
-                attention: torch.Tensor | None = None) -> StepOutput:
+                attention: torch.Tensor | None = None, **model_inputs: Any) -> StepOutput:
+        """``tokens`` and the slot arguments have ``B`` rows (doubled here); ``model_inputs`` are passed
+        as given, so they must already have ``2B`` rows ``[cond; uncond]`` (e.g. a draft head's features)."""
         def double(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else torch.cat([t, t], 0)
 
-        return self._merge(self.runner.forward(double(tokens), double(valid), double(offsets), double(attention)))
+        return self._merge(self.runner.forward(double(tokens), double(valid), double(offsets), double(attention),
+                                               **model_inputs))
 
     def commit(self, keep: torch.Tensor) -> None:
         self.runner.commit(torch.cat([keep, keep], 0))

@@ -73,7 +73,8 @@ class RoundResult:
         committed: LongTensor ``[B, M]``: the previous pending token then the accepted drafts (-1 pad).
         num_accepted: LongTensor ``[B]`` accepted drafts per row.
         next_tokens: LongTensor ``[B]`` the new pending token (corrected or bonus).
-        target_hidden: ``[B, M, D]`` target top hidden states of ``committed`` (None if not computed).
+        target_hidden: ``[B, M, D]`` target top hidden states of ``committed`` (None if not computed;
+            ``[2B, M, D]`` ``[cond; uncond]`` when a guided target returns both halves).
         path: accepted tree node indices ``[B, D]`` (-1 pad) for tree rounds, else None.
         target_probs: the processed target distributions of the round ``[B, K+1, V]`` (``[B, N+1, V]``
             for trees), which Jacobi-style drafters turn into their next drafts.
@@ -252,8 +253,9 @@ def _speculative_round(target, drafter, pending, to_probs, rule, generator, stat
         committed = torch.cat([pending.unsqueeze(1), result.tokens[:, :-1]], 1)
         committed = torch.where(keep >= 0, committed, -1)
         hidden = None
-        if out.hidden is not None:
-            hidden = out.hidden.gather(1, keep.clamp_min(0).unsqueeze(-1).expand(-1, -1, out.hidden.shape[-1]))
+        if out.hidden is not None:  # B rows, or 2B [cond; uncond] rows from GuidedRunner(hidden="both")
+            rows = keep.repeat(out.hidden.shape[0] // keep.shape[0], 1).clamp_min(0)
+            hidden = out.hidden.gather(1, rows.unsqueeze(-1).expand(-1, -1, out.hidden.shape[-1]))
         next_tokens = result.tokens.gather(1, result.num_accepted.unsqueeze(1)).squeeze(1)
     with stats.phase("draft"):
         drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path, probs))

@@ -29,7 +29,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from mmspec.cache import keep_valid_slots
 from mmspec.drafters import TreeConfig, draft_chain
-from mmspec.runner import CausalLMRunner
+from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult
 from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
@@ -184,16 +184,24 @@ class EagleDrafter(Drafter):
             the target's embedding and LM head.
         num_draft_tokens: chain length K; tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`.
         sampling: the target's sampling config (sampled chains return their distributions).
+        guidance_scale: 1.0 drafts from the conditional features only. Any other value drafts *under
+            classifier-free guidance*: the head runs on both halves ``[cond; uncond]`` (a doubled batch,
+            like the target) and its logits are combined as ``uncond + s (cond - uncond)``, so the draft
+            distribution matches the guided target's. The target must then return the features of both
+            halves: ``GuidedRunner(CausalLMRunner(model, return_hidden=True), s, hidden="both")``.
     """
 
     needs_target_hidden = True
 
     def __init__(self, head: EagleHead, num_draft_tokens: int = 4,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, guidance_scale: float = 1.0) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
         head._bound()
-        self.head, self.runner = head, CausalLMRunner(head, return_hidden=True)
+        self.head = head
+        self.halves = 1 if guidance_scale == 1.0 else 2  # feature rows per token row
+        runner = CausalLMRunner(head, return_hidden=True)
+        self.runner: Any = runner if self.halves == 1 else GuidedRunner(runner, guidance_scale, hidden="both")
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
         self._pending_pairs: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [B, L], features [B, L, d]
 
@@ -212,14 +220,20 @@ class EagleDrafter(Drafter):
             raise ValueError(f"vocab mismatch: the target has {context.target.logits.shape[-1]} tokens, the EAGLE "
                              f"head {self.head.config.vocab_size}")
         # Pairs (x_i, h_{i-1}) for the prompt, then (pending, h_{T-1}); condition prompts have no ids (-1).
-        batch, length = hidden.shape[:2]
-        # a guided target runs 2B prompt rows [cond; uncond] but returns the B conditional features
-        ids = context.input_ids[:batch] if context.input_ids is not None else \
-            torch.full((batch, length), -1, dtype=torch.long, device=hidden.device)
-        prompt_mask = context.attention_mask[:batch]
-        tokens = torch.cat([ids[:, 1:], context.first_tokens.unsqueeze(1)], 1)
+        # A guided target runs 2B prompt rows [cond; uncond] and returns the B conditional features, or
+        # all 2B rows for guided drafting.
+        rows, length = hidden.shape[:2]
+        batch = context.first_tokens.shape[0]
+        if rows != batch * self.halves:
+            raise ValueError(f"the target returned features for {rows} rows; guided drafting needs both halves "
+                             f"({2 * batch}), plain drafting the conditional rows ({batch}): build the target "
+                             "with GuidedRunner(..., hidden='both') exactly when guidance_scale != 1")
+        ids = context.input_ids[:rows] if context.input_ids is not None else \
+            torch.full((rows, length), -1, dtype=torch.long, device=hidden.device)
+        prompt_mask = context.attention_mask[:rows]
+        tokens = torch.cat([ids[:, 1:], context.first_tokens.repeat(self.halves).unsqueeze(1)], 1)
         valid = torch.cat([prompt_mask[:, 1:].bool(), torch.ones_like(tokens[:, :1], dtype=torch.bool)], 1)
-        out = self.runner.prefill(tokens, valid.long(), target_hidden=hidden)
+        out = self.runner.prefill(tokens, valid.long(), target_hidden=hidden)  # a guided runner takes 2B rows
         self._root = (out.logits[:, -1], out.hidden[:, -1])
         self._pending_pairs = None
 
@@ -234,7 +248,8 @@ class EagleDrafter(Drafter):
         out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features)
         last = self._prefix_valid.long().cumsum(1).argmax(1)  # last valid slot of each row
         rows = torch.arange(tokens.shape[0], device=tokens.device)
-        return out.logits[rows, last], out.hidden[rows, last]
+        feature_rows = torch.arange(features.shape[0], device=tokens.device)
+        return out.logits[rows, last], out.hidden[feature_rows, last.repeat(self.halves)]
 
     def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
         logits, feature = self._start_round()
@@ -254,13 +269,16 @@ class EagleDrafter(Drafter):
         builder = TreeAttentionBuilder(batch, root_logits.device)
         tree_start = self.runner.num_slots
         features: dict[str, torch.Tensor] = {"ids": torch.empty(batch, 0, dtype=torch.long, device=root_logits.device),
-                                             "values": root_feature.new_zeros(batch, 0, root_feature.shape[-1])}
+                                             "values": root_feature.new_zeros(root_feature.shape[0], 0,
+                                                                              root_feature.shape[-1])}
 
         def step(tokens, node_ids, parent_ids, depth):
-            match = features["ids"].unsqueeze(1) == parent_ids.unsqueeze(-1)  # [B, F, fed]
+            match = (features["ids"].unsqueeze(1) == parent_ids.unsqueeze(-1)).repeat(self.halves, 1, 1)  # [R, F, fed]
             parent_feature = (match.to(root_feature.dtype) @ features["values"]) if features["ids"].shape[1] else \
-                torch.zeros(*tokens.shape, root_feature.shape[-1], dtype=root_feature.dtype, device=tokens.device)
-            parent_feature = torch.where((parent_ids < 0).unsqueeze(-1), root_feature.unsqueeze(1), parent_feature)
+                torch.zeros(root_feature.shape[0], tokens.shape[1], root_feature.shape[-1], dtype=root_feature.dtype,
+                            device=tokens.device)
+            is_root = (parent_ids < 0).repeat(self.halves, 1).unsqueeze(-1)
+            parent_feature = torch.where(is_root, root_feature.unsqueeze(1), parent_feature)
             offsets, attention = builder.frontier_inputs(node_ids, parent_ids, depth, tree_start)
             out = self.runner.forward(tokens, offsets=offsets, attention=attention, target_hidden=parent_feature)
             features["ids"] = torch.cat([features["ids"], node_ids], 1)

@@ -292,7 +292,7 @@ class ARImagePipeline(DiffusionPipeline):
                       num_draft_tokens: int, tree: TreeConfig | None, lantern_k: int | None, lantern_delta: float,
                       lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
                       gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
-                      guidance_scale: float) -> tuple[Any, AcceptanceRule | None]:
+                      guidance_scale: float, eagle_guided: bool) -> tuple[Any, AcceptanceRule | None]:
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
         vocab = self.transformer.config.vocab_size
@@ -301,7 +301,8 @@ class ARImagePipeline(DiffusionPipeline):
         if method in ("eagle", "lantern"):
             from mmspec.models.eagle import EagleDrafter
 
-            drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator)
+            drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
+                                   guidance_scale=guidance_scale if eagle_guided else 1.0)
             if method == "eagle":
                 return drafter, None
             k = min(1000, vocab - 1) if lantern_k is None else lantern_k
@@ -335,7 +336,7 @@ class ARImagePipeline(DiffusionPipeline):
                  lantern_lam: float | None = None, sjd_window: int = 16, sjd_init: str = "random",
                  gsd_group_size: int = 10, gsd_prob_threshold: float = 0.15,
                  gsd_distance_threshold: float = float("inf"), mulo_k: int = 16, mulo_tau: float = 0.3,
-                 mulo_radius: int = 1, rule: AcceptanceRule | None = None,
+                 mulo_radius: int = 1, eagle_guided: bool = True, rule: AcceptanceRule | None = None,
                  callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
                  ) -> ARImagePipelineOutput:
         """Generate images token by token, speculatively unless ``method="none"``.
@@ -350,6 +351,8 @@ class ARImagePipeline(DiffusionPipeline):
             generator: one ``torch.Generator`` for every random draw (drafts, acceptance, resampling).
             output_type: "pil", "np", "pt" or "tokens" (no decoding).
             num_draft_tokens / tree: EAGLE chain length, or an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`.
+            eagle_guided: under guidance, run the EAGLE head on both halves and draft from the guided
+                combination of its logits (False: draft from the conditional half only).
             lantern_k / lantern_delta / lantern_lam: LANTERN neighbourhood size (default min(1000, V - 1)),
                 TV budget, LANTERN++ bound (when given, delta is ignored).
             sjd_window / sjd_init: Jacobi window length and initialisation ("random" or "left").
@@ -372,7 +375,7 @@ class ARImagePipeline(DiffusionPipeline):
         drafter, method_rule = self._build_method(method, sampling, generator, num_draft_tokens, tree, lantern_k,
                                                   lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
                                                   gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
-                                                  guidance_scale)
+                                                  guidance_scale, eagle_guided)
         rule = rule if rule is not None else method_rule
 
         # 1. Condition rows: [B, C] word ids (t2i) or [B] class ids (c2i), repeated per image.
@@ -390,7 +393,8 @@ class ARImagePipeline(DiffusionPipeline):
                                      return_hidden=bool(getattr(drafter, "needs_target_hidden", False)))
         inputs: dict[str, torch.Tensor] = {"condition_ids": condition}
         if guidance_scale != 1.0:
-            target = GuidedRunner(target, guidance_scale)
+            both = getattr(drafter, "halves", 1) == 2  # a guided EAGLE drafter reads both halves' features
+            target = GuidedRunner(target, guidance_scale, hidden="both" if both else "cond")
             inputs = {"condition_ids": torch.cat([condition, condition]),
                       "condition_drop": torch.arange(2 * batch, device=device) >= batch}
             mask = torch.cat([mask, mask])  # unconditional rows keep their prompt's layout, as LlamaGen's sampler

@@ -23,6 +23,7 @@ from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.pipelines import ARImagePipeline, ARImagePipelineOutput, hub, resolve_pretrained
+from mmspec.runner import CausalLMRunner, GuidedRunner
 
 V, GRID, CLASSES, COND = 32, 4, 5, 6
 N = GRID * GRID
@@ -345,3 +346,25 @@ def test_errors_that_depend_on_the_components():
         ARImagePipeline(tiny_transformer(), VQTokenizer(codebook_size=V + 1, patch_size=2, image_size=8))
     with pytest.raises(ValueError, match="no word vocabulary"):
         ARImagePipeline(tiny_transformer(), tiny_vq())("a circle")
+
+
+def test_guided_and_conditional_eagle_drafting_are_both_lossless(pipe):
+    """Under CFG the EAGLE head drafts from the guided combination of both halves by default; the
+    conditional-only variant stays available. Both reproduce the baseline exactly (greedy)."""
+    baseline = _tokens(pipe, "none", guidance_scale=3.0)
+    guided = _tokens(pipe, "eagle", guidance_scale=3.0)
+    plain = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=False)
+    assert torch.equal(guided.tokens, baseline.tokens) and torch.equal(plain.tokens, baseline.tokens)
+    assert guided.stats.draft_calls > 0 and plain.stats.draft_calls > 0
+
+
+def test_guided_eagle_drafter_needs_both_halves_of_the_features(pipe):
+    from mmspec.models.eagle import EagleDrafter
+    from mmspec.speculate import speculative_generate
+
+    words, mask = pipe.encode_prompt(["a red circle"])
+    inputs = {"condition_ids": torch.cat([words, words]), "condition_drop": torch.tensor([False, True])}
+    target = GuidedRunner(CausalLMRunner(pipe.transformer, return_hidden=True), 3.0)  # conditional features only
+    drafter = EagleDrafter(pipe.eagle_head, 3, guidance_scale=3.0)
+    with pytest.raises(ValueError, match="both halves"):
+        speculative_generate(target, drafter, None, torch.cat([mask, mask]), max_new_tokens=4, **inputs)

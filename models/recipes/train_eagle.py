@@ -3,9 +3,10 @@
 Trains an :class:`~mmspec.models.eagle.EagleHead` on the frozen target's own features: each batch of
 shapes-world images (the target's training data: same seed, difficulty and captions) is run through
 the target with teacher forcing, and the head learns to predict the next top hidden state
-(SmoothL1) and the target's next-token distribution (soft cross-entropy), :func:`eagle_loss`. About
-10% of rows use the unconditional (dropped) condition, as the target saw in training, so the head
-also follows the unconditional half of classifier-free guidance. Deterministic; resumable.
+(SmoothL1) and the target's next-token distribution (soft cross-entropy), :func:`eagle_loss`. 30% of
+rows use the unconditional (dropped) condition, so the head also predicts the unconditional half of
+classifier-free guidance: the pipeline drafts under guidance by running the head on both halves and
+combining its logits like the target's. Deterministic; resumable.
 
     python -m mmspec.models.recipes.train_eagle --target models/zoo/shapes-t2i/transformer \\
         --out models/zoo/shapes-t2i/eagle_head
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--feature-noise", type=float, default=0.2)
-    parser.add_argument("--uncond-prob", type=float, default=0.1)
+    parser.add_argument("--uncond-prob", type=float, default=0.3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
