@@ -368,3 +368,13 @@ def test_guided_eagle_drafter_needs_both_halves_of_the_features(pipe):
     drafter = EagleDrafter(pipe.eagle_head, 3, guidance_scale=3.0)
     with pytest.raises(ValueError, match="both halves"):
         speculative_generate(target, drafter, None, torch.cat([mask, mask]), max_new_tokens=4, **inputs)
+
+
+def test_gsd_with_group_size_one_is_sjd_and_lantern_delta_zero_is_eagle_when_sampling(pipe):
+    """Relaxations switched off are the exact rules draw for draw: same generator seed, same tokens."""
+    def sampled(method, **kwargs):
+        return pipe(PROMPTS, method=method, output_type="tokens", generator=torch.Generator().manual_seed(5),
+                    **kwargs).tokens
+
+    assert torch.equal(sampled("gsd", gsd_group_size=1, sjd_window=5), sampled("sjd", sjd_window=5))
+    assert torch.equal(sampled("lantern", lantern_delta=0.0, lantern_k=8), sampled("eagle"))
