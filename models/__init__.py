@@ -2,7 +2,7 @@
 
 Draft heads (:mod:`.eagle`), MuLo-SD's multi-scale drafter (:mod:`.mulo`), reference targets
 (:mod:`.llamagen` LlamaGen-compatible AR image transformer, :mod:`.llamagen_vq` its VQ tokenizer), the
-Janus-Pro adapter (:mod:`.janus`), the shapes world's tokenizers (:mod:`.tokenizers`, :mod:`.text`)
+Janus-Pro adapter (:mod:`.janus`), VLM target runners for LLaVA / Qwen2-VL (:mod:`.vlm_targets`), the shapes world's tokenizers (:mod:`.tokenizers`, :mod:`.text`)
 and the training recipes of the reference zoo (:mod:`.recipes`). Submodules import lazily.
 """
 
@@ -24,6 +24,9 @@ _EXPORTS = {
     "JanusVQDecoder": ".janus",
     "load_janus_components": ".janus",
     "WordTokenizer": ".text",
+    "VLMRunner": ".vlm_targets",
+    "VLMPrefillOutput": ".vlm_targets",
+    "VLMStepOutput": ".vlm_targets",
     "VQTokenizer": ".tokenizers",
     "ContinuousTokenizer": ".tokenizers",
     "load_zoo_tokenizer": ".tokenizers",
