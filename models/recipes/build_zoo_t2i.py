@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import torch
+
 from mmspec.models.eagle import EagleHead
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.mulo import TokenUpsampler
@@ -32,13 +34,14 @@ def main(argv: list[str] | None = None) -> None:
     missing = [p for p in ("transformer", "eagle_head", "mulo_drafter", "mulo_upsampler") if not (folder / p).is_dir()]
     if missing:
         raise SystemExit(f"{folder} lacks {missing}: run the training recipes first (see the module docstring)")
+    half = torch.float16  # the recipes save these parts in fp16 (lossless to keep; loading computes in fp32)
     pipe = ARImagePipeline(
-        transformer=LlamaGenTransformer.from_pretrained(folder / "transformer"),
+        transformer=LlamaGenTransformer.from_pretrained(folder / "transformer", torch_dtype=half),
         vqvae=VQTokenizer.from_pretrained(args.vq),
         eagle_head=EagleHead.from_pretrained(folder / "eagle_head"),
         text_tokenizer=WordTokenizer.load(folder / "transformer" / "text_vocab.json"),
-        mulo_drafter=LlamaGenTransformer.from_pretrained(folder / "mulo_drafter"),
-        mulo_upsampler=TokenUpsampler.from_pretrained(folder / "mulo_upsampler"),
+        mulo_drafter=LlamaGenTransformer.from_pretrained(folder / "mulo_drafter", torch_dtype=half),
+        mulo_upsampler=TokenUpsampler.from_pretrained(folder / "mulo_upsampler", torch_dtype=half),
     )
     pipe.save_pretrained(folder)
     print(f"wrote {folder}/model_index.json")

@@ -1,0 +1,41 @@
+"""The bundled zoo entry mmspec/shapes-t2i: loads offline, and speculative decoding on it is lossless."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmspec import TreeConfig
+from mmspec.pipelines import ARImagePipeline
+
+PROMPTS = ["a red circle", "a blue square above a green triangle"]
+
+
+@pytest.fixture(scope="module")
+def pipe() -> ARImagePipeline:
+    pipe = ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_zoo_entry_loads_offline_with_every_component(pipe):
+    assert pipe.transformer.dtype == torch.float32  # fp16 on disk, computed in fp32
+    assert pipe.eagle_head is not None and pipe.mulo_drafter is not None and pipe.mulo_upsampler is not None
+    assert pipe.transformer.config.condition_rope == "identity" and pipe.grid_size == 8
+    assert pipe.text_tokenizer.encode("a red circle")
+
+
+def test_greedy_eagle_reproduces_target_only_decoding_on_the_zoo(pipe):
+    kwargs = dict(do_sample=False, output_type="tokens")
+    baseline = pipe(PROMPTS, method="none", **kwargs)
+    chain = pipe(PROMPTS, method="eagle", num_draft_tokens=8, **kwargs)
+    tree = pipe(PROMPTS, method="eagle", tree=TreeConfig(depth=6, top_k=4, total_tokens=24), **kwargs)
+    assert torch.equal(chain.tokens, baseline.tokens) and torch.equal(tree.tokens, baseline.tokens)
+    assert chain.stats.mean_accepted_length > 2.0  # the trained head is accepted, so equality means something
+    assert chain.stats.target_calls < baseline.stats.target_calls / 2
+
+
+def test_mulo_on_the_zoo_takes_one_target_pass_per_block(pipe):
+    out = pipe(PROMPTS[:1], method="mulo", generator=torch.Generator().manual_seed(0), output_type="np")
+    assert out.stats.target_calls == 1 + 8 // 2
+    assert out.images.shape == (1, 32, 32, 3) and out.drafted.any()
