@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmspec.stats import SpecStats
 from mmspec.world import evaluate, make_prompt_set, render_scene, scene_for_prompt
 
 from .fid import compute_fid
@@ -105,21 +106,8 @@ def _speed_case(pipe: Any, texts: list[str], method: str, kwargs: dict, mode: di
     """A zero-argument benchmark case: every timed prompt once, in chunks of ``batch``."""
     def call() -> RunResult:
         images, stats = generate(pipe, texts, method, kwargs, mode, batch, seed)
-        return RunResult(num_items=len(images), unit="images", stats=_merge_stats(stats))
+        return RunResult(num_items=len(images), unit="images", stats=SpecStats.merge(stats))
     return call
-
-
-def _merge_stats(stats: list[Any]) -> Any:
-    from mmspec.stats import SpecStats
-
-    total = SpecStats()
-    for s in stats:
-        total.target_calls += s.target_calls
-        total.draft_calls += s.draft_calls
-        total.tokens += s.tokens
-        total.verify_steps += s.verify_steps
-        total.emitted += s.emitted
-    return total
 
 
 def to_markdown(results: dict, command: str) -> str:

@@ -109,7 +109,6 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
     rule = rule or default_rule(sampling)
     to_probs = target_probs_fn(sampling)
     stats = stats if stats is not None else SpecStats()
-    greedy = bool(getattr(rule, "greedy", not sampling.do_sample))
     block_len = block_rows * width
 
     with stats.phase("prefill"):
@@ -130,7 +129,6 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             with stats.phase("draft"):
                 draft_tokens, draft_probs = drafter.propose(block)
             _check_draft(draft_tokens, draft_probs, batch, block_len, last_logits.shape[-1])
-            stats.draft_calls += drafter.calls - calls_before
 
             with stats.phase("target"):
                 target.begin_round()
@@ -148,7 +146,7 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
                 redraw = sets.resample.view(batch, block_len)
                 residual = rule.residual(p, draft_probs, draft_tokens)
                 source = torch.where((~accepted).unsqueeze(-1), residual, p)
-                redrawn = source.argmax(-1) if greedy else sample(source, generator)
+                redrawn = source.argmax(-1) if rule.greedy else sample(source, generator)
                 final = torch.where(redraw, redrawn, draft_tokens)
 
             span = slice(block * block_len, (block + 1) * block_len)
@@ -157,7 +155,7 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             stats.tokens += batch * block_len
             stats.verify_steps += batch
             stats.emitted += int((~redraw).sum()) + batch  # kept drafts + one target token per row and pass
-            _record_positions(stats, accepted)
+            stats.record_position_checks(accepted)
 
             # Keep the cache up to the first changed token of the block (the same column for every row,
             # so rows stay aligned); the changed suffix is re-fed in front of the next block's draft.
@@ -167,10 +165,9 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             target.commit(keep)
             rewrite = final[:, first:]
             last_logits = logits[:, -1]  # read by the next pass only when nothing is re-fed (rewrite empty)
-            calls_before = drafter.calls
             with stats.phase("draft"):
                 drafter.commit(block, final)
-            stats.draft_calls += drafter.calls - calls_before
+            stats.draft_calls += drafter.calls - calls_before  # drafting and the commit's re-feed
             if callback is not None:
                 callback(block, final, ~redraw)
     return LocalSpeculativeOutput(sequences, drafted_map, stats)
@@ -195,14 +192,3 @@ def _check_draft(tokens: torch.Tensor, probs: torch.Tensor | None, batch: int, l
     if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise ValueError(f"drafted tokens must lie in [0, {vocab}), the target's vocabulary")
 
-
-def _record_positions(stats: SpecStats, accepted: torch.Tensor) -> None:
-    """Per block position: how often the drafted token passed the rule (every position is verified)."""
-    length = accepted.shape[1]
-    while len(stats.position_attempts) < length:
-        stats.position_attempts.append(0)
-        stats.position_accepts.append(0)
-    counts = accepted.long().sum(0).tolist()
-    for i in range(length):
-        stats.position_attempts[i] += accepted.shape[0]
-        stats.position_accepts[i] += counts[i]

@@ -27,6 +27,16 @@ class StepOutput:
     hidden: torch.Tensor | None = None
 
 
+def prompt_attention_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The attention mask of a prompt ``input_ids [B, T]`` (all ones when None), checked against it."""
+    check_ndim(input_ids, 2, "input_ids", "[B, T]")
+    if attention_mask is None:
+        return torch.ones_like(input_ids)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids {tuple(input_ids.shape)}")
+    return attention_mask
+
+
 class CausalLMRunner:
     """Target interface over a transformers causal LM.
 
@@ -82,12 +92,7 @@ class CausalLMRunner:
         if input_ids is None and attention_mask is None:
             raise ValueError("prefill needs input_ids or, for embedding prompts, an attention_mask [B, T]")
         if input_ids is not None:
-            check_ndim(input_ids, 2, "input_ids", "[B, T]")
-            if attention_mask is None:
-                attention_mask = torch.ones_like(input_ids)
-            if attention_mask.shape != input_ids.shape:
-                raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids "
-                                 f"{tuple(input_ids.shape)}")
+            attention_mask = prompt_attention_mask(input_ids, attention_mask)
         self.cache = self._new_cache(attention_mask.shape[0])
         self.slots = SlotState.from_attention_mask(attention_mask)
         return self._run(input_ids, attention_mask.long(), self.slots.prompt_positions(), **model_inputs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -79,6 +80,33 @@ class SpecStats:
                 self.position_attempts[i] += 1
             for i in range(n):
                 self.position_accepts[i] += 1
+
+    def record_position_checks(self, accepted: torch.Tensor) -> None:
+        """Per-position acceptance of drafts that are *all* verified (block-wise drafting, MuLo-SD):
+        ``accepted`` bool ``[B, L]``; unlike a chain, a rejection does not stop later positions."""
+        batch, length = accepted.shape
+        while len(self.position_attempts) < length:
+            self.position_attempts.append(0)
+            self.position_accepts.append(0)
+        for i, count in enumerate(accepted.long().sum(0).tolist()):
+            self.position_attempts[i] += batch
+            self.position_accepts[i] += count
+
+    @classmethod
+    def merge(cls, parts: Iterable[SpecStats]) -> SpecStats:
+        """One record for several runs (e.g. the batches of a benchmark): every counter summed."""
+        total = cls()
+        for part in parts:
+            for name in ("target_calls", "draft_calls", "tokens", "verify_steps", "emitted"):
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            for mine, theirs in ((total.position_attempts, part.position_attempts),
+                                 (total.position_accepts, part.position_accepts)):
+                mine.extend([0] * (len(theirs) - len(mine)))
+                for i, count in enumerate(theirs):
+                    mine[i] += count
+            for phase, seconds in part.phase_seconds.items():
+                total.phase_seconds[phase] += seconds
+        return total
 
     @contextmanager
     def phase(self, name: str):

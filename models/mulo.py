@@ -26,6 +26,7 @@ from diffusers.configuration_utils import ConfigMixin, register_to_config
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+from mmspec.drafters import draft_chain
 from mmspec.local_speculate import BlockDrafter
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig, logits_to_probs, sample
@@ -125,11 +126,6 @@ class MuLoDrafter(BlockDrafter):
     def calls(self) -> int:
         return self.runner.calls
 
-    def _draw(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        probs = logits_to_probs(logits.float(), self.sampling) if self.sampling.do_sample else logits.float().softmax(-1)
-        token = sample(probs, self.generator) if self.sampling.do_sample else probs.argmax(-1)
-        return token, probs
-
     def prefill(self, attention_mask: torch.Tensor | None, **model_inputs: Any) -> None:
         self.low_rows = []
         out = self.runner.prefill(None, attention_mask, **model_inputs)
@@ -141,13 +137,9 @@ class MuLoDrafter(BlockDrafter):
         if block_index >= self.low_grid:
             raise ValueError(f"the low-res drafter has {self.low_grid} rows; block {block_index} is past its grid")
         self.runner.begin_round()
-        token, _ = self._draw(self._next_logits)
-        row = [token]
-        for _ in range(self.low_grid - 1):
-            out = self.runner.forward(row[-1][:, None])
-            token, _ = self._draw(out.logits[:, -1])
-            row.append(token)
-        low = torch.stack(self.low_rows + [torch.stack(row, 1)], 1)  # [B, b+1, w]
+        row = draft_chain(self._next_logits, lambda token: self.runner.forward(token[:, None]).logits[:, -1],
+                          self.low_grid, self.sampling, self.generator).tokens  # [B, w]
+        low = torch.stack(self.low_rows + [row], 1)  # [B, b+1, w]
         logits = self.upsampler(low.to(self.upsampler.device))[:, -self.ratio:]  # [B, r, W, V]
         logits = logits.flatten(1, 2).float()
         if not self.sampling.do_sample:

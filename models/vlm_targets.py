@@ -43,8 +43,7 @@ from typing import Any
 import torch
 
 from mmspec.cache import SlotState
-from mmspec.runner import CausalLMRunner, StepOutput
-from mmspec.validation import check_ndim
+from mmspec.runner import CausalLMRunner, StepOutput, prompt_attention_mask
 
 #: supported transformers classes -> family name used in this module
 SUPPORTED_CLASSES = {
@@ -181,13 +180,7 @@ class VLMRunner(CausalLMRunner):
         """Run the prompt with its images and start a fresh cache (left or right padding allowed)."""
         if input_ids is None:
             raise ValueError("VLMRunner.prefill needs input_ids [B, T] (the prompt with its image placeholder tokens)")
-        check_ndim(input_ids, 2, "input_ids", "[B, T]")
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask {tuple(attention_mask.shape)} must match input_ids "
-                             f"{tuple(input_ids.shape)}")
-        attention_mask = attention_mask.long()
+        attention_mask = prompt_attention_mask(input_ids, attention_mask).long()
         model_inputs = {k: v for k, v in model_inputs.items() if v is not None}
         spans, image_mask = self._image_layout(input_ids, attention_mask, model_inputs)
 

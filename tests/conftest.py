@@ -32,3 +32,13 @@ def tiny_llama(vocab_size: int = 32, layers: int = 2, hidden: int = 32, seed: in
 def llama_pair():
     """(target, drafter): a 2-layer target and a 1-layer drafter sharing a vocabulary of 32 tokens."""
     return tiny_llama(layers=2, seed=0), tiny_llama(layers=1, seed=1)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One intra-op thread for a module of width-32 models: threads gain nothing there, and on a busy
+    shared CPU two spinning threads crawl. Restores the previous count afterwards."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

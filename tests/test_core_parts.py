@@ -197,3 +197,17 @@ def test_spec_stats_accounting():
     with stats.phase("draft"):
         pass
     assert "draft" in stats.as_dict()["phase_seconds"]
+
+
+def test_spec_stats_merge_sums_every_counter_and_position_checks_count_all_positions():
+    from mmspec.stats import SpecStats
+
+    a = SpecStats(target_calls=2, draft_calls=1, tokens=5, verify_steps=2, emitted=6)
+    a.record_position_checks(torch.tensor([[True, False, True], [True, True, False]]))
+    b = SpecStats(target_calls=3, tokens=4, verify_steps=1, emitted=2)
+    b.record_position_checks(torch.tensor([[False, True]]))
+    b.phase_seconds["draft"] += 0.5
+    merged = SpecStats.merge([a, b])
+    assert (merged.target_calls, merged.draft_calls, merged.tokens, merged.verify_steps, merged.emitted) == (5, 1, 9, 3, 8)
+    assert merged.position_attempts == [3, 3, 2] and merged.position_accepts == [2, 2, 1]
+    assert merged.phase_seconds["draft"] == 0.5 and merged.mean_accepted_length == 8 / 3

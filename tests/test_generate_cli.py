@@ -5,21 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 from PIL import Image
 from tiny_shapes_pipeline import save_tiny_shapes_pipeline
 
 from mmspec.cli import main as cli_main
 from mmspec.evaluation import bench_ar_image
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread avoids thread hand-off overhead (and contention on shared CPUs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

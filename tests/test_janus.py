@@ -90,13 +90,7 @@ def copy_head() -> EagleHead:
     return head.eval()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Width-32 models gain nothing from threads, and a busy shared CPU makes two spinning threads crawl."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,7 @@ MAX_NEW = 16
 PINPOINTS = [[16, 32], [32, 16], [32, 32]]  # LLaVA-NeXT anyres grids of the tiny 16-pixel CLIP tower
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # -- tiny checkpoints ---------------------------------------------------------------------------------------

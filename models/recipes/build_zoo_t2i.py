@@ -18,7 +18,7 @@ import torch
 from mmspec.models.eagle import EagleHead
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.mulo import TokenUpsampler
-from mmspec.models.recipes.train_t2i import DEFAULT_VQ
+from mmspec.models.recipes.common import DEFAULT_VQ
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 

@@ -1,8 +1,10 @@
-"""What every training recipe shares: the optimisation loop with warm-up + cosine decay, JSON-lines
-logs, and resumable checkpoints (rerunning the same command continues where it stopped)."""
+"""What every training recipe shares: the data/run arguments, the cached training set, the optimisation
+loop with warm-up + cosine decay, JSON-lines logs, and resumable checkpoints (rerunning the same
+command continues where it stopped)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -11,6 +13,36 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+DEFAULT_VQ = Path(__file__).resolve().parents[1] / "zoo" / "tokenizers" / "vq"
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, work: str) -> None:
+    """``--work`` (checkpoints, logs, cached data), ``--vq``, the training-set knobs shared by the shapes
+    t2i recipes (same defaults, so every part of a zoo entry sees the same images), ``--threads``, ``--seed``."""
+    parser.add_argument("--work", type=Path, default=Path(work))
+    parser.add_argument("--vq", type=Path, default=DEFAULT_VQ)
+    parser.add_argument("--train-images", type=int, default=50000)
+    parser.add_argument("--difficulty", type=float, default=0.5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def start_run(args: argparse.Namespace) -> None:
+    """Thread count, seed and the work folder of a recipe run."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    args.work.mkdir(parents=True, exist_ok=True)
+
+
+def cached_data(work: Path, build: Callable[[], dict]) -> dict:
+    """The run's training set: ``work/data.pt`` when a previous run saved it, else ``build()`` saved there."""
+    path = work / "data.pt"
+    if path.is_file():
+        return torch.load(path)
+    data = build()
+    torch.save(data, path)
+    return data
 
 
 def warmup_cosine(step: int, total: int, peak: float, warmup: int = 100, floor: float = 0.1) -> float:

@@ -19,7 +19,7 @@ import torch
 
 from mmspec import CausalLMRunner, SamplingConfig, speculative_generate
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.train_t2i import DEFAULT_VQ
+from mmspec.models.recipes.common import DEFAULT_VQ
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.runner import GuidedRunner

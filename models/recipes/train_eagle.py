@@ -23,8 +23,8 @@ import torch
 
 from mmspec.models.eagle import EagleHead, eagle_loss
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.common import train_loop
-from mmspec.models.recipes.train_t2i import DEFAULT_VQ, build_data
+from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, train_loop
+from mmspec.models.recipes.train_t2i import build_data
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.world import vocabulary
@@ -46,32 +46,22 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=Path, required=True, help="the trained target transformer folder")
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--work", type=Path, default=Path("runs/train_eagle"))
-    parser.add_argument("--vq", type=Path, default=DEFAULT_VQ)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--train-images", type=int, default=50000)
-    parser.add_argument("--difficulty", type=float, default=0.5)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--feature-noise", type=float, default=0.2)
     parser.add_argument("--uncond-prob", type=float, default=0.3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    add_run_arguments(parser, "runs/train_eagle")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    args.work.mkdir(parents=True, exist_ok=True)
+    start_run(args)
 
     target = LlamaGenTransformer.from_pretrained(args.target).float().eval().requires_grad_(False)
     vq = VQTokenizer.from_pretrained(args.vq)
     words = WordTokenizer(vocabulary())
-    data_path = args.work / "data.pt"
-    if data_path.is_file():
-        data = torch.load(data_path)
-    else:
-        data = build_data(args.train_images, args.seed, vq, words, target.config.cls_token_num, args.difficulty)
-        torch.save(data, data_path)
+    cond_len = target.config.cls_token_num
+    data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, cond_len,
+                                                     args.difficulty))
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,
                      num_attention_heads=args.heads)

@@ -25,8 +25,8 @@ import torch
 
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.mulo import TokenUpsampler, downsample_tokens
-from mmspec.models.recipes.common import train_loop
-from mmspec.models.recipes.train_t2i import DEFAULT_VQ, build_data
+from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, train_loop
+from mmspec.models.recipes.train_t2i import build_data
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.world import vocabulary
@@ -42,40 +42,31 @@ def low_res_tokens(vq: VQTokenizer, tokens: torch.Tensor, ratio: int) -> torch.T
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="pipeline folder (gets mulo_drafter/, mulo_upsampler/)")
-    parser.add_argument("--work", type=Path, default=Path("runs/train_mulo"))
-    parser.add_argument("--vq", type=Path, default=DEFAULT_VQ)
     parser.add_argument("--part", choices=("all", "drafter", "upsampler"), default="all")
     parser.add_argument("--ratio", type=int, default=2)
     parser.add_argument("--dim", type=int, default=128)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--cond-len", type=int, default=32, help="must equal the target's cls_token_num")
-    parser.add_argument("--train-images", type=int, default=50000)
-    parser.add_argument("--difficulty", type=float, default=0.5)
     parser.add_argument("--drafter-steps", type=int, default=3000)
     parser.add_argument("--upsampler-steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    add_run_arguments(parser, "runs/train_mulo")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    args.work.mkdir(parents=True, exist_ok=True)
+    start_run(args)
 
     vq = VQTokenizer.from_pretrained(args.vq)
     words = WordTokenizer(vocabulary())
-    data_path = args.work / "data.pt"
-    if data_path.is_file():
-        data = torch.load(data_path)
-    else:
+    def build() -> dict:
         data = build_data(args.train_images, args.seed, vq, words, args.cond_len, args.difficulty)
-        data["low_tokens"] = low_res_tokens(vq, data["tokens"], args.ratio)
-        torch.save(data, data_path)
+        return {**data, "low_tokens": low_res_tokens(vq, data["tokens"], args.ratio)}
+
+    data = cached_data(args.work, build)
     high, low, cond = data["tokens"], data["low_tokens"], data["words"]
     grid, low_grid = int(round(high.shape[1] ** 0.5)), int(round(low.shape[1] ** 0.5))
     if grid != low_grid * args.ratio:
-        raise ValueError(f"cached data in {data_path} has grids {grid} and {low_grid}, not ratio {args.ratio}: "
+        raise ValueError(f"cached data in {args.work / 'data.pt'} has grids {grid} and {low_grid}, not ratio {args.ratio}: "
                          "use a fresh --work")
 
     if args.part in ("all", "drafter"):

@@ -19,12 +19,10 @@ from pathlib import Path
 import torch
 
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.common import train_loop
+from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, train_loop
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.world import ShapesImageDataset, vocabulary
-
-DEFAULT_VQ = Path(__file__).resolve().parents[1] / "zoo" / "tokenizers" / "vq"
 
 
 def build_data(num: int, seed: int, vq: VQTokenizer, words: WordTokenizer, cond_len: int,
@@ -44,34 +42,23 @@ def build_data(num: int, seed: int, vq: VQTokenizer, words: WordTokenizer, cond_
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--work", type=Path, default=Path("runs/train_t2i"))
-    parser.add_argument("--vq", type=Path, default=DEFAULT_VQ)
     parser.add_argument("--dim", type=int, default=192)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--heads", type=int, default=6)
     parser.add_argument("--cond-len", type=int, default=32)
     parser.add_argument("--condition-rope", choices=("zero", "identity"), default="identity")
-    parser.add_argument("--train-images", type=int, default=50000)
-    parser.add_argument("--difficulty", type=float, default=0.5)
     parser.add_argument("--steps", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--save-every", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    add_run_arguments(parser, "runs/train_t2i")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-    args.work.mkdir(parents=True, exist_ok=True)
+    start_run(args)
 
     vq = VQTokenizer.from_pretrained(args.vq)
     words = WordTokenizer(vocabulary())
-    data_path = args.work / "data.pt"
-    if data_path.is_file():
-        data = torch.load(data_path)
-    else:
-        data = build_data(args.train_images, args.seed, vq, words, args.cond_len, args.difficulty)
-        torch.save(data, data_path)
+    data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, args.cond_len,
+                                                     args.difficulty))
     grid_tokens = data["tokens"].shape[1]
 
     model = LlamaGenTransformer(dim=args.dim, n_layer=args.layers, n_head=args.heads, multiple_of=32,
