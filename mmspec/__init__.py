@@ -43,6 +43,8 @@ _LAZY = {
     "ContinuousARImagePipeline": "mmspec.pipelines",
     "ARVideoPipeline": "mmspec.pipelines",
     "speculative_generate": "mmspec.speculate",
+    "local_speculative_generate": "mmspec.local_speculate",
+    "BlockDrafter": "mmspec.local_speculate",
     "ModelDrafter": "mmspec.drafters",
     "TreeConfig": "mmspec.drafters",
     "JacobiDrafter": "mmspec.drafters",
@@ -66,5 +68,5 @@ __all__ = [
     "crop_cache", "cspd_log_ratio", "expand_dynamic_tree", "local_resample_sets", "logits_to_probs", "sample",
     "select_cache_slots", "static_tree_from_choices", "tree_attention_mask", "verify_continuous",
     "verify_tokens", "verify_tree", "speculative_generate", "ModelDrafter", "JacobiDrafter", "TreeConfig",
-    "CausalLMRunner",
+    "CausalLMRunner", "local_speculative_generate", "BlockDrafter",
 ]
