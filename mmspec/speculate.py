@@ -78,6 +78,8 @@ class RoundResult:
         path: accepted tree node indices ``[B, D]`` (-1 pad) for tree rounds, else None.
         target_probs: the processed target distributions of the round ``[B, K+1, V]`` (``[B, N+1, V]``
             for trees), which Jacobi-style drafters turn into their next drafts.
+        target_penultimate: ``[B, M, D]`` the target's penultimate hidden states of ``committed``, when the
+            target returns them (``VLMRunner(..., return_penultimate=True)``; SpecVLM-style heads).
     """
 
     committed: torch.Tensor
@@ -86,6 +88,7 @@ class RoundResult:
     target_hidden: torch.Tensor | None = None
     path: torch.Tensor | None = None
     target_probs: torch.Tensor | None = None
+    target_penultimate: torch.Tensor | None = None
 
 
 class Drafter(ABC):
@@ -252,16 +255,23 @@ def _speculative_round(target, drafter, pending, to_probs, rule, generator, stat
         target.commit(keep)
         committed = torch.cat([pending.unsqueeze(1), result.tokens[:, :-1]], 1)
         committed = torch.where(keep >= 0, committed, -1)
-        hidden = None
-        if out.hidden is not None:  # B rows, or 2B [cond; uncond] rows from GuidedRunner(hidden="both")
-            rows = keep.repeat(out.hidden.shape[0] // keep.shape[0], 1).clamp_min(0)
-            hidden = out.hidden.gather(1, rows.unsqueeze(-1).expand(-1, -1, out.hidden.shape[-1]))
+        hidden = _committed_rows(out.hidden, keep)
+        penultimate = _committed_rows(getattr(out, "penultimate", None), keep)
         next_tokens = result.tokens.gather(1, result.num_accepted.unsqueeze(1)).squeeze(1)
     with stats.phase("draft"):
-        drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path, probs))
+        drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path, probs, penultimate))
         stats.draft_calls += drafter.calls - calls
     drafted = (torch.arange(result.tokens.shape[1], device=pending.device) < result.num_accepted.unsqueeze(-1))
     return result.tokens, drafted & (result.tokens >= 0)
+
+
+def _committed_rows(values: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor | None:
+    """``values [R, N+1, D]`` at the committed slots ``keep [B, M]`` (-1 pad reads slot 0); R is B, or 2B
+    ``[cond; uncond]`` rows from ``GuidedRunner(hidden="both")``."""
+    if values is None:
+        return None
+    rows = keep.repeat(values.shape[0] // keep.shape[0], 1).clamp_min(0)
+    return values.gather(1, rows.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
 
 
 def _tree_attention(target, tree: DraftTree) -> torch.Tensor:
