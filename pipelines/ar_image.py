@@ -42,7 +42,7 @@ from diffusers.utils import BaseOutput
 from mmspec.drafters import JacobiDrafter, TreeConfig
 from mmspec.local_speculate import local_speculative_generate
 from mmspec.models.text import WordTokenizer
-from mmspec.pipelines.hub import resolve_pretrained
+from mmspec.pipelines.hub import load_components, resolve_pretrained
 from mmspec.rules import AcceptanceRule, GroupedRule, LanternRule, PoolingThresholdRule
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
@@ -152,41 +152,11 @@ class ARImagePipeline(DiffusionPipeline):
     @classmethod
     def _from_local_folder(cls, path: Path, torch_dtype: torch.dtype | None = None, **overrides: Any
                            ) -> ARImagePipeline:
-        """Build the pipeline from a ``save_pretrained`` folder, each component with its own
-        ``from_pretrained``.
-
-        Why not diffusers' loader: it looks the loadable base class (``ModelMixin``) up *in the
-        component's own module*, and refuses classes that inherit it through another module (e.g.
-        ``VQTokenizer`` via ``PatchTokenizerMixin``: ``tokenizers/vq.py`` does not import ``ModelMixin``).
-        TODO(models/tokenizers): import ModelMixin in vq.py / continuous.py, then use diffusers' loader.
-        """
-        import importlib
-        import json
-
-        names = ("transformer", "vqvae", "eagle_head", "mulo_drafter", "mulo_upsampler", "text_tokenizer")
-        loadable = names[:-1]
-        unknown = sorted(set(overrides) - set(names))
-        if unknown:
-            raise ValueError(f"unexpected keyword arguments for a local pipeline folder: {unknown} (accepted: "
-                             f"torch_dtype and the components {list(names)})")
-        index = json.loads((path / "model_index.json").read_text())
-        if index.get("_class_name") not in (None, cls.__name__):
-            raise ValueError(f"{path} holds a {index['_class_name']}, not an {cls.__name__}")
-        components: dict[str, Any] = dict(overrides)
-        for name in loadable:
-            if name in components:
-                continue
-            library, class_name = index.get(name) or (None, None)
-            if library is None:
-                if name not in cls._optional_components:
-                    raise ValueError(f"{path}/model_index.json has no {name!r} component")
-                components[name] = None
-                continue
-            component_class = getattr(importlib.import_module(library), class_name)
-            component = component_class.from_pretrained(str(path / name))
-            if torch_dtype is not None:
-                component = component.to(torch_dtype)
-            components[name] = component.eval()
+        """Build the pipeline from a ``save_pretrained`` folder (:func:`load_components`), then the text
+        tokenizer: the word vocabulary file, or the transformer's ``load_text_tokenizer`` hook (Janus)."""
+        names = ("transformer", "vqvae", "eagle_head", "mulo_drafter", "mulo_upsampler")
+        components = load_components(cls, path, names, torch_dtype=torch_dtype, extra=("text_tokenizer",),
+                                     **overrides)
         hook = getattr(components["transformer"], "load_text_tokenizer", None)
         if components.get("text_tokenizer") is None and callable(hook):  # e.g. Janus: an HF tokenizer
             components["text_tokenizer"] = hook(path / "transformer")

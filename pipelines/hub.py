@@ -6,8 +6,14 @@ other path or hub id unchanged, so every pipeline's ``from_pretrained`` accepts 
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import torch
 
 # Zoo ids -> the command that builds the entry's weights (the pipeline folder is written by save_pretrained).
 ZOO_RECIPES = {
@@ -43,3 +49,46 @@ def resolve_pretrained(path_or_id: str | os.PathLike) -> str:
     if not (folder / "model_index.json").is_file():
         raise FileNotFoundError(f"the zoo entry {text!r} is not built yet: {folder} has no model_index.json." + how)
     return str(folder)
+
+
+def load_components(pipeline_class: type, path: Path, names: Sequence[str], *, torch_dtype: torch.dtype | None = None,
+                    extra: Sequence[str] = (), **overrides: Any) -> dict[str, Any]:
+    """Load the components ``names`` of a ``save_pretrained`` pipeline folder, each with its own class's
+    ``from_pretrained`` (the class named in ``model_index.json``), in eval mode.
+
+    ``overrides`` replace components (or pass the non-loadable arguments listed in ``extra``); a component
+    listed in the class's ``_optional_components`` may be absent (None). Unknown keywords, a folder that
+    holds another pipeline class, or a missing required component raise ``ValueError``.
+
+    Why not diffusers' loader: it looks the loadable base class (``ModelMixin``) up *in the component's own
+    module*, and refuses classes that inherit it through another module (e.g. ``VQTokenizer`` via
+    ``PatchTokenizerMixin``); it also cannot load the project's non-diffusers components by path.
+    """
+    unknown = sorted(set(overrides) - set(names) - set(extra))
+    if unknown:
+        raise ValueError(f"unexpected keyword arguments for a local pipeline folder: {unknown} (accepted: "
+                         f"torch_dtype and {sorted([*names, *extra])})")
+    index = json.loads((Path(path) / "model_index.json").read_text())
+    if index.get("_class_name") not in (None, pipeline_class.__name__):
+        raise ValueError(f"{path} holds a {index['_class_name']}, not a {pipeline_class.__name__}")
+    optional = set(getattr(pipeline_class, "_optional_components", ()))
+    components: dict[str, Any] = dict(overrides)
+    for name in names:
+        if name in components:
+            continue
+        library, class_name = index.get(name) or (None, None)
+        if library is None:
+            if name not in optional:
+                raise ValueError(f"{path}/model_index.json has no {name!r} component")
+            components[name] = None
+            continue
+        if library == "transformers" and class_name.endswith(("Processor", "Tokenizer", "TokenizerFast")):
+            component = getattr(importlib.import_module(library), class_name).from_pretrained(str(Path(path) / name))
+            components[name] = component
+            continue
+        component_class = getattr(importlib.import_module(library), class_name)
+        component = component_class.from_pretrained(str(Path(path) / name))
+        if torch_dtype is not None:
+            component = component.to(torch_dtype)
+        components[name] = component.eval()
+    return components
