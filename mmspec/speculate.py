@@ -166,7 +166,8 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
         sampling: how logits become distributions; greedy when ``do_sample=False``.
         rule: acceptance rule (default ExactRule when sampling, GreedyRule when greedy).
         callback: called after every round with ``(new_tokens [B, M] (-1 pad), drafted [B, M])`` for
-            streaming.
+            streaming: the tokens each row really gained (cut at its EOS or ``max_new_tokens``; -1 for rows
+            that had already finished).
     """
     if input_ids is not None:
         check_ndim(input_ids, 2, "input_ids", "[B, T]")
@@ -194,9 +195,9 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
             drafter.prefill(PrefillContext(input_ids, attention_mask, out, pending, model_inputs))
 
     output = _OutputBuffer(batch, max_new_tokens, eos, device)
-    output.append(pending.unsqueeze(1), torch.zeros(batch, 1, dtype=torch.bool, device=device))
+    first = output.append(pending.unsqueeze(1), torch.zeros(batch, 1, dtype=torch.bool, device=device))
     if callback is not None:
-        callback(pending.unsqueeze(1), torch.zeros(batch, 1, dtype=torch.bool))
+        callback(*first)
     while not output.all_done():
         active = ~output.done
         if drafter is None:
@@ -204,9 +205,9 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
         else:
             new_tokens, drafted = _speculative_round(target, drafter, pending, to_probs, rule, generator, stats,
                                                      active)
-        output.append(new_tokens, drafted)
+        appended = output.append(new_tokens, drafted)
         if callback is not None:
-            callback(new_tokens, drafted)
+            callback(*appended)
         pending = new_tokens.gather(1, ((new_tokens >= 0).sum(-1, keepdim=True) - 1)).squeeze(1)
     stats.tokens += int(output.lengths.sum())
     return SpeculativeOutput(output.sequences(pad_token_id), output.lengths.clone(), output.drafted_mask(), stats)
@@ -291,19 +292,24 @@ class _OutputBuffer:
         self.done = torch.zeros(batch, dtype=torch.bool, device=device)
         self.eos, self.max_new_tokens = eos, max_new_tokens
 
-    def append(self, new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
+    def append(self, new_tokens: torch.Tensor, drafted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append each row's new tokens up to its EOS / length limit; returns what was really appended
+        ``(tokens [B, M] -1 pad, drafted [B, M])`` (nothing for rows that were already done)."""
+        appended = torch.full_like(new_tokens, -1)
         for b in range(new_tokens.shape[0]):
             if self.done[b]:
                 continue
-            for token, was_drafted in zip(new_tokens[b].tolist(), drafted[b].tolist()):
+            for i, (token, was_drafted) in enumerate(zip(new_tokens[b].tolist(), drafted[b].tolist())):
                 if token < 0:
                     break
                 n = int(self.lengths[b])
                 self.tokens[b, n], self.drafted[b, n] = token, was_drafted
+                appended[b, i] = token
                 self.lengths[b] = n + 1
                 if n + 1 >= self.max_new_tokens or (self.eos.numel() and bool((self.eos == token).any())):
                     self.done[b] = True
                     break
+        return appended, drafted & (appended >= 0)
 
     def all_done(self) -> bool:
         return bool(self.done.all())

@@ -2,6 +2,8 @@
 
 * :class:`ARImagePipeline` (:mod:`.ar_image`): discrete AR image generation (LlamaGen-style targets)
   with "none", "eagle", "lantern", "sjd", "gsd", "mulo".
+* :class:`VLMPipeline` (:mod:`.vlm`): image/video + text -> text with transformers VLMs, "none",
+  "eagle", "flash", "vispec", "specvlm", "draft_vlm", with streaming.
 * :func:`resolve_pretrained` (:mod:`.hub`): zoo ids ``mmspec/<name>`` -> bundled folders.
 """
 
@@ -11,6 +13,9 @@ from typing import Any
 _EXPORTS = {
     "ARImagePipeline": ".ar_image",
     "ARImagePipelineOutput": ".ar_image",
+    "VLMPipeline": ".vlm",
+    "VLMPipelineOutput": ".vlm",
+    "VLMStreamChunk": ".vlm",
     "resolve_pretrained": ".hub",
 }
 

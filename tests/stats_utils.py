@@ -37,3 +37,21 @@ def make_dist(batch: int, steps: int, vocab: int, peaked: bool, generator: torch
     scale = 4.0 if peaked else 0.5
     logits = torch.randn(batch, steps, vocab, generator=generator, dtype=torch.float64) * scale
     return logits.softmax(-1)
+
+
+def two_sample_chi2_pvalue(a, b) -> float:
+    """p-value of a chi-square homogeneity test that two samples of token ids come from one distribution
+    (categories seen fewer than 5 times in total are pooled, so the test's approximation holds)."""
+    import numpy as np
+    from scipy.stats import chi2_contingency
+
+    a, b = np.asarray(a).ravel(), np.asarray(b).ravel()
+    values = np.union1d(a, b)
+    table = np.stack([(a[:, None] == values).sum(0), (b[:, None] == values).sum(0)])
+    rare = table.sum(0) < 5
+    if rare.any():
+        table = np.concatenate([table[:, ~rare], table[:, rare].sum(1, keepdims=True)], 1)
+    table = table[:, table.sum(0) > 0]
+    if table.shape[1] < 2:
+        return 1.0
+    return float(chi2_contingency(table)[1])

@@ -1,0 +1,436 @@
+"""VLM decoding with speculative decoding (issue 5): image or video frames + text in, text out.
+
+:class:`VLMPipeline` composes a transformers vision-language model (the target: LLaVA, LLaVA-NeXT,
+Qwen2-VL, Qwen2.5-VL, or the zoo's shapes captioner, itself a ``LlavaForConditionalGeneration``), its
+processor, and optional draft heads. Every method is one call of the core's
+:func:`~mmspec.speculate.speculative_generate` with :class:`~mmspec.models.vlm_targets.VLMRunner` as the
+target; the pipeline only formats the prompt, builds the drafter and decodes the text:
+
+===========  ==========================================================================  ========
+method       drafter                                                                     lossless
+===========  ==========================================================================  ========
+"none"       None (target-only baseline, same loop)                                      --
+"eagle"      EAGLE-style head over the target's features (chain or EAGLE-2 tree)          yes
+"flash"      FLASH: latent-compressed image span + semi-autoregressive head               yes
+"vispec"     ViSpec: vision adaptor (few image tokens + global vector) on the head         yes
+"specvlm"    SpecVLM: elastic visual compressor picked per input by a gate                 yes
+"draft_vlm"  a standalone small VLM of the same family (classic speculative decoding)     yes
+===========  ==========================================================================  ========
+
+Every method is lossless: greedy output equals ``"none"`` token for token, sampled output follows the
+target's distribution (the acceptance rule is exact speculative sampling). Heads only change speed.
+
+Streaming: ``callback_on_step_end`` sees every verification round; :meth:`VLMPipeline.stream` yields
+:class:`VLMStreamChunk` text deltas per row (with which tokens were drafted and accepted), and
+``streamer=`` takes a transformers streamer (``TextStreamer``, ``TextIteratorStreamer``) for batch 1.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+from diffusers import DiffusionPipeline
+from diffusers.utils import BaseOutput
+
+from mmspec.drafters import ModelDrafter, TreeConfig
+from mmspec.models.vlm_targets import VLMRunner, vlm_family
+from mmspec.pipelines.hub import load_components, resolve_pretrained
+from mmspec.sampling import SamplingConfig
+from mmspec.speculate import speculative_generate
+from mmspec.stats import SpecStats
+
+METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")
+#: method -> the pipeline component that holds its draft model
+METHOD_COMPONENTS = {"eagle": "eagle_head", "flash": "flash_head", "vispec": "vispec_head",
+                     "specvlm": "specvlm_head", "draft_vlm": "draft_model"}
+ImageLike = PIL.Image.Image | np.ndarray | torch.Tensor
+
+
+@dataclass
+class VLMStreamChunk:
+    """New text of one row after one verification round.
+
+    Attributes:
+        row: batch row (prompt index).
+        text: the text these tokens added (a detokenised delta; may be "" while a word is incomplete).
+        tokens: the new token ids.
+        drafted: per new token, True if a draft proposed it and the target accepted it, False if the
+            target produced it (corrections, bonus tokens, the first token).
+    """
+
+    row: int
+    text: str
+    tokens: list[int]
+    drafted: list[bool]
+
+
+@dataclass
+class VLMPipelineOutput(BaseOutput):
+    """Output of :class:`VLMPipeline`.
+
+    Attributes:
+        text: the generated text of each prompt (special tokens removed).
+        tokens: per prompt, LongTensor ``[L]`` of generated ids (EOS included when it was produced).
+        drafted: per prompt, bool ``[L]``: True where the token was drafted and accepted.
+        stats: :class:`~mmspec.stats.SpecStats` (mean accepted length includes the bonus token).
+        draft_visual_tokens: visual positions the draft head attends to per row (None for "none";
+            the full image span for "eagle" and "draft_vlm", fewer for the compressing heads).
+    """
+
+    text: list[str]
+    tokens: list[torch.Tensor]
+    drafted: list[torch.Tensor]
+    stats: SpecStats
+    draft_visual_tokens: list[int] | None = None
+
+
+@dataclass
+class _Batch:
+    """A processed batch: the model inputs plus what the pipeline needs to know about them."""
+
+    inputs: dict[str, torch.Tensor]
+    image_counts: list[int] = field(default_factory=list)
+
+
+class VLMPipeline(DiffusionPipeline):
+    r"""Image/video + text -> text with a transformers VLM, speculative or not, on one core loop.
+
+    Args:
+        target: a transformers ``LlavaForConditionalGeneration``, ``LlavaNextForConditionalGeneration``,
+            ``Qwen2VLForConditionalGeneration`` or ``Qwen2_5_VLForConditionalGeneration``.
+        processor: its transformers processor (tokenizer + image processor; left padding is set here).
+        eagle_head / flash_head / vispec_head / specvlm_head: draft heads (``mmspec.models.vlm_drafters``
+            or :class:`~mmspec.models.eagle.EagleHead`); each is bound to the target here, which checks its
+            hidden size and vocabulary. None: that method is unavailable.
+        draft_model: a small VLM of the same family and tokenizer for ``method="draft_vlm"`` (and for
+            transformers' assisted generation in the benchmark).
+
+    Example::
+
+        >>> pipe = VLMPipeline.from_pretrained("mmspec/shapes-vlm")
+        >>> out = pipe(image, "describe the image in detail.", method="eagle", max_new_tokens=200)
+        >>> out.text[0], out.stats.mean_accepted_length
+        >>> for chunk in pipe.stream(image, "describe the image in detail.", method="eagle"):
+        ...     print(chunk.text, end="")
+    """
+
+    _optional_components = ["eagle_head", "flash_head", "vispec_head", "specvlm_head", "draft_model"]
+
+    def __init__(self, target: Any, processor: Any, eagle_head: Any = None, flash_head: Any = None,
+                 vispec_head: Any = None, specvlm_head: Any = None, draft_model: Any = None) -> None:
+        super().__init__()
+        self.family = vlm_family(target)  # ValueError for unsupported models
+        tokenizer = getattr(processor, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError(f"processor must be a transformers processor with a tokenizer, got {type(processor).__name__}")
+        tokenizer.padding_side = "left"
+        vocab = target.get_output_embeddings().weight.shape[0]
+        if len(tokenizer) > vocab:
+            raise ValueError(f"the processor's tokenizer has {len(tokenizer)} tokens but the target predicts {vocab}")
+        if draft_model is not None:
+            vlm_family(draft_model)
+            draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
+            if draft_vocab != vocab:
+                raise ValueError(f"vocab mismatch: draft_model predicts {draft_vocab} tokens, the target {vocab}")
+        self.register_modules(target=target, processor=processor, eagle_head=eagle_head, flash_head=flash_head,
+                              vispec_head=vispec_head, specvlm_head=specvlm_head, draft_model=draft_model)
+        for name in ("eagle_head", "flash_head", "vispec_head", "specvlm_head"):
+            head = getattr(self, name)
+            if head is not None:
+                _bind(head, target)
+
+    # -- loading --------------------------------------------------------------------------------------
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> VLMPipeline:
+        """Load a saved pipeline folder or a zoo id (``mmspec/shapes-vlm``, offline)."""
+        path = resolve_pretrained(pretrained_model_name_or_path)
+        if (Path(path) / "model_index.json").is_file():
+            torch_dtype = kwargs.pop("torch_dtype", None)
+            names = ("target", "processor", *cls._optional_components)
+            pipe = cls(**load_components(cls, Path(path), names, torch_dtype=torch_dtype, **kwargs))
+            pipe.register_to_config(_name_or_path=str(path))
+            return pipe
+        return super().from_pretrained(path, **kwargs)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.processor.tokenizer
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The target's end-of-sequence ids (generation config, else the tokenizer's)."""
+        config = getattr(self.target, "generation_config", None)
+        eos = getattr(config, "eos_token_id", None) if config is not None else None
+        if eos is None:
+            eos = self.tokenizer.eos_token_id
+        return [] if eos is None else ([int(eos)] if isinstance(eos, int) else [int(e) for e in eos])
+
+    # -- inputs ---------------------------------------------------------------------------------------
+    def format_prompt(self, text: str, num_images: int) -> str:
+        """The model-ready prompt for ``text`` with ``num_images`` images (video frames count one each).
+
+        Uses the processor's chat template when it has one (real LLaVA / Qwen checkpoints and the zoo),
+        else puts the image placeholder tokens before the text. A ``text`` that already holds
+        placeholder tokens is used as is (their number must match the images)."""
+        image_token = _image_token(self.processor)
+        if image_token in text:
+            found = text.count(image_token)
+            if found != num_images:
+                raise ValueError(f"the prompt holds {found} image token(s) {image_token!r} but {num_images} image(s) "
+                                 "were given")
+            return text
+        if getattr(self.processor, "chat_template", None):
+            content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
+            messages = [{"role": "user", "content": content}]
+            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return image_token * num_images + text
+
+    def encode(self, images: Any, prompt: str | Sequence[str], videos: Any = None) -> _Batch:
+        """Processor outputs for a batch of (images or video frames, prompt) pairs (left-padded)."""
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        if not prompts:
+            raise ValueError("prompt must be a string or a non-empty list of strings")
+        if not all(isinstance(p, str) for p in prompts):
+            raise ValueError("every prompt must be a string")
+        if images is not None and videos is not None:
+            raise ValueError("pass images or videos, not both (a video is a list of frames)")
+        visual = _per_prompt(videos if videos is not None else images, len(prompts),
+                             "videos" if videos is not None else "images")
+        if any(not frames for frames in visual):
+            raise ValueError("every prompt needs at least one image (or video frame); got a prompt without any")
+        texts = [self.format_prompt(text, len(frames)) for text, frames in zip(prompts, visual)]
+        flat = [_to_pil(frame) for frames in visual for frame in frames]
+        try:
+            inputs = self.processor(text=texts, images=flat, padding=True, return_tensors="pt")
+        except (ValueError, TypeError) as error:
+            raise ValueError(f"the processor rejected the inputs: {error}") from error
+        inputs = {k: v.to(self.target.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        if "pixel_values" in inputs and inputs["pixel_values"].is_floating_point():
+            inputs["pixel_values"] = inputs["pixel_values"].to(self.target.dtype)
+        return _Batch(dict(inputs), [len(frames) for frames in visual])
+
+    # -- methods --------------------------------------------------------------------------------------
+    def check_method(self, method: str) -> None:
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
+        component = METHOD_COMPONENTS.get(method)
+        if component is not None and getattr(self, component) is None:
+            raise ValueError(f"method={method!r} needs a {component}; this pipeline has none")
+
+    def make_drafter(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
+                     num_draft_tokens: int, tree: TreeConfig | None) -> Any:
+        """The drafter of ``method`` (None for "none")."""
+        self.check_method(method)
+        if method == "none":
+            return None
+        if method == "draft_vlm":
+            return ModelDrafter(VLMRunner(self.draft_model), num_draft_tokens, sampling=sampling, tree=tree,
+                                generator=generator)
+        head = getattr(self, METHOD_COMPONENTS[method])
+        factory = getattr(head, "make_drafter", None)
+        if callable(factory):  # mmspec.models.vlm_drafters heads
+            return factory(sampling=sampling, num_draft_tokens=num_draft_tokens, tree=tree, generator=generator)
+        from mmspec.models.eagle import EagleDrafter, EagleHead
+
+        if isinstance(head, EagleHead):
+            return EagleDrafter(head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator)
+        raise ValueError(f"{METHOD_COMPONENTS[method]} is a {type(head).__name__}, which has no make_drafter()")
+
+    # -- generation -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def __call__(self, images: Any = None, prompt: str | Sequence[str] = "", method: str = "none", *,
+                 videos: Any = None, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
+                 top_p: float = 1.0, max_new_tokens: int = 256, generator: torch.Generator | None = None,
+                 num_draft_tokens: int = 6, tree: TreeConfig | None = None,
+                 callback_on_step_end: Callable[[VLMPipeline, int, dict[str, Any]], Any] | None = None,
+                 streamer: Any = None) -> VLMPipelineOutput:
+        """Answer each (images or video frames, prompt) pair, speculatively unless ``method="none"``.
+
+        Args:
+            images: one image (PIL, ``[H, W, 3]`` array or ``[3, H, W]`` tensor), or one entry per prompt,
+                each an image or a list of images.
+            prompt: text prompt(s); image placeholder tokens are added by :meth:`format_prompt`.
+            method: "none", "eagle", "flash", "vispec", "specvlm" or "draft_vlm".
+            videos: instead of ``images``: per prompt a list of frames (the frames enter the prompt as a
+                sequence of images, the way the zoo captioner and LLaVA read video).
+            do_sample / temperature / top_k / top_p: sampling; greedy decoding when ``do_sample=False``.
+            max_new_tokens: generation limit per row (EOS stops a row earlier).
+            generator: one ``torch.Generator`` for every random draw.
+            num_draft_tokens: draft chain length K (FLASH: tokens per semi-autoregressive forward).
+            tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig` instead of a chain (heads that support it).
+            callback_on_step_end: called after every round as ``fn(pipeline, round_index,
+                {"new_tokens": [B, M] (-1 pad), "drafted": [B, M]})``.
+            streamer: a transformers streamer (``put(ids)``, ``end()``), batch 1 only.
+        Returns:
+            :class:`VLMPipelineOutput`.
+        """
+        self.check_method(method)
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        vocab = self.target.get_output_embeddings().weight.shape[0]
+        if top_k is not None and not 1 <= top_k <= vocab:
+            raise ValueError(f"top_k must be in [1, {vocab}], got {top_k}")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError("generator must be one torch.Generator")
+        batch = self.encode(images, prompt, videos)
+        rows = batch.inputs["input_ids"].shape[0]
+        if streamer is not None and rows != 1:
+            raise ValueError(f"streamer= works for one prompt at a time (got {rows}); use stream() for batches")
+        sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+        drafter = self.make_drafter(method, sampling, generator, num_draft_tokens, tree)
+        needs_hidden = bool(getattr(drafter, "needs_target_hidden", False))
+        target = VLMRunner(self.target, return_hidden=needs_hidden,
+                           return_penultimate=bool(getattr(drafter, "needs_target_penultimate", False)))
+        rounds = [0]
+        progress = self.progress_bar(total=max_new_tokens)
+        longest = [0]
+
+        def on_round(new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
+            counts = (new_tokens >= 0).sum(1)
+            step = int(counts.max())
+            progress.update(min(step, max_new_tokens - longest[0]))
+            longest[0] = min(max_new_tokens, longest[0] + step)
+            if streamer is not None:
+                streamer.put(new_tokens[0, : int(counts[0])].cpu())
+            if callback_on_step_end is not None:
+                callback_on_step_end(self, rounds[0], {"new_tokens": new_tokens, "drafted": drafted})
+            rounds[0] += 1
+
+        inputs = dict(batch.inputs)
+        input_ids, attention_mask = inputs.pop("input_ids"), inputs.pop("attention_mask", None)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        out = speculative_generate(target, drafter, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                                   sampling=sampling, eos_token_id=self.eos_token_ids or None, pad_token_id=pad,
+                                   generator=generator, callback=on_round, **inputs)
+        progress.close()
+        if streamer is not None:
+            streamer.end()
+        tokens = [out.sequences[i, : int(out.lengths[i])].cpu() for i in range(rows)]
+        drafted = [out.drafted[i, : int(out.lengths[i])].cpu() for i in range(rows)]
+        text = [self.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
+        visual = getattr(drafter, "draft_visual_tokens", None)
+        if visual is None and method in ("eagle", "draft_vlm") and target.prompt is not None:
+            visual = target.prompt.image_mask.sum(1).tolist()  # these drafters read the whole image span
+        if isinstance(visual, torch.Tensor):
+            visual = visual.tolist()
+        return VLMPipelineOutput(text=text, tokens=tokens, drafted=drafted, stats=out.stats,
+                                 draft_visual_tokens=visual)
+
+    def stream(self, images: Any = None, prompt: str | Sequence[str] = "", method: str = "none",
+               **kwargs: Any) -> Iterator[VLMStreamChunk | VLMPipelineOutput]:
+        """Generate like ``__call__`` and yield text as it is verified.
+
+        Yields a :class:`VLMStreamChunk` per row and round (rows in batch order), then the final
+        :class:`VLMPipelineOutput`. Generation runs in a worker thread; errors are re-raised here.
+        """
+        if "callback_on_step_end" in kwargs or "streamer" in kwargs:
+            raise ValueError("stream() sets its own callback: pass neither callback_on_step_end nor streamer")
+        events: queue.Queue = queue.Queue()
+        decoder = _IncrementalDecoder(self.tokenizer)
+        done = object()
+
+        def on_round(pipe: VLMPipeline, index: int, state: dict[str, Any]) -> None:
+            new_tokens, drafted = state["new_tokens"].cpu(), state["drafted"].cpu()
+            for row in range(new_tokens.shape[0]):
+                keep = new_tokens[row] >= 0
+                ids = new_tokens[row][keep].tolist()
+                if ids:
+                    events.put(VLMStreamChunk(row, decoder.add(row, ids), ids, drafted[row][keep].tolist()))
+
+        def work() -> None:
+            try:
+                events.put(self(images, prompt, method, callback_on_step_end=on_round, **kwargs))
+            except BaseException as error:  # noqa: BLE001 - handed to the consumer
+                events.put(error)
+            finally:
+                events.put(done)
+
+        worker = threading.Thread(target=work, daemon=True)
+        worker.start()
+        while (item := events.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+        worker.join()
+
+
+class _IncrementalDecoder:
+    """Turns per-row token streams into text deltas (decode all, emit the new suffix), so word pieces
+    that only become text together are emitted when complete."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: dict[int, list[int]] = {}
+        self.text: dict[int, str] = {}
+
+    def add(self, row: int, ids: list[int]) -> str:
+        self.ids.setdefault(row, []).extend(ids)
+        text = self.tokenizer.decode(self.ids[row], skip_special_tokens=True)
+        previous = self.text.get(row, "")
+        self.text[row] = text
+        return text[len(previous):] if text.startswith(previous) else text
+
+
+def _bind(head: Any, target: Any) -> None:
+    """Bind a draft head to the target (its embedding and LM head), with the head's own checks."""
+    try:
+        head.bind_target(target)
+    except (TypeError, AttributeError):
+        head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
+
+
+def _image_token(processor: Any) -> str:
+    token = getattr(processor, "image_token", None)
+    if token is None:
+        raise ValueError(f"{type(processor).__name__} has no image_token: not a VLM processor")
+    return str(token)
+
+
+def _per_prompt(visual: Any, num_prompts: int, name: str) -> list[list[Any]]:
+    """Normalise images/videos to one list of frames per prompt."""
+    if visual is None:
+        return [[] for _ in range(num_prompts)]
+    if _is_image(visual):
+        visual = [visual]
+    if not isinstance(visual, (list, tuple)):
+        raise ValueError(f"{name} must be an image or a list (one entry per prompt), got {type(visual).__name__}")
+    if len(visual) != num_prompts:
+        if num_prompts == 1 and name == "images" and all(_is_image(v) for v in visual):
+            return [list(visual)]  # several images for one prompt
+        raise ValueError(f"{name} has {len(visual)} entries for {num_prompts} prompt(s)")
+    frames = [[entry] if _is_image(entry) else list(entry) for entry in visual]
+    for item in frames:
+        for frame in item:
+            if not _is_image(frame):
+                raise ValueError(f"{name} entries must be images (PIL, array [H, W, 3] or tensor [3, H, W]), got "
+                                 f"{type(frame).__name__}")
+    return frames
+
+
+def _is_image(value: Any) -> bool:
+    if isinstance(value, PIL.Image.Image):
+        return True
+    if isinstance(value, (np.ndarray, torch.Tensor)):
+        return value.ndim == 3
+    return False
+
+
+def _to_pil(image: ImageLike) -> PIL.Image.Image:
+    """PIL RGB from PIL, ``[H, W, 3]`` uint8/float array or ``[3, H, W]`` float tensor in [0, 1]."""
+    if isinstance(image, PIL.Image.Image):
+        return image.convert("RGB")
+    array = image.detach().cpu().permute(1, 2, 0).numpy() if isinstance(image, torch.Tensor) else np.asarray(image)
+    if array.ndim != 3 or array.shape[-1] != 3:
+        raise ValueError(f"images must be [H, W, 3] arrays or [3, H, W] tensors, got shape {tuple(array.shape)}")
+    if array.dtype != np.uint8:
+        array = (np.clip(array.astype(np.float32), 0.0, 1.0) * 255).round().astype(np.uint8)
+    return PIL.Image.fromarray(array)
