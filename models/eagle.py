@@ -99,13 +99,17 @@ class EagleHead(ModelMixin, ConfigMixin):
         return self._bound()["head"]
 
     # -- forward --------------------------------------------------------------------------------------
-    def fuse(self, input_ids: torch.Tensor | None, target_hidden: torch.Tensor) -> torch.Tensor:
-        """``fc([embed(x) ; h])``; a missing token id (None or -1) embeds as zeros (condition prefixes)."""
+    def fuse(self, input_ids: torch.Tensor | None, target_hidden: torch.Tensor,
+             token_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """``fc([embed(x) ; h])``; a missing token id (None or -1) embeds as zeros (condition prefixes), or as
+        ``token_embeds [B, T, d]`` at those slots when given (e.g. compressed image tokens of a VLM drafter)."""
         if input_ids is None:
-            embeds = torch.zeros_like(target_hidden)
+            embeds = torch.zeros_like(target_hidden) if token_embeds is None else token_embeds.to(target_hidden.dtype)
         else:
             embeds = self._bound()["embed"](input_ids.clamp_min(0)).to(target_hidden.dtype)
-            embeds = embeds.masked_fill((input_ids < 0).unsqueeze(-1), 0.0)
+            missing = (input_ids < 0).unsqueeze(-1)
+            embeds = embeds.masked_fill(missing, 0.0) if token_embeds is None else \
+                torch.where(missing, token_embeds.to(target_hidden.dtype), embeds)
         fused = torch.cat([embeds, target_hidden], dim=-1)
         if self.fused_norm is not None:
             fused = self.fused_norm(fused)
@@ -113,16 +117,18 @@ class EagleHead(ModelMixin, ConfigMixin):
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = True,
-                output_hidden_states: bool = False, target_hidden: torch.Tensor | None = None) -> EagleOutput:
+                output_hidden_states: bool = False, target_hidden: torch.Tensor | None = None,
+                token_embeds: torch.Tensor | None = None) -> EagleOutput:
         """Predict features ``[B, T, d]`` and their logits ``[B, T, V]``.
 
         Args:
             input_ids: ``[B, T]`` tokens x_i (-1 = no token: condition positions).
             target_hidden: ``[B, T, d]`` the feature preceding each token (h_{i-1}, true or predicted).
+            token_embeds: optional ``[B, T, d]`` input embeddings used where ``input_ids`` is -1 (zeros otherwise).
         """
         if target_hidden is None:
             raise ValueError("EagleHead needs target_hidden [B, T, d], the feature preceding each token")
-        embeds = self.fuse(input_ids, target_hidden)
+        embeds = self.fuse(input_ids, target_hidden, token_embeds)
         out = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=past_key_values, use_cache=use_cache)
         features = out.last_hidden_state
