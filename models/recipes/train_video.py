@@ -1,0 +1,133 @@
+"""Recipe: the target and the drafter of the ``mmspec/shapes-video`` zoo entry.
+
+Both are :class:`~mmspec.models.video.BlockCausalVideoTransformer` models (block-causal latent video
+diffusion, Self-Forcing / CausVid style) trained by teacher forcing with the flow-matching loss on
+shapes-world videos: 16 frames of 32x32 (1-2 moving objects), encoded per frame by the zoo's continuous
+patch tokenizer (8x8x16 latents), blocks of 2 frames, captions in the video-prompt format ("a red circle
+moving right and a blue square moving up"). The two roles differ only in size:
+
+    python -m mmspec.models.recipes.train_video --role target --out runs/train_video_target/model
+    python -m mmspec.models.recipes.train_video --role drafter --out runs/train_video_drafter/model
+
+Deterministic for a seed; resumable (rerun the same command): checkpoints every ``--save-every`` steps
+under ``--work``, JSON-lines log in ``--work/log.jsonl``. The training clips are rendered and encoded
+once and cached in ``--work/data.pt`` (``--data`` reuses another run's file, e.g. the target's for the
+drafter). Run it in the background (``nohup nice -n 10 ... &``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmspec.models.recipes.common import cached_data, start_run, train_loop
+from mmspec.models.text import WordTokenizer
+from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
+from mmspec.models.video import BlockCausalVideoTransformer, flow_matching_loss
+from mmspec.world import render_video, rng_for, sample_video, vocabulary
+from mmspec.world.video import MotionSpec, VideoClip, video_prompt_text
+
+#: sizes of the two roles (dim, layers, heads); the drafter is ~4x cheaper per block than the target
+ROLES = {"target": {"dim": 192, "layers": 8, "heads": 6}, "drafter": {"dim": 128, "layers": 2, "heads": 4}}
+TEXT_VOCAB_FILE = "text_vocab.json"
+
+
+def clip_caption(clip: VideoClip) -> str:
+    """The clip's objects in the video-prompt format (no sizes), as ``make_video_prompt_set`` writes them."""
+    return video_prompt_text([MotionSpec(o.shape, o.color, d) for o, d in zip(clip.objects, clip.directions)])
+
+
+def build_data(num: int, seed: int, tokenizer: ContinuousTokenizer, words: WordTokenizer, text_length: int,
+               num_frames: int, difficulty: float, max_objects: int = 2, split: str = "train") -> dict:
+    """Render, encode and caption ``num`` clips: ``{"latents": [N, F, C, h, w] fp16, "words": [N, L]}``."""
+    latents, captions = [], []
+    start = time.time()
+    for index in range(num):
+        rng = rng_for(split, seed, index)
+        clip = sample_video(rng, int(rng.integers(1, max_objects + 1)), num_frames)
+        frames = torch.from_numpy(render_video(clip, tokenizer.config.image_size, difficulty))
+        with torch.no_grad():
+            z = tokenizer.encode(frames.permute(0, 3, 1, 2).float() / 255.0)  # [F, h, w, C]
+        latents.append(z.permute(0, 3, 1, 2).to(torch.float16))
+        captions.append(clip_caption(clip))
+        if (index + 1) % 2000 == 0:
+            print(f"data: {index + 1}/{num} clips ({time.time() - start:.0f} s)", flush=True)
+    return {"latents": torch.stack(latents), "words": words.batch(captions, text_length), "captions": captions}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder of the trained model (save_pretrained)")
+    parser.add_argument("--role", choices=sorted(ROLES), default="target", help="size preset")
+    parser.add_argument("--dim", type=int, default=None)
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--heads", type=int, default=None)
+    parser.add_argument("--mlp-ratio", type=float, default=4.0)
+    parser.add_argument("--num-frames", type=int, default=16)
+    parser.add_argument("--frames-per-block", type=int, default=2)
+    parser.add_argument("--text-length", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--condition-dropout", type=float, default=0.1)
+    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--train-clips", type=int, default=10000)
+    parser.add_argument("--difficulty", type=float, default=0.5)
+    parser.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
+    parser.add_argument("--data", type=Path, default=None, help="reuse this data.pt (same data arguments)")
+    parser.add_argument("--work", type=Path, default=None, help="default: runs/train_video_<role>")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    preset = ROLES[args.role]
+    dim, layers, heads = (args.dim or preset["dim"], args.layers or preset["layers"], args.heads or preset["heads"])
+    args.work = args.work or Path(f"runs/train_video_{args.role}")
+    start_run(args)
+
+    tokenizer = ContinuousTokenizer.from_pretrained(str(args.tokenizer)).eval()
+    words = WordTokenizer(vocabulary())
+    build = lambda: build_data(args.train_clips, args.seed, tokenizer, words, args.text_length,  # noqa: E731
+                               args.num_frames, args.difficulty)
+    if args.data is not None:
+        if not args.data.is_file():
+            raise FileNotFoundError(f"--data: no such file {args.data}")
+        data = torch.load(args.data)
+    else:
+        data = cached_data(args.work, build)
+    num_clips = data["latents"].shape[0]
+    if tuple(data["latents"].shape[1:3]) != (args.num_frames, tokenizer.config.latent_dim):
+        raise ValueError(f"cached data has latents {tuple(data['latents'].shape)}; delete {args.work}/data.pt or "
+                         f"pass matching --num-frames")
+
+    c, h, w = data["latents"].shape[2:]
+    model = BlockCausalVideoTransformer(latent_channels=c, latent_size=h, patch_size=2, num_frames=args.num_frames,
+                                        frames_per_block=args.frames_per_block, dim=dim, num_layers=layers,
+                                        num_heads=heads, mlp_ratio=args.mlp_ratio, text_vocab_size=len(words),
+                                        text_length=args.text_length, condition_dropout=args.condition_dropout)
+    print(f"{args.role}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {num_clips} clips",
+          flush=True)
+    out = Path(args.out)
+
+    def save(trained: BlockCausalVideoTransformer) -> None:
+        copy.deepcopy(trained).eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
+        words.save(out / TEXT_VOCAB_FILE)
+
+    def loss_fn(index: torch.Tensor) -> torch.Tensor:
+        latents = data["latents"][index].float()
+        ids = data["words"][index].clone()
+        drop = torch.rand(ids.shape[0]) < args.condition_dropout
+        ids[drop] = -1  # all padding -> the model's null prompt
+        return flow_matching_loss(model, latents, ids)
+
+    np.random.seed(args.seed)
+    train_loop(model, loss_fn, num_clips, steps=args.steps, batch=args.batch, lr=args.lr, work=args.work, save=save,
+               save_every=args.save_every)
+
+
+if __name__ == "__main__":
+    main()

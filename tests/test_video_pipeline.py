@@ -1,0 +1,347 @@
+"""ARVideoPipeline (pipelines/ar_video.py) on tiny random fp64 models: tau = +inf is target-only and
+tau = -inf is draft-only exactly, accepted blocks enter the target's cache and condition its next block,
+per-block statistics, the reward callables (shapes exact on world videos; CLIP and ImageReward from local
+random weights), save/load, GIF export, bad input."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import warnings
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+
+from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward, parse_video_prompt
+from mmspec.models.text import WordTokenizer
+from mmspec.models.tokenizers import load_zoo_tokenizer
+from mmspec.models.video import BlockCausalVideoTransformer
+from mmspec.pipelines.ar_video import ARVideoPipeline, VideoSpecStats, export_video, resolve_reward
+from mmspec.world import (
+    clip_for_prompt,
+    make_video_prompt_set,
+    render_video,
+    score_video,
+    vocabulary,
+)
+from mmspec.world.video import VideoPrompt, video_prompt_text
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PROMPTS = ["a red circle moving right", "a blue square moving up and a green diamond moving down and to the left"]
+
+
+def tiny(layers: int, seed: int, dim: int = 32) -> BlockCausalVideoTransformer:
+    torch.manual_seed(seed)
+    model = BlockCausalVideoTransformer(num_layers=layers, dim=dim, num_heads=4, num_frames=8, text_length=20)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.05)
+    return model.to(torch.float64).eval()
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    p = ARVideoPipeline(tiny(2, 0), load_zoo_tokenizer("continuous"), tiny(1, 1, dim=16), WordTokenizer(vocabulary()))
+    p.set_progress_bar_config(disable=True)
+    return p
+
+
+def gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+class BlockReward:
+    """A reward that scores block n of every video with ``scores[row][n]`` (any callable works)."""
+
+    def __init__(self, scores: list[list[float]], frames_per_block: int = 2) -> None:
+        self.scores, self.fb, self.calls = scores, frames_per_block, []
+
+    def __call__(self, frames, prompt):
+        assert frames.ndim == 4 and frames.shape[1] == 3 and 0 <= float(frames.min()) and float(frames.max()) <= 1
+        self.calls.append(prompt)
+        row = [p for p in PROMPTS].index(prompt)
+        block = sum(1 for p in self.calls if p == prompt)  # calls so far for this video = block index (first forced)
+        return [self.scores[row][block]] * frames.shape[0]
+
+
+def test_tau_plus_inf_is_target_only_exactly(pipe):
+    base = pipe(PROMPTS, "none", generator=gen(), output_type="pt")
+    spec = pipe(PROMPTS, "sdvg", tau=math.inf, generator=gen(), output_type="pt")
+    assert torch.equal(base.latents, spec.latents) and torch.equal(base.frames, spec.frames)
+    assert spec.stats.draft_calls == 0 and spec.stats.reward_calls == 0  # the decision needs no draft
+    assert spec.stats.target_calls == base.stats.target_calls == 1 + 4 * 4 + 3  # prompt, 4 steps x 4 blocks, 3 writes
+    assert not spec.stats.accepted.any() and spec.stats.source == [["target"] * 4] * 2
+    other = pipe(PROMPTS, "none", generator=gen(1), output_type="pt")
+    assert not torch.allclose(other.latents, base.latents)  # the seed matters
+
+
+def test_tau_minus_inf_is_draft_only_exactly(pipe):
+    draft = pipe(PROMPTS, "draft", generator=gen(), output_type="pt")
+    spec = pipe(PROMPTS, "sdvg", tau=-math.inf, force_reject_first=False, generator=gen(), output_type="pt")
+    assert torch.equal(draft.latents, spec.latents)
+    assert spec.stats.target_calls == 0 and draft.stats.target_calls == 0  # the target never runs
+    assert spec.stats.accepted.all() and spec.stats.draft_fraction == 1.0
+    base = pipe(PROMPTS, "none", generator=gen(), output_type="pt")
+    assert not torch.allclose(base.latents, draft.latents)
+    # with the forced first block: block 0 is the target's, the rest the drafter's
+    anchored = pipe(PROMPTS, "sdvg", tau=-math.inf, generator=gen(), output_type="pt")
+    assert anchored.stats.source == [["target", "draft", "draft", "draft"]] * 2
+    assert torch.equal(anchored.latents[:, :2], base.latents[:, :2])
+
+
+def test_accepted_blocks_enter_the_target_cache(pipe):
+    # video 0: blocks 1 and 2 accepted, 3 rejected; video 1: block 1 rejected, 2 and 3 accepted
+    reward = BlockReward([[None, 1.0, 1.0, 0.0], [None, 0.0, 1.0, 1.0]])
+    seen = {}
+
+    def on_block(p, n, info):
+        cache = info["target_cache"]
+        seen[n] = (cache.num_frames, cache.kv.keys[:, :, :, :cache.length].clone(), info["latents"].clone())
+
+    out = pipe(PROMPTS, "sdvg", tau=0.5, reward=reward, generator=gen(), output_type="latent",
+               callback_on_block_end=on_block)
+    assert out.frames is None
+    assert out.stats.source == [["target", "draft", "draft", "target"], ["target", "target", "draft", "draft"]]
+    # lazy cache: the target caught up only when it ran: block 1 (video 1) needed block 0; block 2 (no
+    # rejection) left it alone; block 3 (video 0) needed blocks 0-2, written in one pass
+    assert [seen[n][0] for n in range(4)] == [0, 2, 2, 6]
+    # the cached keys of blocks 0-2 are those of the final video (accepted drafts included): rebuild them
+    target = pipe.transformer
+    ids = pipe.encode_prompt(PROMPTS)
+    with torch.no_grad():
+        fresh = target.new_cache(2)
+        target.encode_prompt(fresh, ids)
+        target.write_cache(out.latents[:, :6], fresh, 0)
+    assert torch.allclose(seen[3][1], fresh.kv.keys[:, :, :, :fresh.length], atol=1e-10)
+    # the target's block 3 of video 0 conditions on the accepted drafts: regenerate it by hand
+    noise = torch.Generator().manual_seed(0)
+    blocks = [torch.randn((4, 2, 2, 16, 8, 8), generator=noise) for _ in range(4)]
+    from mmspec.models.video import denoise_block
+
+    expected = denoise_block(target, fresh, 6, blocks[3][:, 0:1].double(), [1000, 750, 500, 250],
+                             rows=torch.tensor([0]))
+    assert torch.allclose(out.latents[0:1, 6:8], expected, atol=1e-10)
+    # eager writes: the accepted block is in the target's cache right after its block
+    eager = {}
+    pipe(PROMPTS, "sdvg", tau=0.5, reward=BlockReward([[None, 1.0, 1.0, 0.0], [None, 0.0, 1.0, 1.0]]),
+         generator=gen(), output_type="latent", lazy_target_cache=False,
+         callback_on_block_end=lambda p, n, info: eager.setdefault(n, info["target_cache"].num_frames))
+    assert eager == {0: 2, 1: 4, 2: 6, 3: 6}
+
+
+def test_per_block_stats(pipe):
+    scores = [[None, 0.9, 0.2, 0.6], [None, 0.1, 0.7, 0.5]]
+    reward = BlockReward(scores)
+    out = pipe(PROMPTS, "sdvg", tau=0.55, reward=reward, generator=gen(), output_type="latent")
+    stats = out.stats
+    assert isinstance(stats, VideoSpecStats) and stats.tokens == 2 * 8
+    expected_accept = [[False, True, False, True], [False, False, True, False]]
+    assert stats.accepted.tolist() == expected_accept
+    assert stats.routed.tolist() == [[False, True, True, True]] * 2
+    assert stats.scored.tolist() == [[False, True, True, True]] * 2
+    assert torch.isnan(stats.block_scores[:, 0]).all()
+    assert stats.block_scores[:, 1:].tolist() == [[0.9, 0.2, 0.6], [0.1, 0.7, 0.5]]
+    assert torch.isnan(stats.frame_rewards[:, :2]).all() and stats.frame_rewards[0, 2:4].tolist() == [0.9, 0.9]
+    assert stats.reward_calls == 6 and stats.acceptance_rate == pytest.approx(3 / 6)
+    assert stats.draft_fraction == pytest.approx(3 / 8)
+    assert stats.draft_calls > 0 and stats.target_calls > 0 and stats.phase_seconds["reward"] >= 0
+    summary = stats.as_dict()
+    assert summary["acceptance_rate"] == pytest.approx(0.5) and summary["source"][0][1] == "draft"
+    json.dumps(summary)  # JSON-able
+
+
+def test_worst_frame_versus_mean(pipe):
+    def alternating(frames, prompt):  # frame scores 0.0 and 1.0
+        return [float(i % 2) for i in range(frames.shape[0])]
+
+    worst = pipe(PROMPTS[:1], "sdvg", tau=0.4, reward=alternating, generator=gen(), output_type="latent")
+    mean = pipe(PROMPTS[:1], "sdvg", tau=0.4, reward=alternating, aggregate="mean", generator=gen(),
+                output_type="latent")
+    assert not worst.stats.accepted.any() and worst.stats.block_scores[0, 1:].tolist() == [0.0] * 3
+    assert mean.stats.accepted[0, 1:].all() and mean.stats.block_scores[0, 1:].tolist() == [0.5] * 3
+
+
+def test_shapes_reward_is_exact_on_world_videos():
+    reward = ShapesFrameReward()
+    for i, prompt in enumerate(make_video_prompt_set(6)):
+        frames = render_video(clip_for_prompt(prompt, i, num_frames=4))  # uint8 [4, 32, 32, 3]
+        tensor = torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255.0
+        scores = reward(tensor, prompt.text)
+        assert scores == score_video(frames, prompt).frame_scores == [1.0] * 4
+        assert reward(tensor, prompt) == scores  # VideoPrompt objects work too
+        match = ShapesFrameReward("match")(tensor, prompt.text)
+        assert all(0.6 <= s <= 1.0 for s in match)
+    # a frame without the objects scores 0, one with half of them 0.5
+    blank = torch.zeros(2, 3, 32, 32)
+    assert reward(blank, PROMPTS[0]) == [0.0, 0.0]
+    two = make_video_prompt_set(2)[1]  # two objects
+    frames = render_video(clip_for_prompt(two, 0, num_frames=2))
+    single = VideoPrompt(video_prompt_text(two.objects[:1]), two.objects[:1])
+    one_only = render_video(clip_for_prompt(single, 0, num_frames=2))
+    assert len(two.objects) == 2
+    assert reward(torch.from_numpy(one_only).permute(0, 3, 1, 2) / 255.0, two.text) == [0.5, 0.5]
+    assert reward(torch.from_numpy(frames).permute(0, 3, 1, 2) / 255.0, two.text) == [1.0, 1.0]
+
+
+def test_parse_video_prompt():
+    for prompt in make_video_prompt_set(40):
+        parsed = parse_video_prompt(prompt.text)
+        assert parsed.objects == prompt.objects
+    assert parse_video_prompt("a red circle moving up and to the left, an orange square moving down").objects[1].color \
+        == "orange"
+    for bad in ("a red circle", "a red blob moving right", "a red circle moving right and", "two circles", ""):
+        with pytest.raises(ValueError, match="video format|prompt"):
+            parse_video_prompt(bad)
+
+
+def test_wrong_reward_output_and_bad_input(pipe):
+    with pytest.raises(ValueError, match="returned 3 scores for a block of 2 frames"):
+        pipe(PROMPTS[0], "sdvg", tau=0.0, reward=lambda frames, prompt: [1.0, 1.0, 1.0], generator=gen())
+    with pytest.raises(ValueError, match="one number per frame"):
+        pipe(PROMPTS[0], "sdvg", tau=0.0, reward=lambda frames, prompt: "good", generator=gen())
+    with pytest.raises(ValueError, match="NaN"):
+        pipe(PROMPTS[0], "sdvg", tau=0.0, reward=lambda frames, prompt: [float("nan")] * 2, generator=gen())
+    with pytest.raises(ValueError, match="tau must be a number or \\+-inf, got NaN"):
+        pipe(PROMPTS[0], "sdvg", tau=float("nan"))
+    with pytest.raises(ValueError, match="tau must be a number"):
+        pipe(PROMPTS[0], "sdvg", tau="high")
+    for blocks in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="num_blocks must be a positive integer"):
+            pipe(PROMPTS[0], num_blocks=blocks)
+    with pytest.raises(ValueError, match="exceeds the model's 4 blocks"):
+        pipe(PROMPTS[0], num_blocks=5)
+    with pytest.raises(ValueError, match="method must be one of"):
+        pipe(PROMPTS[0], "eagle")
+    with pytest.raises(ValueError, match="reward must be one of"):
+        pipe(PROMPTS[0], "sdvg", reward="vision")
+    with pytest.raises(ValueError, match="aggregate"):
+        pipe(PROMPTS[0], "sdvg", aggregate="max")
+    with pytest.raises(ValueError, match="output_type"):
+        pipe(PROMPTS[0], output_type="mp4")
+    with pytest.raises(ValueError, match="outside the model's vocabulary"):
+        pipe("a red circle moving sideways quickly")
+    with pytest.raises(ValueError, match="empty list"):
+        pipe([])
+    with pytest.raises(ValueError, match="denoising_timesteps"):
+        pipe(PROMPTS[0], denoising_timesteps=[250, 500])
+    with pytest.raises(ValueError, match="num_inference_steps"):
+        pipe(PROMPTS[0], num_inference_steps=0)
+    with pytest.raises(ValueError, match="sampler"):
+        pipe(PROMPTS[0], sampler="ddpm")
+    with pytest.raises(ValueError, match="generator"):
+        pipe(PROMPTS[0], generator=[gen()])
+    with pytest.raises(ValueError, match="shapes world's video format"):
+        pipe("a red circle", "sdvg", tau=0.5, reward="shapes", generator=gen())
+    with pytest.raises(ValueError, match="needs local weights"):
+        resolve_reward("imagereward")
+    with pytest.raises(ValueError, match="pretrained"):
+        resolve_reward("clip")
+    no_drafter = ARVideoPipeline(pipe.transformer, pipe.vae, None, pipe.text_tokenizer)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        no_drafter(PROMPTS[0], "sdvg")
+    with pytest.raises(ValueError, match="frames_per_block"):
+        ARVideoPipeline(pipe.transformer, pipe.vae,
+                        BlockCausalVideoTransformer(num_layers=1, dim=16, num_heads=4, num_frames=8,
+                                                    frames_per_block=4, text_length=20), pipe.text_tokenizer)
+
+
+def test_sampler_guidance_steps_and_batching(pipe):
+    base = pipe(PROMPTS[0], "none", generator=gen(), output_type="latent", num_videos_per_prompt=2)
+    assert base.latents.shape == (2, 8, 16, 8, 8)
+    assert not torch.allclose(base.latents[0], base.latents[1])  # different noise per video
+    renoise = pipe(PROMPTS[0], "none", sampler="renoise", generator=gen(), output_type="latent")
+    two_steps = pipe(PROMPTS[0], "none", num_inference_steps=2, generator=gen(), output_type="latent")
+    assert two_steps.stats.target_calls == 1 + 2 * 4 + 3
+    guided = pipe(PROMPTS[0], "sdvg", tau=math.inf, guidance_scale=3.0, generator=gen(), output_type="latent")
+    guided_none = pipe(PROMPTS[0], "none", guidance_scale=3.0, generator=gen(), output_type="latent")
+    assert torch.equal(guided.latents, guided_none.latents)
+    for other in (renoise, guided):
+        assert not torch.allclose(other.latents, base.latents[:1])
+    short = pipe(PROMPTS[0], "sdvg", tau=0.0, num_blocks=2, reward=lambda f, p: [1.0] * f.shape[0], generator=gen(),
+                 output_type="np")
+    assert short.frames.shape == (1, 4, 32, 32, 3) and short.stats.source == [["target", "draft"]]
+
+
+def test_save_load_and_export(pipe, tmp_path):
+    pipe.save_pretrained(tmp_path / "pipe")
+    index = json.loads((tmp_path / "pipe" / "model_index.json").read_text())
+    assert index["_class_name"] == "ARVideoPipeline" and index["drafter"][1] == "BlockCausalVideoTransformer"
+    again = ARVideoPipeline.from_pretrained(tmp_path / "pipe", torch_dtype=torch.float64)
+    again.set_progress_bar_config(disable=True)
+    reward = ShapesFrameReward()
+    a = pipe(PROMPTS, "sdvg", tau=0.5, reward=reward, generator=gen(), output_type="pt")
+    b = again(PROMPTS, "sdvg", tau=0.5, reward=reward, generator=gen(), output_type="pt")
+    assert torch.equal(a.latents, b.latents) and a.stats.source == b.stats.source
+    lone = ARVideoPipeline.from_pretrained(tmp_path / "pipe", drafter=None)
+    assert lone.drafter is None
+    with pytest.raises(ValueError, match="unexpected keyword"):
+        ARVideoPipeline.from_pretrained(tmp_path / "pipe", eagle_head=None)
+    with pytest.raises(FileNotFoundError):
+        ARVideoPipeline.from_pretrained(tmp_path / "nothing")
+    out = pipe(PROMPTS[0], "none", generator=gen())
+    assert len(out.frames) == 1 and len(out.frames[0]) == 8 and isinstance(out.frames[0][0], PIL.Image.Image)
+    gif = out.save(tmp_path / "video.gif", fps=4, scale=2)
+    with PIL.Image.open(gif) as image:
+        assert image.n_frames == 8 and image.size == (64, 64)
+    export_video(np.zeros((3, 32, 32, 3), dtype=np.uint8), tmp_path / "zeros.gif")
+    with pytest.raises(ValueError, match=r"\.gif or \.mp4"):
+        out.save(tmp_path / "video.avi")
+    if importlib.util.find_spec("imageio") is None and importlib.util.find_spec("cv2") is None:
+        with pytest.raises(ImportError, match="imageio"):
+            out.save(tmp_path / "video.mp4")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("open_clip") is None, reason="open_clip is an extra")
+def test_clip_reward_from_local_random_weights(pipe, tmp_path):
+    from mmspec.evaluation.clip_score import CLIPScorer, register_clip_config
+
+    name = "mmspec-test-video-clip"
+    register_clip_config(name, {"embed_dim": 32, "vision_cfg": {"image_size": 32, "layers": 1, "width": 32,
+                                                                "head_width": 16, "patch_size": 8},
+                                "text_cfg": {"context_length": 24, "vocab_size": 49408, "width": 32, "heads": 2,
+                                             "layers": 1}})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.manual_seed(0)
+        random_model = CLIPScorer(name, None)
+    torch.save(random_model.model.state_dict(), tmp_path / "clip.pt")
+    kwargs = {"model": name, "pretrained": str(tmp_path / "clip.pt"), "image_size": 32}
+    out = pipe(PROMPTS, "sdvg", tau=-1.0, reward="clip", reward_kwargs=kwargs, generator=gen(), output_type="pt")
+    scores = out.stats.frame_rewards[:, 2:]
+    assert not torch.isnan(scores).any() and ((scores >= 0) & (scores <= 100)).all()
+    assert out.stats.accepted[:, 1:].all()  # CLIP scores are >= 0 > tau
+    # the scores are the scorer's on the drafted frames: recompute block 1 of video 0
+    scorer = CLIPScorer(name, tmp_path / "clip.pt")
+    reward = ScorerFrameReward(scorer, "clip", 32)
+    assert reward(out.frames[0, 2:4], PROMPTS[0]) == pytest.approx(out.stats.frame_rewards[0, 2:4].tolist(), abs=1e-4)
+    assert pipe.get_reward("clip", kwargs) is pipe.get_reward("clip", kwargs)  # built once
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ImageReward") is None, reason="image-reward is an extra")
+def test_imagereward_from_local_random_weights(pipe, tmp_path):
+    from mmspec.evaluation.imagereward import build_imagereward
+
+    words = ["a", "red", "circle", "moving", "right", "blue", "square", "up", "and", "green", "diamond", "down",
+             "to", "the", "left"]
+    (tmp_path / "tok").mkdir()
+    (tmp_path / "tok" / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words))
+    med = {"architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+           "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 64,
+           "layer_norm_eps": 1e-12, "max_position_embeddings": 40, "model_type": "bert", "num_attention_heads": 2,
+           "num_hidden_layers": 1, "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": 32, "encoder_width": 32,
+           "add_cross_attention": True}
+    (tmp_path / "med.json").write_text(json.dumps(med))
+    vision = {"embed_dim": 32, "depth": 1, "num_heads": 2, "patch_size": 32}
+    torch.manual_seed(0)
+    model = build_imagereward(tmp_path / "med.json", tmp_path / "tok", vision=vision)
+    torch.save(model.state_dict(), tmp_path / "ir.pt")
+    kwargs = {"weights": str(tmp_path / "ir.pt"), "med_config": str(tmp_path / "med.json"),
+              "tokenizer": str(tmp_path / "tok"), "vision": vision}
+    out = pipe(PROMPTS[0], "sdvg", tau=-math.inf, reward="imagereward", reward_kwargs=kwargs, generator=gen())
+    assert out.stats.reward_calls == 0  # tau = -inf needs no scores
+    out = pipe(PROMPTS[0], "sdvg", tau=-100.0, reward="imagereward", reward_kwargs=kwargs, generator=gen())
+    assert out.stats.reward_calls == 3 and not torch.isnan(out.stats.block_scores[0, 1:]).any()
