@@ -72,10 +72,11 @@ class VLMFeatures:
     penultimate: torch.Tensor | None = None
     answer_mask: torch.Tensor | None = None
 
-    @property
-    def positions(self) -> torch.Tensor:
-        """``[B, T]`` 1-D text positions: valid tokens counted from 0 (the core's per-row positions)."""
-        return (self.attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+    positions: torch.Tensor = field(init=False, repr=False)  # [B, T] 1-D text positions (valid tokens from 0)
+
+    def __post_init__(self) -> None:
+        # the core's per-row text positions: valid tokens counted from 0 (left padding excluded)
+        self.positions = (self.attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
     @property
     def prompt_mask(self) -> torch.Tensor:
@@ -260,6 +261,12 @@ def _text_part(features: VLMFeatures, row: int, start: int, end: int, valid: tor
 # ----------------------------------------------------------------------------------------------------------
 # The model: EAGLE head + visual module
 # ----------------------------------------------------------------------------------------------------------
+def check_positive(value: Any, name: str) -> None:
+    """ValueError naming ``name`` unless ``value`` is a positive int."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
 class VLMDraftHead(ModelMixin, ConfigMixin):
     """Base of :class:`EagleVLMHead`, :class:`FlashHead`, :class:`ViSpecHead` and :class:`SpecVLMHead`.
 
@@ -279,8 +286,7 @@ class VLMDraftHead(ModelMixin, ConfigMixin):
                    input_norm: bool, norm_eps: float, max_position_embeddings: int) -> None:
         for value, name in ((hidden_size, "hidden_size"), (vocab_size, "vocab_size"),
                             (num_attention_heads, "num_attention_heads")):
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+            check_positive(value, name)
         if hidden_size % num_attention_heads:
             raise ValueError(f"hidden_size {hidden_size} must be divisible by num_attention_heads {num_attention_heads}")
         self.head = EagleHead(hidden_size=hidden_size, vocab_size=vocab_size, num_attention_heads=num_attention_heads,
@@ -391,11 +397,6 @@ class VLMDraftHead(ModelMixin, ConfigMixin):
         features, cache = self.predict_features(input_ids, target_hidden, token_embeds, attention_mask, position_ids,
                                                 past_key_values, use_cache, global_feature, fuse_global)
         return EagleOutput(self.logits(features), cache, (features,))
-
-
-def check_positive(value: Any, name: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
 
 
 # ----------------------------------------------------------------------------------------------------------
