@@ -1,0 +1,134 @@
+"""Report on trained shapes VLMs: exact accuracy of greedy outputs on held-out scenes and clips.
+
+For each model (the target, and the draft with ``--draft``) and each task, greedy ``model.generate``
+outputs are compared with the world's exact reference text (string equality), on examples of the
+``test`` split (never a training stream):
+
+* ``describe``: detailed descriptions of scenes drawn with the default clearance (the training
+  distribution: every centre at least one pixel from a decision boundary, see
+  :func:`mmspec.models.shapes_vlm.scene_clearance`), with a breakdown by object count;
+* ``describe_any``: detailed descriptions of unrestricted world scenes (``clearance=0``), where some
+  centres lie a fraction of a pixel from a region edge, so that no model can be exact on all of them;
+* ``caption``, ``qa``, ``narrate``, ``video_caption`` (clear scenes / clips).
+
+It also gives the mean output length in tokens (generated tokens, ``</s>`` excluded), the mean
+reference length, and the CPU generation time (shared machine: indicative only).
+
+    python -m mmspec.models.recipes.report_vlm --model models/zoo/shapes-vlm/target \\
+        --draft models/zoo/shapes-vlm/draft --out models/zoo/shapes-vlm/report.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from mmspec.models import shapes_vlm as sv
+
+MAX_NEW_TOKENS = 256
+
+
+def held_out_examples(task: str, num: int, seed: int = 0) -> list[dict]:
+    """The first ``num`` held-out examples of a report task (``test`` split; ``describe_any`` uses seed
+    ``seed + 1`` and no clearance, so its scenes are not those of ``describe``)."""
+    if task == "describe_any":
+        return [sv.image_example("test", seed + 1, i, "describe", clearance=0.0) for i in range(num)]
+    if task in sv.VIDEO_TASKS:
+        return [sv.video_example("test", seed, i, task) for i in range(num)]
+    return [sv.image_example("test", seed, i, task) for i in range(num)]
+
+
+@torch.no_grad()
+def generate_answers(model, processor, examples: list[dict], batch: int = 25,
+                     max_new_tokens: int = MAX_NEW_TOKENS) -> list[tuple[str, int]]:
+    """Greedy answers of ``examples`` (dicts of :func:`held_out_examples`): ``(text, tokens)`` each, where
+    ``tokens`` counts the generated tokens before ``</s>``."""
+    eos = processor.tokenizer.eos_token_id
+    out = []
+    for lo in range(0, len(examples), batch):
+        chunk = examples[lo: lo + batch]
+        visuals = [e["frames"] if e["task"] in sv.VIDEO_TASKS else e["frames"][0] for e in chunk]
+        inputs = sv.vlm_inputs(processor, visuals, [e["task"] for e in chunk], [e["question"] for e in chunk])
+        sequences = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens)
+        new = sequences[:, inputs["input_ids"].shape[1]:]
+        texts = processor.tokenizer.batch_decode(new, skip_special_tokens=True)
+        for row, text in zip(new.tolist(), texts):
+            out.append((text, row.index(eos) if eos in row else len(row)))
+    return out
+
+
+def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> dict:
+    """Exact accuracy, lengths and time of one report task, plus up to three mismatches."""
+    examples = held_out_examples(task, num, seed)
+    start = time.time()
+    answers = generate_answers(model, processor, examples, batch)
+    seconds = time.time() - start
+    correct = [text == e["answer"] for (text, _), e in zip(answers, examples)]
+    ref_tokens = [len(processor.tokenizer(e["answer"], add_special_tokens=False)["input_ids"]) for e in examples]
+    result = {"n": len(examples), "exact": sum(correct) / len(examples),
+              "mean_output_tokens": sum(n for _, n in answers) / len(answers),
+              "mean_reference_tokens": sum(ref_tokens) / len(ref_tokens),
+              "generate_seconds": round(seconds, 1)}
+    if task.startswith("describe"):
+        by_count = defaultdict(list)
+        for ok, e in zip(correct, examples):
+            by_count[len(e["scene"].objects)].append(ok)
+        result["exact_by_objects"] = {str(k): round(sum(v) / len(v), 4) for k, v in sorted(by_count.items())}
+        result["n_by_objects"] = {str(k): len(v) for k, v in sorted(by_count.items())}
+    result["mismatches"] = [{"prompt": e["prompt"].replace(sv.IMAGE, ""), "reference": e["answer"], "output": text}
+                            for (text, _), e, ok in zip(answers, examples, correct) if not ok][:3]
+    return result
+
+
+def report_model(folder: Path, counts: dict[str, int], seed: int, batch: int) -> dict:
+    model = sv.load_model(folder)
+    processor = sv.load_processor(folder)
+    text = model.config.text_config
+    vision = model.config.vision_config
+    out = {"model": str(folder), "parameters": sum(p.numel() for p in model.parameters()),
+           "text_layers": text.num_hidden_layers, "text_dim": text.hidden_size,
+           "vision_layers": vision.num_hidden_layers, "vision_dim": vision.hidden_size, "tasks": {}}
+    for task, num in counts.items():
+        if num > 0:
+            out["tasks"][task] = score_task(model, processor, task, num, seed, batch)
+            r = out["tasks"][task]
+            print(f"{folder} {task}: exact {r['exact']:.3f} ({r['n']}), {r['mean_output_tokens']:.1f} tokens, "
+                  f"{r['generate_seconds']} s", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--draft", type=Path, default=None)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--describe", type=int, default=400, help="held-out scenes per description task")
+    parser.add_argument("--caption", type=int, default=200)
+    parser.add_argument("--qa", type=int, default=400)
+    parser.add_argument("--videos", type=int, default=200, help="held-out clips per video task")
+    parser.add_argument("--batch", type=int, default=25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    counts = {"describe": args.describe, "describe_any": args.describe, "caption": args.caption, "qa": args.qa,
+              "narrate": args.videos, "video_caption": args.videos}
+    report = {"command": "python -m mmspec.models.recipes.report_vlm " + " ".join(argv),
+              "split": "test", "seed": args.seed, "greedy": True, "clearance": sv.CLEARANCE,
+              "target": report_model(args.model, counts, args.seed, args.batch)}
+    if args.draft is not None:
+        report["draft"] = report_model(args.draft, counts, args.seed, args.batch)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

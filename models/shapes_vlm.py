@@ -1,0 +1,491 @@
+"""The shapes-world captioner of the ``mmspec/shapes-vlm`` zoo entry, as real transformers classes.
+
+The target and its standalone draft are ``LlavaForConditionalGeneration`` models (a small CLIP vision
+tower, a two-layer projector, a Llama text model), and the processor is a ``LlavaProcessor`` over a
+word-level ``PreTrainedTokenizerFast`` and a PIL-only ``CLIPImageProcessorPil`` (no torchvision). So the
+same adapter path that serves real LLaVA checkpoints (``VLMRunner``, ``AutoProcessor``,
+``model.generate`` with ``assistant_model=``) serves the zoo model unchanged.
+
+Tasks (prompt -> answer, every answer exactly determined by the scene or clip):
+
+=================  ================================================  =====================================
+task               prompt text after the images                       answer
+=================  ================================================  =====================================
+``describe``       "describe the image in detail."                    ``describe_scene`` (38-216 words)
+``caption``        "caption the image."                               ``caption_scene``
+``qa``             a ``sample_qa`` question ("how many ... ?")        one or two words
+``narrate``        "narrate the video."  (several frames)             ``narrate_video`` (40-110 words)
+``video_caption``  "caption the video."  (several frames)             ``caption_video``
+=================  ================================================  =====================================
+
+A prompt is ``"user: <image> describe the image in detail. assistant:"`` (LLaVA-1.5's layout, lower
+case); a video is a sequence of frames, one ``<image>`` per frame (``"user: <image><image><image><image>
+narrate the video. assistant:"``). The processor expands each ``<image>`` into ``IMAGE_TOKENS`` (64)
+placeholders, so a 64x64 image costs 64 prefill tokens against 60-200 answer tokens.
+
+Build a batch (left padding for generation)::
+
+    processor = load_processor(folder)            # or AutoProcessor.from_pretrained(folder)
+    inputs = vlm_inputs(processor, [image_a, image_b], ["describe", "describe"])      # images: uint8 HxWx3 / PIL
+    inputs = vlm_inputs(processor, [frames], ["narrate"])                             # frames: [T, H, W, 3]
+    out = model.generate(**inputs, max_new_tokens=256, do_sample=False)
+    texts = decode_answers(processor, out, inputs["input_ids"].shape[1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from mmspec.world import (
+    caption_scene,
+    caption_video,
+    describe_scene,
+    narrate_video,
+    render_scene,
+    render_video,
+    sample_qa,
+    sample_scene,
+    sample_video,
+    vocabulary,
+)
+from mmspec.world.scene import MAX_OBJECTS, NAMESPACES, Scene, rng_for
+from mmspec.world.video import VideoClip
+
+PAD, BOS, EOS, UNK, IMAGE = "<pad>", "<s>", "</s>", "<unk>", "<image>"
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, UNK, IMAGE)  # ids 0-4, in this order
+PROMPT_WORDS: tuple[str, ...] = ("user", "assistant", ":", "describe", "detail", "caption", "narrate")
+
+IMAGE_SIZE = 64
+PATCH_SIZE = 8
+IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2  # 64 placeholders per image (CLS dropped)
+VIDEO_FRAMES = 4
+DIFFICULTY = 1.0
+VIDEO_SALT = 7  # keeps clip streams apart from scene streams
+CLEARANCE = 1 / 64  # one pixel at 64x64: see scene_clearance
+IMAGE_MEAN = (0.5, 0.5, 0.5)
+IMAGE_STD = (0.5, 0.5, 0.5)
+
+TASKS: tuple[str, ...] = ("describe", "caption", "qa", "narrate", "video_caption")
+VIDEO_TASKS: tuple[str, ...] = ("narrate", "video_caption")
+INSTRUCTIONS: dict[str, str] = {
+    "describe": "describe the image in detail.",
+    "caption": "caption the image.",
+    "narrate": "narrate the video.",
+    "video_caption": "caption the video.",
+}
+
+# Model sizes. The target is deep and narrow (DESIGN section 4: a CPU forward costs ~0.5 ms per layer
+# almost regardless of width up to d=256); the draft is a quarter of its depth and half its width.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "target": dict(text_layers=8, text_dim=256, text_heads=4, text_ffn=768,
+                   vision_layers=4, vision_dim=192, vision_heads=4, vision_ffn=576),
+    "draft": dict(text_layers=2, text_dim=128, text_heads=2, text_ffn=384,
+                  vision_layers=2, vision_dim=96, vision_heads=2, vision_ffn=288),
+    "tiny": dict(text_layers=2, text_dim=32, text_heads=4, text_ffn=64,
+                 vision_layers=1, vision_dim=32, vision_heads=2, vision_ffn=64),
+}
+MAX_POSITIONS = 1024  # 8 frames x 64 + a 200-word narration still fit
+
+
+# ----------------------------------------------------------------------------------------------------
+# tokenizer, image processor, processor
+# ----------------------------------------------------------------------------------------------------
+
+
+def tokenizer_words() -> list[str]:
+    """The word list after the special tokens: the world's vocabulary plus the prompt words (sorted)."""
+    return sorted(set(vocabulary()) | set(PROMPT_WORDS))
+
+
+def build_tokenizer():
+    """A word-level ``PreTrainedTokenizerFast``: specials ``<pad> <s> </s> <unk> <image>`` (ids 0-4), then
+    every word of :func:`tokenizer_words`. Words split on spaces and punctuation (",", ".", "?", ":" are
+    tokens of their own); ``<s>`` is prepended; decoding re-attaches punctuation, so
+    ``decode(encode(text))`` gives back any text of the world exactly."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(list(SPECIAL_TOKENS) + tokenizer_words())}
+    core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(behavior="isolated")])
+    core.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])])
+    # WordPiece's decoder joins words with spaces and its clean-up removes the space before . , ? (and
+    # nothing else the world's vocabulary contains); "##" never occurs.
+    core.decoder = decoders.WordPiece(prefix="##", cleanup=True)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS,
+                                        unk_token=UNK, extra_special_tokens={"image_token": IMAGE},
+                                        padding_side="left", clean_up_tokenization_spaces=False)
+    return tokenizer
+
+
+def build_image_processor():
+    """A PIL-backend CLIP image processor for 64x64 RGB inputs: resize to 64x64 (bicubic; a no-op for
+    the world's 64x64 renders), scale to [0, 1], normalise with mean = std = 0.5."""
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    return CLIPImageProcessorPil(size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, do_center_crop=False,
+                                 crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+                                 image_mean=list(IMAGE_MEAN), image_std=list(IMAGE_STD))
+
+
+def build_processor():
+    """The ``LlavaProcessor`` of the shapes VLM (tokenizer + image processor; 64 placeholders per image)."""
+    from transformers import LlavaProcessor
+
+    return LlavaProcessor(image_processor=build_image_processor(), tokenizer=build_tokenizer(),
+                          patch_size=PATCH_SIZE, vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1, image_token=IMAGE)
+
+
+def load_processor(folder: str | Path):
+    """``AutoProcessor.from_pretrained(folder)`` offline, with left padding for generation."""
+    from transformers import AutoProcessor
+
+    folder = Path(folder)
+    if not (folder / "processor_config.json").is_file() and not (folder / "preprocessor_config.json").is_file():
+        raise FileNotFoundError(f"no processor files in {folder}")
+    processor = AutoProcessor.from_pretrained(folder, local_files_only=True, backend="pil")  # = training pixels
+    processor.tokenizer.padding_side = "left"
+    return processor
+
+
+# ----------------------------------------------------------------------------------------------------
+# config and model
+# ----------------------------------------------------------------------------------------------------
+
+
+def shapes_vlm_config(size: str = "target", **overrides):
+    """The ``LlavaConfig`` of a shapes VLM: ``size`` is "target" (8-layer d=256 Llama, 4-layer d=192 CLIP
+    tower), "draft" (2-layer d=128 Llama, 2-layer d=96 tower) or "tiny" (tests). ``overrides`` replace
+    entries of :data:`MODEL_SIZES`. Token ids are the fixed ids of :func:`build_tokenizer`."""
+    from transformers import LlavaConfig
+
+    if size not in MODEL_SIZES:
+        raise ValueError(f"size must be one of {list(MODEL_SIZES)}, got {size!r}")
+    unknown = set(overrides) - set(MODEL_SIZES[size])
+    if unknown:
+        raise ValueError(f"unknown size overrides {sorted(unknown)}; allowed: {sorted(MODEL_SIZES[size])}")
+    s = {**MODEL_SIZES[size], **overrides}
+    ids = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab_size = len(SPECIAL_TOKENS) + len(tokenizer_words())
+    vision = dict(model_type="clip_vision_model", hidden_size=s["vision_dim"], intermediate_size=s["vision_ffn"],
+                  num_hidden_layers=s["vision_layers"], num_attention_heads=s["vision_heads"],
+                  image_size=IMAGE_SIZE, patch_size=PATCH_SIZE, projection_dim=s["vision_dim"])
+    text = dict(model_type="llama", vocab_size=vocab_size, hidden_size=s["text_dim"],
+                intermediate_size=s["text_ffn"], num_hidden_layers=s["text_layers"],
+                num_attention_heads=s["text_heads"], num_key_value_heads=s["text_heads"],
+                max_position_embeddings=MAX_POSITIONS, tie_word_embeddings=False, pad_token_id=ids[PAD],
+                bos_token_id=ids[BOS], eos_token_id=ids[EOS])
+    return LlavaConfig(vision_config=vision, text_config=text, image_token_index=ids[IMAGE],
+                       image_seq_length=IMAGE_TOKENS, vision_feature_layer=-1,
+                       vision_feature_select_strategy="default", projector_hidden_act="gelu",
+                       tie_word_embeddings=False, pad_token_id=ids[PAD], bos_token_id=ids[BOS],
+                       eos_token_id=ids[EOS])
+
+
+def build_model(size: str = "target", seed: int = 0, **overrides):
+    """A randomly initialised ``LlavaForConditionalGeneration`` of :func:`shapes_vlm_config` (fp32), with
+    its generation config set to stop at ``</s>`` and pad with ``<pad>``."""
+    from transformers import LlavaForConditionalGeneration
+
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(shapes_vlm_config(size, **overrides))
+    ids = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    model.generation_config.eos_token_id = ids[EOS]
+    model.generation_config.pad_token_id = ids[PAD]
+    model.generation_config.bos_token_id = ids[BOS]
+    return model
+
+
+def load_model(folder: str | Path, dtype: torch.dtype = torch.float32):
+    """``LlavaForConditionalGeneration.from_pretrained(folder)`` offline (the zoo stores fp16; computing
+    in fp32 is the default), in eval mode."""
+    from transformers import LlavaForConditionalGeneration
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"no model config.json in {folder}")
+    return LlavaForConditionalGeneration.from_pretrained(folder, dtype=dtype, local_files_only=True).eval()
+
+
+# ----------------------------------------------------------------------------------------------------
+# prompts and batches
+# ----------------------------------------------------------------------------------------------------
+
+
+def task_prompt(task: str, question: str | None = None, num_frames: int = VIDEO_FRAMES) -> str:
+    """The prompt text of a task: ``"user: <image> describe the image in detail. assistant:"``; video
+    tasks carry one ``<image>`` per frame; ``task="qa"`` needs ``question``."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {list(TASKS)}, got {task!r}")
+    if task == "qa":
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError("task 'qa' needs a question string")
+        instruction = question.strip()
+    else:
+        if question is not None:
+            raise ValueError(f"task {task!r} takes no question")
+        instruction = INSTRUCTIONS[task]
+    if task in VIDEO_TASKS:
+        if not isinstance(num_frames, int) or num_frames < 1:
+            raise ValueError(f"num_frames must be a positive integer, got {num_frames!r}")
+        images = IMAGE * num_frames
+    else:
+        images = IMAGE
+    return f"user: {images} {instruction} assistant:"
+
+
+def _as_frames(visual, task: str) -> list[np.ndarray]:
+    """One task's visual input as a list of uint8 [H, W, 3] frames."""
+    if isinstance(visual, Image.Image):
+        visual = np.asarray(visual.convert("RGB"))
+    if isinstance(visual, torch.Tensor):
+        visual = visual.detach().cpu()
+        if visual.is_floating_point():
+            visual = (visual.clamp(0, 1) * 255).round().to(torch.uint8)
+        visual = visual.numpy()
+        if visual.ndim >= 3 and visual.shape[-3] == 3 and visual.shape[-1] != 3:  # [..., 3, H, W]
+            visual = np.moveaxis(visual, -3, -1)
+    if isinstance(visual, (list, tuple)):
+        frames = [f for v in visual for f in _as_frames(v, "describe")]
+    else:
+        visual = np.asarray(visual)
+        if visual.ndim == 3 and visual.shape[-1] == 3:
+            frames = [visual]
+        elif visual.ndim == 4 and visual.shape[-1] == 3:
+            frames = list(visual)
+        else:
+            raise ValueError(f"an image must be [H, W, 3] (or a video [T, H, W, 3]), got shape {visual.shape}")
+    if task not in VIDEO_TASKS and len(frames) != 1:
+        raise ValueError(f"task {task!r} takes one image, got {len(frames)} frames")
+    return [f if f.dtype == np.uint8 else (np.clip(f, 0, 1) * 255).round().astype(np.uint8) for f in frames]
+
+
+def vlm_inputs(processor, visuals: Sequence, tasks: Sequence[str], questions: Sequence[str | None] | None = None,
+               return_tensors: str = "pt") -> dict:
+    """A left-padded generation batch: ``input_ids``, ``attention_mask``, ``pixel_values [N_images, 3, 64, 64]``.
+
+    ``visuals[b]`` is row b's image (uint8 / float numpy ``[H, W, 3]``, a float tensor ``[3, H, W]``, a PIL
+    image) or, for video tasks, its frames (``[T, H, W, 3]`` or a list of images); ``tasks[b]`` one of
+    :data:`TASKS`; ``questions[b]`` the question of a "qa" row. ``pixel_values`` hold every row's frames
+    in row order, as LLaVA expects.
+    """
+    if len(visuals) != len(tasks):
+        raise ValueError(f"visuals and tasks must have the same length, got {len(visuals)} and {len(tasks)}")
+    if questions is None:
+        questions = [None] * len(tasks)
+    if len(questions) != len(tasks):
+        raise ValueError(f"questions must have one entry per row, got {len(questions)} for {len(tasks)} rows")
+    texts, images = [], []
+    for visual, task, question in zip(visuals, tasks, questions):
+        frames = _as_frames(visual, task)
+        texts.append(task_prompt(task, question, len(frames)))
+        images += [Image.fromarray(f) for f in frames]
+    processor.tokenizer.padding_side = "left"
+    return dict(processor(images=images, text=texts, padding=True, return_tensors=return_tensors))
+
+
+def decode_answers(processor, sequences: torch.Tensor, prompt_length: int) -> list[str]:
+    """The answer texts of generated ``sequences [B, prompt_length + new]`` (specials dropped)."""
+    return processor.tokenizer.batch_decode(sequences[:, prompt_length:], skip_special_tokens=True)
+
+
+def pixel_values_from_uint8(frames: torch.Tensor) -> torch.Tensor:
+    """``[N, H, W, 3]`` uint8 (64x64 renders) -> normalised ``[N, 3, H, W]`` float32, equal to what the
+    processor gives for the same images (tested); the training recipe's fast path."""
+    if frames.dtype != torch.uint8 or frames.ndim != 4 or frames.shape[-1] != 3:
+        raise ValueError(f"frames must be uint8 [N, H, W, 3], got {frames.dtype} {tuple(frames.shape)}")
+    x = (frames.permute(0, 3, 1, 2).double() * (1 / 255)).float()  # the processor rescales in float64
+    mean = torch.tensor(IMAGE_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGE_STD).view(1, 3, 1, 1)
+    return (x - mean) / std
+
+
+# ----------------------------------------------------------------------------------------------------
+# examples from the world
+# ----------------------------------------------------------------------------------------------------
+
+
+def scene_clearance(scene: Scene) -> float:
+    """How far (canvas fractions) every object centre can move, along each axis, without changing
+    ``describe_scene``: the distance of each centre coordinate from the region edges 1/3 and 2/3, and for
+    each pair a quarter of ``| |dx| - |dy| |`` (the dominant-relation test; moving both centres by t changes
+    that difference by at most 4t). Colours, shapes, sizes and counts are discrete and never ambiguous."""
+    clearance = 1.0
+    for o in scene.objects:
+        for v in (o.x, o.y):
+            clearance = min(clearance, abs(v - 1 / 3), abs(v - 2 / 3))
+    objs = scene.objects
+    for i in range(len(objs)):
+        for j in range(i + 1, len(objs)):
+            dx, dy = objs[i].x - objs[j].x, objs[i].y - objs[j].y
+            clearance = min(clearance, abs(abs(dx) - abs(dy)) / 4)
+    return clearance
+
+
+def clip_clearance(clip: VideoClip) -> float:
+    """:func:`scene_clearance` of a clip's first and last frames (what ``narrate_video`` reads)."""
+    return min(scene_clearance(clip.scene_at(0)), scene_clearance(clip.scene_at(clip.num_frames - 1)))
+
+
+def _check_clearance(clearance: float) -> float:
+    if not isinstance(clearance, (int, float)) or not 0 <= clearance < 1 / 12:
+        raise ValueError(f"clearance must be a number in [0, 1/12), got {clearance!r}")
+    return float(clearance)
+
+
+def sample_clear_scene(rng: np.random.Generator, clearance: float = CLEARANCE, max_tries: int = 10000) -> Scene:
+    """A ``sample_scene`` of 1-4 objects (count uniform, drawn first) redrawn until
+    :func:`scene_clearance` >= ``clearance``: its description is then the same for every render in
+    which no centre is off by more than ``clearance`` (1 pixel at 64x64 by default)."""
+    clearance = _check_clearance(clearance)
+    num_objects = int(rng.integers(1, MAX_OBJECTS + 1))
+    for _ in range(max_tries):
+        scene = sample_scene(rng, num_objects=num_objects)
+        if scene_clearance(scene) >= clearance:
+            return scene
+    raise RuntimeError(f"no scene of {num_objects} objects with clearance {clearance} in {max_tries} draws")
+
+
+def sample_clear_clip(rng: np.random.Generator, max_objects: int = 2, num_frames: int = VIDEO_FRAMES,
+                      clearance: float = CLEARANCE, max_tries: int = 10000) -> VideoClip:
+    """A ``sample_video`` clip of 1..``max_objects`` objects redrawn until :func:`clip_clearance` >=
+    ``clearance`` (its narration is then robust to ``clearance`` errors in the first and last frames)."""
+    clearance = _check_clearance(clearance)
+    num_objects = int(rng.integers(1, max_objects + 1))
+    for _ in range(max_tries):
+        clip = sample_video(rng, num_objects, num_frames)
+        if clip_clearance(clip) >= clearance:
+            return clip
+    raise RuntimeError(f"no clip of {num_objects} objects with clearance {clearance} in {max_tries} draws")
+
+
+def image_example(split: str, seed: int, index: int, task: str, clearance: float = CLEARANCE,
+                  difficulty: float = DIFFICULTY) -> dict:
+    """Image example ``index`` of a split: a scene drawn by :func:`sample_clear_scene` from
+    ``rng_for(split, seed, index)`` (``clearance=0``: any world scene), its 64x64 render (uint8
+    ``[1, 64, 64, 3]``), the task's prompt and exact answer. Returns a dict with ``frames``, ``prompt``,
+    ``answer``, ``task``, ``question`` and ``scene``."""
+    if task in VIDEO_TASKS or task not in TASKS:
+        raise ValueError(f"task must be an image task {[t for t in TASKS if t not in VIDEO_TASKS]}, got {task!r}")
+    rng = rng_for(split, seed, index)
+    scene = sample_clear_scene(rng, clearance)
+    frames = render_scene(scene, IMAGE_SIZE, difficulty)[None]
+    question = None
+    if task == "describe":
+        answer = describe_scene(scene)
+    elif task == "caption":
+        answer = caption_scene(scene)
+    else:
+        question, answer = sample_qa(scene, rng)
+    return {"frames": frames, "prompt": task_prompt(task, question), "answer": answer, "task": task,
+            "question": question, "scene": scene}
+
+
+def _video_rng(split: str, seed: int, index: int) -> np.random.Generator:
+    """The clip stream of a split: ``rng_for``'s seed sequence plus a salt, so clip ``i`` and scene ``i``
+    of one split come from independent generators."""
+    rng_for(split, seed, index)  # validates the arguments
+    return np.random.default_rng([NAMESPACES[split], int(seed), int(index), VIDEO_SALT])
+
+
+def video_example(split: str, seed: int, index: int, task: str, clearance: float = CLEARANCE,
+                  num_frames: int = VIDEO_FRAMES, max_objects: int = 2, difficulty: float = DIFFICULTY) -> dict:
+    """Video example ``index``: a clip of 1..``max_objects`` moving shapes (:func:`sample_clear_clip`),
+    ``num_frames`` 64x64 frames (uint8 ``[T, 64, 64, 3]``), the task's prompt and exact answer (dict keys as
+    :func:`image_example`, with ``clip`` instead of ``scene``)."""
+    if task not in VIDEO_TASKS:
+        raise ValueError(f"task must be a video task {list(VIDEO_TASKS)}, got {task!r}")
+    clip = sample_clear_clip(_video_rng(split, seed, index), max_objects, num_frames, clearance)
+    frames = render_video(clip, IMAGE_SIZE, difficulty)
+    answer = narrate_video(clip) if task == "narrate" else caption_video(clip)
+    return {"frames": frames, "prompt": task_prompt(task, None, num_frames), "answer": answer, "task": task,
+            "question": None, "clip": clip}
+
+
+def encode_example(tokenizer, prompt: str, answer: str) -> tuple[list[int], int]:
+    """Token ids of ``prompt`` (each ``<image>`` expanded to ``IMAGE_TOKENS`` placeholders, ``<s>`` first)
+    followed by ``answer`` and ``</s>``, and the index where the answer starts (the loss covers
+    ``ids[start:]``). Words outside the vocabulary raise ``ValueError``."""
+    prompt_ids = tokenizer(prompt.replace(IMAGE, IMAGE * IMAGE_TOKENS))["input_ids"]
+    answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"]
+    if tokenizer.unk_token_id in prompt_ids or tokenizer.unk_token_id in answer_ids:
+        raise ValueError(f"words outside the shapes vocabulary in prompt {prompt!r} or answer {answer!r}")
+    return prompt_ids + answer_ids + [tokenizer.eos_token_id], len(prompt_ids)
+
+
+def build_training_set(num_images: int, num_videos: int, seed: int = 0, split: str = "train",
+                       clearance: float = CLEARANCE, difficulty: float = DIFFICULTY, tokenizer=None) -> dict:
+    """Rendered frames and tokenized (prompt, answer) examples of every task, deterministic for the seed.
+
+    Image scene ``i`` (``rng_for(split, seed, i)``, as :func:`image_example`) gives a "describe" example,
+    plus a "caption" example when ``i % 5 == 0`` and a "qa" example when ``i % 5`` is 1 or 3; clip ``j``
+    gives "narrate", plus "video_caption" when ``j % 3 == 0``. Returns ``images`` uint8 ``[S, 64, 64, 3]``,
+    ``videos`` uint8 ``[V, T, 64, 64, 3]`` and ``examples``: dicts with ``task``, ``video`` (bool), ``ref``
+    (row of ``images`` or ``videos``), ``ids`` (list of token ids) and ``start`` (answer start).
+    """
+    if not isinstance(num_images, int) or not isinstance(num_videos, int) or min(num_images, num_videos) < 0:
+        raise ValueError(f"num_images and num_videos must be non-negative integers, got {num_images}, {num_videos}")
+    tokenizer = tokenizer or build_tokenizer()
+    images = np.zeros((num_images, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
+    videos = np.zeros((num_videos, VIDEO_FRAMES, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
+    examples = []
+
+    def add(task: str, video: bool, ref: int, prompt: str, answer: str) -> None:
+        ids, start = encode_example(tokenizer, prompt, answer)
+        examples.append({"task": task, "video": video, "ref": ref, "ids": ids, "start": start})
+
+    for i in range(num_images):
+        rng = rng_for(split, seed, i)
+        scene = sample_clear_scene(rng, clearance)
+        images[i] = render_scene(scene, IMAGE_SIZE, difficulty)
+        add("describe", False, i, task_prompt("describe"), describe_scene(scene))
+        if i % 5 == 0:
+            add("caption", False, i, task_prompt("caption"), caption_scene(scene))
+        if i % 5 in (1, 3):
+            question, answer = sample_qa(scene, rng)
+            add("qa", False, i, task_prompt("qa", question), answer)
+    for j in range(num_videos):
+        clip = sample_clear_clip(_video_rng(split, seed, j), 2, VIDEO_FRAMES, clearance)
+        videos[j] = render_video(clip, IMAGE_SIZE, difficulty)
+        add("narrate", True, j, task_prompt("narrate"), narrate_video(clip))
+        if j % 3 == 0:
+            add("video_caption", True, j, task_prompt("video_caption"), caption_video(clip))
+    return {"images": torch.from_numpy(images), "videos": torch.from_numpy(videos), "examples": examples}
+
+
+def training_batch(data: dict, rows: Sequence[int], pad_id: int = 0) -> dict[str, torch.Tensor]:
+    """Model inputs of training examples ``rows`` of :func:`build_training_set`: right-padded
+    ``input_ids`` / ``attention_mask`` ``[B, L]``, ``pixel_values [N_frames, 3, 64, 64]`` (rows' frames in
+    order) and ``loss_mask [B, L]``, True where ``input_ids`` is an answer token (``</s>`` included)."""
+    examples = [data["examples"][r] for r in rows]
+    length = max(len(e["ids"]) for e in examples)
+    ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(examples), length), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), length), dtype=torch.bool)
+    frames = []
+    for b, e in enumerate(examples):
+        n = len(e["ids"])
+        ids[b, :n] = torch.tensor(e["ids"])
+        attention[b, :n] = 1
+        loss_mask[b, e["start"]:n] = True
+        frames.append(data["videos"][e["ref"]] if e["video"] else data["images"][e["ref"]][None])
+    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask,
+            "pixel_values": pixel_values_from_uint8(torch.cat(frames))}
+
+
+def answer_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Summed next-token cross-entropy over the answer tokens of a :func:`training_batch`, and their count."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                   pixel_values=batch["pixel_values"]).logits  # [B, L, V]
+    target = batch["loss_mask"][:, 1:]  # position t predicts token t + 1
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1][target].float(), batch["input_ids"][:, 1:][target],
+                                             reduction="sum")
+    return loss, int(target.sum())
