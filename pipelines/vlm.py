@@ -236,14 +236,16 @@ class VLMPipeline(DiffusionPipeline):
             return ModelDrafter(VLMRunner(self.draft_model), num_draft_tokens, sampling=sampling, tree=tree,
                                 generator=generator)
         head = getattr(self, METHOD_COMPONENTS[method])
-        factory = getattr(head, "make_drafter", None)
-        if callable(factory):  # mmspec.models.vlm_drafters heads
-            return factory(sampling=sampling, num_draft_tokens=num_draft_tokens, tree=tree, generator=generator)
         from mmspec.models.eagle import EagleDrafter, EagleHead
+        from mmspec.models.vlm_drafters import VLMDraftHead, drafter_for
 
+        if isinstance(head, VLMDraftHead):
+            return drafter_for(head, sampling=sampling, num_draft_tokens=num_draft_tokens, tree=tree,
+                               generator=generator)
         if isinstance(head, EagleHead):
             return EagleDrafter(head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator)
-        raise ValueError(f"{METHOD_COMPONENTS[method]} is a {type(head).__name__}, which has no make_drafter()")
+        raise ValueError(f"{METHOD_COMPONENTS[method]} is a {type(head).__name__}, not a draft head "
+                         "(mmspec.models.vlm_drafters or EagleHead)")
 
     # -- generation -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -288,8 +290,7 @@ class VLMPipeline(DiffusionPipeline):
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         drafter = self.make_drafter(method, sampling, generator, num_draft_tokens, tree)
         needs_hidden = bool(getattr(drafter, "needs_target_hidden", False))
-        target = VLMRunner(self.target, return_hidden=needs_hidden,
-                           return_penultimate=bool(getattr(drafter, "needs_target_penultimate", False)))
+        target = VLMRunner(self.target, return_hidden=needs_hidden, return_penultimate=method == "specvlm")
         rounds = [0]
         progress = self.progress_bar(total=max_new_tokens)
         longest = [0]

@@ -13,6 +13,7 @@ from stats_utils import two_sample_chi2_pvalue
 
 from mmspec.drafters import TreeConfig
 from mmspec.models.eagle import EagleHead
+from mmspec.models.vlm_drafters import EagleVLMHead, FlashHead, SpecVLMHead, ViSpecHead
 from mmspec.pipelines.vlm import VLMPipeline, VLMStreamChunk
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -60,12 +61,14 @@ def _llava(layers: int, hidden: int, seed: int):
 @pytest.fixture(scope="module")
 def pipe(tmp_path_factory):
     target, draft = _llava(2, 32, 0), _llava(1, 32, 1)
-    head = EagleHead(hidden_size=32, vocab_size=VOCAB, num_attention_heads=4, input_norm=True)
     torch.manual_seed(2)
-    for p in head.parameters():
-        torch.nn.init.normal_(p, std=0.2)
+    heads = {"eagle_head": EagleVLMHead(32, VOCAB), "flash_head": FlashHead(32, VOCAB, num_latents=4, num_future=3),
+             "vispec_head": ViSpecHead(32, VOCAB), "specvlm_head": SpecVLMHead(32, VOCAB)}
+    for head in heads.values():  # untrained but not degenerate: correctness never depends on acceptance
+        for p in head.parameters():
+            torch.nn.init.normal_(p, std=0.2)
     folder = tmp_path_factory.mktemp("vlm_pipe")
-    VLMPipeline(target, _processor(), eagle_head=head, draft_model=draft).save_pretrained(folder)
+    VLMPipeline(target, _processor(), draft_model=draft, **heads).save_pretrained(folder)
     return VLMPipeline.from_pretrained(folder)
 
 
@@ -78,13 +81,19 @@ PROMPTS = ["w1 w2 w3", "w4"]  # different lengths: the batch is left-padded
 
 
 def test_reload_keeps_components(pipe):
-    assert pipe.eagle_head is not None and pipe.draft_model is not None
+    assert isinstance(pipe.eagle_head, EagleVLMHead) and isinstance(pipe.flash_head, FlashHead)
+    assert isinstance(pipe.vispec_head, ViSpecHead) and isinstance(pipe.specvlm_head, SpecVLMHead)
+    assert pipe.draft_model is not None
     assert pipe.tokenizer.padding_side == "left"
     assert pipe.format_prompt("w1", 2) == "<image><image>w1"
 
 
-@pytest.mark.parametrize("method,tree", [("eagle", None), ("eagle", TreeConfig(depth=3, top_k=2, total_tokens=6)),
-                                         ("draft_vlm", None)])
+TREE = TreeConfig(depth=3, top_k=2, total_tokens=6)
+VISUAL_TOKENS = {"eagle": [16, 16], "flash": [4, 4], "vispec": [1, 1], "draft_vlm": [16, 16]}
+
+
+@pytest.mark.parametrize("method,tree", [("eagle", None), ("eagle", TREE), ("flash", None), ("vispec", None),
+                                         ("vispec", TREE), ("specvlm", None), ("draft_vlm", None)])
 def test_greedy_equals_target_only(pipe, method, tree):
     images = _images(2)
     base = pipe(images, PROMPTS, "none", max_new_tokens=24)
@@ -93,7 +102,10 @@ def test_greedy_equals_target_only(pipe, method, tree):
     for a, b in zip(spec.tokens, base.tokens):
         assert torch.equal(a, b)
     assert spec.stats.target_calls < base.stats.target_calls or spec.stats.mean_accepted_length >= 1.0
-    assert spec.draft_visual_tokens == [16, 16]
+    if method in VISUAL_TOKENS:
+        assert spec.draft_visual_tokens == VISUAL_TOKENS[method]
+    else:  # SpecVLM: the gate's primitive decides (text-only 0 ... full span 16)
+        assert all(0 <= n <= 16 for n in spec.draft_visual_tokens)
     assert base.draft_visual_tokens is None
 
 
@@ -166,6 +178,8 @@ def test_bad_input(pipe):
         pipe(image, [], "none")
     with pytest.raises(ValueError, match="top_k"):
         pipe(image, "w1", "none", do_sample=True, top_k=VOCAB + 1)
+    with pytest.raises(NotImplementedError, match="chains only"):
+        pipe(image, "w1", "flash", tree=TREE)
     bare = VLMPipeline(pipe.target, pipe.processor)
     with pytest.raises(ValueError, match="needs a flash_head"):
         bare(image, "w1", "flash")
@@ -175,6 +189,8 @@ def test_mismatched_components_are_rejected(pipe):
     wide = EagleHead(hidden_size=48, vocab_size=VOCAB)
     with pytest.raises(ValueError, match="hidden size mismatch"):
         VLMPipeline(pipe.target, pipe.processor, eagle_head=wide)
+    with pytest.raises(ValueError, match="another target"):
+        VLMPipeline(pipe.target, pipe.processor, flash_head=FlashHead(48, VOCAB))
     other_vocab = EagleHead(hidden_size=32, vocab_size=VOCAB + 3)
     with pytest.raises(ValueError, match="vocab mismatch"):
         VLMPipeline(pipe.target, pipe.processor, eagle_head=other_vocab)
