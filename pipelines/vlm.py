@@ -42,6 +42,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from mmspec.drafters import ModelDrafter, TreeConfig
+from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner, vlm_family
 from mmspec.pipelines.hub import load_components, resolve_pretrained
 from mmspec.sampling import SamplingConfig
@@ -176,23 +177,10 @@ class VLMPipeline(DiffusionPipeline):
 
     # -- inputs ---------------------------------------------------------------------------------------
     def format_prompt(self, text: str, num_images: int) -> str:
-        """The model-ready prompt for ``text`` with ``num_images`` images (video frames count one each).
-
-        Uses the processor's chat template when it has one (real LLaVA / Qwen checkpoints and the zoo),
-        else puts the image placeholder tokens before the text. A ``text`` that already holds
-        placeholder tokens is used as is (their number must match the images)."""
-        image_token = _image_token(self.processor)
-        if image_token in text:
-            found = text.count(image_token)
-            if found != num_images:
-                raise ValueError(f"the prompt holds {found} image token(s) {image_token!r} but {num_images} image(s) "
-                                 "were given")
-            return text
-        if getattr(self.processor, "chat_template", None):
-            content = [{"type": "image"} for _ in range(num_images)] + [{"type": "text", "text": text}]
-            messages = [{"role": "user", "content": content}]
-            return self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        return image_token * num_images + text
+        """The model-ready prompt for ``text`` with ``num_images`` images
+        (:func:`~mmspec.models.vlm_prompts.format_vlm_prompt`: the chat template when the processor has
+        one, else placeholders before the text; a text with placeholders must match the images)."""
+        return format_vlm_prompt(self.processor, text, num_images)
 
     def encode(self, images: Any, prompt: str | Sequence[str], videos: Any = None) -> _Batch:
         """Processor outputs for a batch of (images or video frames, prompt) pairs (left-padded)."""
@@ -387,13 +375,6 @@ def _bind(head: Any, target: Any) -> None:
         head.bind_target(target)
     except (TypeError, AttributeError):
         head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
-
-
-def _image_token(processor: Any) -> str:
-    token = getattr(processor, "image_token", None)
-    if token is None:
-        raise ValueError(f"{type(processor).__name__} has no image_token: not a VLM processor")
-    return str(token)
 
 
 def _per_prompt(visual: Any, num_prompts: int, name: str) -> list[list[Any]]:
