@@ -52,7 +52,12 @@ def _text_config(hidden: int = D, **extra) -> dict:
 
 
 def _build(family: str, seed: int = 0, hidden: int = D):
-    from transformers import LlavaConfig, LlavaForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import (
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+    )
 
     torch.manual_seed(seed)
     if family == "llava":

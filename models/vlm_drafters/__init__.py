@@ -6,8 +6,16 @@ on a :class:`~mmspec.models.vlm_targets.VLMRunner` target. Training: :func:`teac
 :func:`training_loss` (online-logit distillation). See docs/models_vlm_drafters.md.
 """
 
-from .base import DraftSequence, HeadRunner, SpanUnits, VisualView, VLMDraftHead, VLMFeatures, VLMHeadDrafter, \
-    assemble_units
+from .base import (
+    DraftSequence,
+    HeadRunner,
+    SpanUnits,
+    VisualView,
+    VLMDraftHead,
+    VLMFeatures,
+    VLMHeadDrafter,
+    assemble_units,
+)
 from .eagle_vlm import EagleVLMDrafter, EagleVLMHead
 from .flash import FlashDrafter, FlashHead
 from .losses import teacher_forward, training_loss

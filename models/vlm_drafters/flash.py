@@ -31,8 +31,17 @@ from mmspec.drafters import TreeConfig
 from mmspec.sampling import SamplingConfig, sample
 from mmspec.speculate import DraftChain, target_probs_fn
 
-from .base import SpanUnits, VisualView, VLMDraftHead, VLMFeatures, VLMHeadDrafter, check_positive, identity_units, \
-    last_positions, pack_spans
+from .base import (
+    SpanUnits,
+    VisualView,
+    VLMDraftHead,
+    VLMFeatures,
+    VLMHeadDrafter,
+    check_positive,
+    identity_units,
+    last_positions,
+    pack_spans,
+)
 
 
 class LatentCompressor(nn.Module):

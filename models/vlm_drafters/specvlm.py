@@ -31,7 +31,15 @@ from torch import nn
 from mmspec.drafters import TreeConfig
 from mmspec.sampling import SamplingConfig
 
-from .base import SpanUnits, VisualView, VLMDraftHead, VLMFeatures, VLMHeadDrafter, check_positive, identity_units
+from .base import (
+    SpanUnits,
+    VisualView,
+    VLMDraftHead,
+    VLMFeatures,
+    VLMHeadDrafter,
+    check_positive,
+    identity_units,
+)
 
 PRIMITIVES = ("prune", "pool", "conv", "resampler", "text")
 

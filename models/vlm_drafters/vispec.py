@@ -26,8 +26,16 @@ import torch
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from .base import SpanUnits, VisualView, VLMDraftHead, VLMFeatures, VLMHeadDrafter, check_positive, last_positions, \
-    pack_spans
+from .base import (
+    SpanUnits,
+    VisualView,
+    VLMDraftHead,
+    VLMFeatures,
+    VLMHeadDrafter,
+    check_positive,
+    last_positions,
+    pack_spans,
+)
 
 
 class VisionAdaptor(nn.Module):
