@@ -45,6 +45,13 @@ def cached_data(work: Path, build: Callable[[], dict]) -> dict:
     return data
 
 
+def step_generator() -> torch.Generator:
+    """A fresh generator seeded from torch's global RNG: extra randomness of a training step (feature
+    noise, ...) that :func:`train_loop`'s checkpoints restore with the global RNG state, so a resumed run
+    equals an unbroken one (a generator created once at start would restart from its seed)."""
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, (1,))))
+
+
 def warmup_cosine(step: int, total: int, peak: float, warmup: int = 100, floor: float = 0.1) -> float:
     """Linear warm-up to ``peak`` over ``warmup`` steps, then cosine decay to ``floor * peak`` at ``total``."""
     if step < warmup:
@@ -55,12 +62,16 @@ def warmup_cosine(step: int, total: int, peak: float, warmup: int = 100, floor: 
 
 def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor], num_items: int, *, steps: int,
                batch: int, lr: float, work: Path, save: Callable[[nn.Module], None], save_every: int = 200,
-               weight_decay: float = 0.05, log_every: int = 20) -> None:
+               weight_decay: float = 0.05, log_every: int = 20,
+               evaluate: Callable[[nn.Module, int], dict] | None = None, eval_every: int = 0) -> None:
     """Minimise ``loss_fn(indices)`` over random mini-batches of ``num_items`` training items.
 
     AdamW (betas 0.9/0.95), gradient clipping at 1. Every ``save_every`` steps (and at the end) the
     optimiser state goes to ``work/checkpoint.pt`` and ``save(model)`` writes the deliverable; a
     checkpoint found at start is resumed, RNG state included, so a resumed run equals an unbroken one.
+    ``evaluate(model, step)`` (in eval mode, no grad; e.g. held-out acceptance) runs every ``eval_every``
+    steps and at the end, its dict logged as ``{"step": ..., "eval": {...}}``; it must not draw from
+    torch's global RNG (use its own generator) so that resumed runs stay identical.
     """
     work.mkdir(parents=True, exist_ok=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
@@ -88,6 +99,13 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
             if step % log_every == 0:
                 log.write(json.dumps({"step": step, "loss": round(loss.item(), 4), "lr": warmup_cosine(step, steps, lr),
                                       "seconds": round(time.time() - start, 1)}) + "\n")
+                log.flush()
+            if evaluate is not None and ((eval_every and step % eval_every == 0) or step == steps):
+                model.eval()
+                with torch.no_grad():
+                    result = evaluate(model, step)
+                model.train()
+                log.write(json.dumps({"step": step, "eval": result}) + "\n")
                 log.flush()
             if step % save_every == 0 or step == steps:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,

@@ -23,7 +23,7 @@ import torch
 
 from mmspec.models.eagle import EagleHead, eagle_loss
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, train_loop
+from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, step_generator, train_loop
 from mmspec.models.recipes.train_t2i import build_data
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
@@ -66,12 +66,12 @@ def main(argv: list[str] | None = None) -> None:
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,
                      num_attention_heads=args.heads)
     head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
-    noise = torch.Generator().manual_seed(args.seed + 1)
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         drop = torch.rand(len(index)) < args.uncond_prob
         ids, hidden, valid = eagle_batch(target, data["words"][index], data["tokens"][index], drop)
-        return eagle_loss(head, ids, hidden, valid, feature_noise=args.feature_noise, generator=noise)["loss"]
+        return eagle_loss(head, ids, hidden, valid, feature_noise=args.feature_noise,
+                          generator=step_generator())["loss"]
 
     def save(model: EagleHead) -> None:
         copy.deepcopy(model).eval().save_pretrained(args.out)
