@@ -152,10 +152,11 @@ class VLMPipeline(DiffusionPipeline):
     # -- loading --------------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> VLMPipeline:
-        """Load a saved pipeline folder or a zoo id (``mmspec/shapes-vlm``, offline)."""
+        """Load a saved pipeline folder or a zoo id (``mmspec/shapes-vlm``, offline). Weights stored in fp16
+        (the zoo) are computed in ``torch_dtype`` (default float32: exact greedy comparisons, fast on CPU)."""
         path = resolve_pretrained(pretrained_model_name_or_path)
         if (Path(path) / "model_index.json").is_file():
-            torch_dtype = kwargs.pop("torch_dtype", None)
+            torch_dtype = kwargs.pop("torch_dtype", torch.float32)
             names = ("target", "processor", *cls._optional_components)
             pipe = cls(**load_components(cls, Path(path), names, torch_dtype=torch_dtype, **kwargs))
             pipe.register_to_config(_name_or_path=str(path))

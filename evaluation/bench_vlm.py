@@ -1,0 +1,214 @@
+"""Benchmark of :class:`~mmspec.pipelines.VLMPipeline` on the shapes zoo: every method, and transformers'
+own assisted generation on the same target, measured in one run.
+
+    python -m mmspec.evaluation.bench_vlm --out docs/benchmarks/vlm_cpu.md
+
+Tasks: detailed descriptions of held-out images and narrations of held-out 4-frame videos (the captioner's
+long-output tasks; test split, never trained on). Modes: temperature 0 (greedy) and temperature 1. Batch
+sizes 1 and 4. Rows per (mode, task, batch): ``none`` (target-only, the baseline every speedup is measured
+against), the draft heads, ``draft_vlm`` (the standalone draft VLM in our loop), and at batch 1
+``hf_generate`` (plain ``target.generate``), ``hf_assisted`` (``generate(assistant_model=draft VLM)``) and
+``hf_prompt_lookup`` (``generate(prompt_lookup_num_tokens=...)``): transformers' assisted generation is
+batch-1 only. Columns: speedup over ``none`` (end to end: image encoding and prefill included), mean
+accepted length (bonus token included), tokens/s, visual positions the drafter attends to, peak memory,
+and exact-match accuracy of the outputs against the world's reference text (lossless methods match
+``none`` at temperature 0; at temperature 1 they sample the same distribution).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmspec.stats import SpecStats
+
+from .files import atomic_path
+from .speed import RunResult, run_benchmark
+
+METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")
+HF_CASES = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
+DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
+    "none": {}, "eagle": {"num_draft_tokens": 6}, "flash": {}, "vispec": {"num_draft_tokens": 6},
+    "specvlm": {"num_draft_tokens": 6}, "draft_vlm": {"num_draft_tokens": 4},
+}
+MODES = {"temperature_0": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
+TASKS = {"image": "describe", "video": "narrate"}
+
+
+def task_examples(task: str, count: int, seed: int) -> list[dict]:
+    """Held-out examples (frames, prompt, reference answer) of a task from the test split."""
+    from mmspec.models import shapes_vlm as sv
+
+    if task == "image":
+        return [sv.image_example("test", seed, i, "describe") for i in range(count)]
+    return [sv.video_example("test", seed, i, "narrate") for i in range(count)]
+
+
+def _chunks(items: list, size: int) -> list[list]:
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def pipeline_case(pipe: Any, examples: list[dict], method: str, kwargs: dict, mode: dict, batch: int,
+                  max_new_tokens: int, seed: int) -> Callable[[], RunResult]:
+    """Every example once, ``batch`` at a time, through the pipeline."""
+    def call() -> RunResult:
+        generator = torch.Generator().manual_seed(seed)
+        texts, stats, visual = [], [], []
+        for chunk in _chunks(examples, batch):
+            frames = [list(e["frames"]) for e in chunk]
+            out = pipe(videos=frames, prompt=[e["prompt"] for e in chunk], method=method, generator=generator,
+                       max_new_tokens=max_new_tokens, **mode, **kwargs)
+            texts += out.text
+            stats.append(out.stats)
+            visual += out.draft_visual_tokens or []
+        merged = SpecStats.merge(stats)
+        quality = {"accuracy": _accuracy(texts, examples)}
+        if visual:
+            quality["draft visual tokens"] = sum(visual) / len(visual)
+        return RunResult(num_items=merged.tokens, stats=merged, quality=quality, output=texts)
+    return call
+
+
+def transformers_case(pipe: Any, examples: list[dict], case: str, mode: dict, max_new_tokens: int, seed: int
+                      ) -> Callable[[], RunResult]:
+    """transformers' ``generate`` on the same target, one example at a time.
+
+    The image placeholder and the other non-text special tokens are suppressed (for target and assistant):
+    in transformers' assisted generation a drafted ``<image>`` token makes the target's verification pass
+    see more placeholders than images and fail. A trained captioner gives them ~0 probability, so outputs
+    are unchanged; untrained test models do emit them."""
+    options: dict[str, Any] = {"hf_generate": {}, "hf_assisted": {"assistant_model": pipe.draft_model},
+                               "hf_prompt_lookup": {"prompt_lookup_num_tokens": 10}}[case]
+    eos = pipe.eos_token_ids
+    tokenizer = pipe.tokenizer
+    specials = sorted({tokenizer.convert_tokens_to_ids(t) for t in
+                       (pipe.processor.image_token, tokenizer.pad_token, tokenizer.bos_token, tokenizer.unk_token)
+                       if t is not None} - set(eos))
+
+    def call() -> RunResult:
+        torch.manual_seed(seed)
+        texts, tokens = [], 0
+        if pipe.draft_model is not None:
+            pipe.draft_model.generation_config.suppress_tokens = specials
+        for e in examples:
+            inputs = pipe.encode(None, e["prompt"], videos=[list(e["frames"])]).inputs
+            out = pipe.target.generate(**inputs, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                                       eos_token_id=eos, suppress_tokens=specials, **mode, **options)
+            new = out[0, inputs["input_ids"].shape[1]:]
+            tokens += int(new.shape[0])
+            texts.append(pipe.tokenizer.decode(new, skip_special_tokens=True))
+        return RunResult(num_items=tokens, quality={"accuracy": _accuracy(texts, examples)}, output=texts)
+    return call
+
+
+def _accuracy(texts: Sequence[str], examples: Sequence[dict]) -> float:
+    return sum(t.strip() == e["answer"].strip() for t, e in zip(texts, examples)) / max(1, len(examples))
+
+
+def run(pipe: Any, methods: Sequence[str], kwargs: dict[str, dict], modes: Sequence[str], tasks: Sequence[str],
+        batch_sizes: Sequence[int], num_examples: int, max_new_tokens: int, repeats: int, seed: int,
+        hf_cases: Sequence[str], log: Callable[[str], None] = print) -> dict:
+    """Every measurement of the table; returns a JSON-able dict."""
+    results: dict[str, Any] = {}
+    for task in tasks:
+        examples = task_examples(task, num_examples, seed)
+        for mode_name in modes:
+            for batch in batch_sizes:
+                cases = {m: pipeline_case(pipe, examples, m, kwargs[m], MODES[mode_name], batch, max_new_tokens, seed)
+                         for m in methods}
+                if batch == 1:
+                    cases.update({c: transformers_case(pipe, examples, c, MODES[mode_name], max_new_tokens, seed)
+                                  for c in hf_cases})
+                report = run_benchmark(cases, baseline="none", warmup=1, repeats=repeats, seed=seed)
+                key = f"{task} / {mode_name} / batch {batch}"
+                results[key] = report.to_dict()
+                log(f"## {key}\n{report.to_markdown()}")
+    return results
+
+
+def to_markdown(results: dict, command: str, meta: dict) -> str:
+    lines = [f"Command: `{command}`", "",
+             f"Machine: {meta['machine']}. {meta['examples']} held-out examples per task, {meta['repeats']} timed "
+             f"repeats (median), up to {meta['max_new_tokens']} new tokens. Speedups are end to end (image encoding "
+             "and prefill included) against `none` in the same run. Mean accepted length counts the bonus token. "
+             "hf_* rows are transformers' `generate` on the same target (batch 1 only).", ""]
+    header = ("| method | speedup | mean acc. len | tokens/s | draft visual tokens | peak mem MiB | accuracy |\n"
+              "|---|---|---|---|---|---|---|")
+    for key, report in results.items():
+        lines += [f"### {key}", "", header]
+        for name, c in report["cases"].items():
+            q = c["quality"]
+            visual = q.get("draft visual tokens")
+            peak = c["peak_memory_bytes"] / 2**20 if c["peak_memory_bytes"] else float("nan")
+            mal = c["mean_accepted_length"]
+            lines.append(f"| {name} | {c['speedup']:.2f}x | {'-' if mal is None else f'{mal:.2f}'} | "
+                         f"{c['items_per_s']:.1f} | {'-' if visual is None else f'{visual:.0f}'} | {peak:.0f} | "
+                         f"{q['accuracy']:.3f} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", default="mmspec/shapes-vlm", help="zoo id or pipeline folder")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--hf-cases", nargs="*", default=list(HF_CASES), choices=list(HF_CASES))
+    parser.add_argument("--method-kwargs", default="{}", help="JSON {method: {pipeline kwarg: value}} overrides")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4])
+    parser.add_argument("--examples", type=int, default=8, help="held-out examples per task")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="markdown table (a .json with all numbers beside it)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.methods[0] != "none":
+        raise SystemExit("--methods must start with none (the baseline every speedup is measured against)")
+    unknown = [m for m in args.methods if m not in DEFAULT_KWARGS]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; choose from {list(DEFAULT_KWARGS)}")
+    try:
+        overrides = json.loads(args.method_kwargs)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"--method-kwargs is not valid JSON: {error}") from None
+    kwargs = {m: {**DEFAULT_KWARGS[m], **overrides.get(m, {})} for m in args.methods}
+
+    from mmspec.pipelines import VLMPipeline
+
+    pipe = VLMPipeline.from_pretrained(args.pipeline)
+    pipe.set_progress_bar_config(disable=True)
+    hf_cases = [c for c in args.hf_cases if c != "hf_assisted" or pipe.draft_model is not None]
+    results = run(pipe, args.methods, kwargs, args.modes, args.tasks, args.batch_sizes, args.examples,
+                  args.max_new_tokens, args.repeats, args.seed, hf_cases)
+    meta = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+                       f"torch {torch.__version__}",
+            "examples": args.examples, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
+            "kwargs": kwargs}
+    command = "python -m mmspec.evaluation.bench_vlm " + " ".join(sys.argv[1:] if argv is None else argv)
+    table = to_markdown(results, command, meta)
+    print(table)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(args.out) as tmp:
+            Path(tmp).write_text(table)
+        with atomic_path(args.out.with_suffix(".json")) as tmp:
+            Path(tmp).write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,88 @@
+"""The shapes-vlm zoo assembly (models/recipes/build_zoo_vlm.py) and the VLM benchmark (evaluation/bench_vlm.py)
+on tiny random parts: the assembled folder loads as a VLMPipeline whose chat template formats plain prompts
+exactly like the captioner's training prompts, and the benchmark writes one table in which every lossless
+method matches target-only decoding at temperature 0."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from mmspec.models import shapes_vlm as sv
+from mmspec.models.recipes import build_zoo_vlm
+from mmspec.models.vlm_drafters import EagleVLMHead, FlashHead, SpecVLMHead, ViSpecHead
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def zoo_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("zoo") / "shapes-vlm"
+    target = sv.build_model("tiny", seed=0)
+    target.to(torch.float16).save_pretrained(folder / "target")
+    sv.build_processor().save_pretrained(folder / "target")
+    sv.build_model("tiny", seed=1, text_layers=1).to(torch.float16).save_pretrained(folder / "draft")
+    width, vocab = target.config.text_config.hidden_size, target.get_output_embeddings().weight.shape[0]
+    torch.manual_seed(0)
+    for name, head in {"eagle_head": EagleVLMHead(width, vocab), "flash_head": FlashHead(width, vocab, num_latents=8),
+                       "vispec_head": ViSpecHead(width, vocab), "specvlm_head": SpecVLMHead(width, vocab)}.items():
+        head.to(torch.float16).save_pretrained(folder / name)
+    build_zoo_vlm.main(["--folder", str(folder)])
+    return folder
+
+
+def test_zoo_folder_loads_with_the_training_prompt_format(zoo_folder):
+    from mmspec.pipelines import VLMPipeline
+
+    pipe = VLMPipeline.from_pretrained(zoo_folder)
+    assert pipe.target.dtype == torch.float32  # fp16 on disk, fp32 compute
+    assert all(getattr(pipe, n) is not None for n in ("eagle_head", "flash_head", "vispec_head", "specvlm_head",
+                                                      "draft_model"))
+    assert pipe.format_prompt("describe the image in detail.", 1) == sv.task_prompt("describe")
+    assert pipe.format_prompt("narrate the video.", 4) == sv.task_prompt("narrate", num_frames=4)
+
+
+def test_benchmark_table(zoo_folder, tmp_path):
+    from mmspec.evaluation import bench_vlm
+
+    out = tmp_path / "vlm.md"
+    bench_vlm.main(["--pipeline", str(zoo_folder), "--examples", "2", "--max-new-tokens", "8", "--repeats", "1",
+                    "--batch-sizes", "1", "2", "--modes", "temperature_0", "--tasks", "image", "video",
+                    "--threads", "1", "--out", str(out)])
+    table = out.read_text()
+    for name in ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm", "hf_generate", "hf_assisted",
+                 "hf_prompt_lookup"):
+        assert f"| {name} |" in table
+    results = json.loads(out.with_suffix(".json").read_text())["results"]
+    assert set(results) == {f"{t} / temperature_0 / batch {b}" for t in ("image", "video") for b in (1, 2)}
+    for report in results.values():
+        cases = report["cases"]
+        assert cases["none"]["speedup"] == pytest.approx(1.0)
+        for name, case in cases.items():  # greedy: every method is exactly target-only (accuracy equal)
+            assert case["quality"]["accuracy"] == cases["none"]["quality"]["accuracy"], name
+        assert cases["eagle"]["mean_accepted_length"] >= 1.0
+
+
+def test_bad_arguments(zoo_folder):
+    from mmspec.evaluation import bench_vlm
+
+    with pytest.raises(SystemExit, match="must start with none"):
+        bench_vlm.main(["--pipeline", str(zoo_folder), "--methods", "eagle"])
+    with pytest.raises(SystemExit, match="unknown methods"):
+        bench_vlm.main(["--pipeline", str(zoo_folder), "--methods", "none", "medusa"])
+
+
+def test_benchmark_cases_are_lossless_at_temperature_0(zoo_folder):
+    from mmspec.evaluation import bench_vlm
+    from mmspec.pipelines import VLMPipeline
+
+    pipe = VLMPipeline.from_pretrained(zoo_folder)
+    pipe.set_progress_bar_config(disable=True)
+    examples = bench_vlm.task_examples("image", 3, seed=0)
+    outputs = {m: bench_vlm.pipeline_case(pipe, examples, m, bench_vlm.DEFAULT_KWARGS[m], bench_vlm.MODES["temperature_0"],
+                                          2, 12, 0)().output for m in bench_vlm.METHODS}
+    assert len({len(t.split()) for t in outputs["none"]} | {0}) > 1  # real text, not empty rows
+    for method, texts in outputs.items():
+        assert texts == outputs["none"], method
