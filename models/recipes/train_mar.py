@@ -35,9 +35,9 @@ GENEVAL_CATEGORIES = {c: 1.0 for c in ("single_object", "two_object", "counting"
 #: Model sizes and schedules of the two zoo models (chosen by short prototypes: see
 #: docs/pipeline_continuous.md); every field can be overridden on the command line.
 PRESETS: dict[str, dict] = {
-    "target": dict(dim=192, encoder_depth=4, decoder_depth=4, heads=6, head_depth=3, head_width=256,
-                   steps=5000, batch=32, lr=1e-3),
-    "draft": dict(dim=128, encoder_depth=1, decoder_depth=1, heads=4, head_depth=2, head_width=128,
+    "target": dict(dim=160, encoder_depth=4, decoder_depth=4, heads=4, head_depth=3, head_width=192,
+                   steps=4000, batch=32, lr=1e-3),
+    "draft": dict(dim=128, encoder_depth=2, decoder_depth=2, heads=4, head_depth=2, head_width=128,
                   steps=3000, batch=32, lr=1e-3),
 }
 
@@ -59,20 +59,24 @@ def build_data(num: int, seed: int, tokenizer: ContinuousTokenizer, words: WordT
 
 class EMATrainer(nn.Module):
     """The trained model plus an exponential moving average of its parameters held as buffers, so the
-    shared :func:`train_loop` checkpoints (and resumes) both while optimising only the model."""
+    shared :func:`train_loop` checkpoints (and resumes) both while optimising only the model. The decay
+    warms up as min(decay, (1 + n) / (10 + n)) after n updates, so early checkpoints are usable too."""
 
     def __init__(self, model: MARModel, decay: float) -> None:
         super().__init__()
         self.model = model
         self.decay = decay
-        self.names = [name for name, _ in model.named_parameters()]
+        self.register_buffer("ema_updates", torch.zeros((), dtype=torch.long))
         for i, (_, param) in enumerate(model.named_parameters()):
             self.register_buffer(f"ema_{i}", param.detach().clone())
 
     @torch.no_grad()
     def update(self) -> None:
+        n = int(self.ema_updates)
+        decay = min(self.decay, (1 + n) / (10 + n))
         for i, param in enumerate(self.model.parameters()):
-            getattr(self, f"ema_{i}").lerp_(param.detach(), 1.0 - self.decay)
+            getattr(self, f"ema_{i}").lerp_(param.detach(), 1.0 - decay)
+        self.ema_updates += 1
 
     def averaged(self) -> MARModel:
         """A copy of the model carrying the averaged weights."""

@@ -1,0 +1,197 @@
+"""Benchmark of ContinuousARImagePipeline (MAR target-only vs CSpD) on one zoo entry, all in one run.
+
+Quality: for every configuration, one image per prompt of a GenEval-shapes prompt set (exact evaluator)
+and FID with the shapes feature network against renders of the same prompts; two target-only runs with
+different seeds ("none" and "none, seed 2") state how much both numbers move by chance alone. Speed: for
+each batch size, every configuration is timed against ``"none"`` on the same prompts and seeds with
+:func:`~mmspec.evaluation.speed.run_benchmark` (median of round-robin repeats after a warm-up): speedup,
+images/s, CSpD's acceptance rate, tokens per target forward, target calls per image.
+
+    python -m mmspec.evaluation.bench_continuous --out docs/benchmarks/continuous_cpu.md
+
+Configurations are pipeline keyword sets (``--configs '{"cspd": {"method": "cspd", "draft_length": 4}}'``);
+the first must be target-only (``{"method": "none"}``) and is the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmspec.world import evaluate, make_prompt_set, render_scene, scene_for_prompt
+
+from .fid import compute_fid
+from .files import atomic_path
+from .speed import RunResult, run_benchmark
+
+#: name -> pipeline keyword arguments (shared settings come from --num-iter etc.)
+DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
+    "none": {"method": "none"},
+    "cspd": {"method": "cspd"},  # the pipeline's defaults: official code's order and context
+    "cspd (paper: chain, exact)": {"method": "cspd", "verify_order": "chain", "verify_context": "exact"},
+}
+
+
+def generate(pipe: Any, prompts: Sequence[str], kwargs: dict, batch: int, seed: int) -> tuple[list[np.ndarray], list]:
+    """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``, one generator."""
+    generator = torch.Generator().manual_seed(seed)
+    images, stats = [], []
+    for start in range(0, len(prompts), batch):
+        out = pipe(list(prompts[start:start + batch]), generator=generator, output_type="np", **kwargs)
+        images += list(out.images)
+        stats.append(out.stats)
+    return images, stats
+
+
+def reference_images(prompts: Sequence[Any], difficulty: float, seed: int, size: int = 32) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    arrays = [render_scene(scene_for_prompt(p, rng), size, difficulty) for p in prompts]
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255.0
+
+
+def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor) -> dict[str, float]:
+    fake = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float()
+    return {"geneval": evaluate(images, list(prompts)).overall, "fid": compute_fid(real, fake, "shapes").fid}
+
+
+def _merge(stats: list) -> Any:
+    return type(stats[0]).merge(stats)
+
+
+def run(pipe: Any, configs: dict[str, dict], shared: dict, batch_sizes: Sequence[int], speed_prompts: Sequence[Any],
+        quality_prompts: Sequence[Any], real: torch.Tensor, repeats: int, quality_batch: int, seed: int,
+        log=print) -> dict:
+    """Every measurement of the table; returns a JSON-able dict."""
+    names = list(configs)
+    texts = [p.text for p in quality_prompts]
+    scores: dict[str, dict[str, Any]] = {}
+    for name in [*names, "none, seed 2"]:
+        kwargs = {**shared, **configs["none" if name == "none, seed 2" else name]}
+        start = time.perf_counter()
+        images, stats = generate(pipe, texts, kwargs, quality_batch, seed + 1 if name == "none, seed 2" else seed)
+        merged = _merge(stats)
+        scores[name] = {**quality(images, quality_prompts, real), "acceptance_rate": merged.acceptance_rate,
+                        "seconds": round(time.perf_counter() - start, 1)}
+        log(f"quality {name}: {scores[name]}")
+    by_batch = {}
+    speed_texts = [p.text for p in speed_prompts]
+    for batch in batch_sizes:
+        cases = {n: _speed_case(pipe, speed_texts, {**shared, **configs[n]}, batch, seed) for n in names}
+        report = run_benchmark(cases, baseline=names[0], warmup=1, repeats=repeats, seed=seed, unit="images")
+        for name, case in report.cases.items():
+            case.quality.update({k: v for k, v in scores[name].items() if k in ("geneval", "fid")})
+        by_batch[str(batch)] = report.to_dict()
+        log(f"batch {batch}:\n{report.to_markdown()}")
+    return {"quality": scores, "speed": by_batch}
+
+
+def _speed_case(pipe: Any, texts: list[str], kwargs: dict, batch: int, seed: int):
+    """A zero-argument benchmark case: every timed prompt once, in chunks of ``batch``."""
+    def call() -> RunResult:
+        images, stats = generate(pipe, texts, kwargs, batch, seed)
+        return RunResult(num_items=len(images), unit="images", stats=_merge(stats))
+    return call
+
+
+def to_markdown(results: dict, command: str) -> str:
+    shared = results["shared"]
+    lines = [f"Command: `{command}`", "",
+             f"Machine: {results['machine']}. Shared settings: {json.dumps(shared)}. Speed: {results['speed_prompts']} "
+             f"prompts per timed call set, {results['repeats']} timed repeats (median) after a warm-up, all "
+             f"configurations round-robin in one process. Quality: {results['quality_prompts']} prompts, one image "
+             "each (GenEval-shapes = exact evaluator, mean of the six categories; FID = shapes features vs renders "
+             "of the same prompts).", "",
+             "| batch | method | speedup | acceptance rate | images/s | tokens / target forward | target calls / image "
+             "| draft calls / image | GenEval-shapes | FID |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for batch, report in results["speed"].items():
+        for name, c in report["cases"].items():
+            stats = c.get("stats") or {}
+            items = c["num_items"]
+            q = results["quality"][name]
+            rate = f"{stats['acceptance_rate']:.3f}" if stats.get("drafted_tokens") else "-"
+            lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {rate} | {c['items_per_s']:.2f} | "
+                         f"{c['tokens_per_target_call'] or 0:.2f} | {stats.get('target_calls', 0) / items:.1f} | "
+                         f"{stats.get('draft_calls', 0) / items:.1f} | {q['geneval']:.3f} | {q['fid']:.1f} |")
+    noise = results["quality"]["none, seed 2"]
+    base = results["quality"]["none"]
+    lines += ["", f"Noise level: target-only with a second seed scores GenEval-shapes {noise['geneval']:.3f} "
+              f"(vs {base['geneval']:.3f}) and FID {noise['fid']:.1f} (vs {base['fid']:.1f}).", "",
+              "Per configuration (quality run): " + "; ".join(
+                  f"{name}: acceptance {q['acceptance_rate']:.3f}, {q['seconds']} s" for name, q in
+                  results["quality"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pipeline", default="mmspec/shapes-t2i-continuous", help="zoo id or pipeline folder")
+    parser.add_argument("--configs", default=None, help="JSON {name: pipeline kwargs}; default: DEFAULT_CONFIGS")
+    parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
+    parser.add_argument("--speed-prompts", type=int, default=32, help="timed prompts (the first of a shuffled set)")
+    parser.add_argument("--quality-prompts", type=int, default=25, help="quality prompts per category")
+    parser.add_argument("--quality-batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--num-iter", type=int, default=None)
+    parser.add_argument("--num-diffusion-steps", type=int, default=None)
+    parser.add_argument("--guidance-scale", type=float, default=None)
+    parser.add_argument("--temperature", type=float, default=None)
+    parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="markdown table (a .json with all numbers beside it)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    torch.set_num_threads(args.threads)
+    try:
+        configs = DEFAULT_CONFIGS if args.configs is None else json.loads(args.configs)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"--configs is not valid JSON: {error}") from None
+    if not configs or next(iter(configs.values())).get("method", "none") != "none":
+        raise SystemExit("the first configuration must be target-only ({'method': 'none'}): it is the baseline")
+    configs = {("none" if i == 0 else name): kw for i, (name, kw) in enumerate(configs.items())}
+    shared = {k: v for k, v in (("num_iter", args.num_iter), ("num_diffusion_steps", args.num_diffusion_steps),
+                                ("guidance_scale", args.guidance_scale), ("temperature", args.temperature))
+              if v is not None}
+
+    from mmspec.pipelines.continuous_ar_image import ContinuousARImagePipeline
+
+    pipe = ContinuousARImagePipeline.from_pretrained(args.pipeline)
+    pipe.set_progress_bar_config(disable=True)
+    speed_prompts = make_prompt_set(n_per_category=max(1, -(-args.speed_prompts // 6)), seed=args.seed + 7)
+    rng = np.random.default_rng(args.seed)
+    speed_prompts = [speed_prompts[i] for i in rng.permutation(len(speed_prompts))[:args.speed_prompts]]
+    quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
+    real = reference_images(quality_prompts, args.difficulty, args.seed)
+    results = run(pipe, configs, shared, args.batch_sizes, speed_prompts, quality_prompts, real, args.repeats,
+                  args.quality_batch, args.seed)
+    results.update(machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+                           f"torch {torch.__version__}",
+                   speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts), repeats=args.repeats,
+                   configs=configs, shared=shared)
+    command = "python -m mmspec.evaluation.bench_continuous " + " ".join(sys.argv[1:] if argv is None else argv)
+    table = to_markdown(results, command)
+    print(table)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(args.out) as tmp:
+            Path(tmp).write_text(table)
+        with atomic_path(args.out.with_suffix(".json")) as tmp:
+            Path(tmp).write_text(json.dumps(results, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
