@@ -9,9 +9,11 @@ previous feature, and reads tokens off predicted features with the target's froz
 During drafting the head feeds its own predictions back (h^_i in place of h_i); after verification the
 accepted tokens are re-fed with the target's true features. The same head serves image targets
 (LlamaGen, Janus) and VLMs (the base of FLASH, ViSpec and SpecVLM); EagleVLM's extra input norm is the
-``input_norm`` option. The decoder layer is a one-layer transformers ``LlamaModel`` (1-D RoPE over the
-head's own slot positions), so the core's :class:`~mmspec.runner.CausalLMRunner` drives it, trees
-included.
+``input_norm`` option. The decoder layer is one Llama layer (1-D RoPE over the head's own slot positions):
+by default :class:`~mmspec.models.lean_llama.LeanLlamaDecoder`, which has transformers' ``LlamaModel``
+math and parameter names at about half its per-call cost (``decoder_impl="transformers"`` uses ``LlamaModel``
+itself; the same weights load into either). The core's :class:`~mmspec.runner.CausalLMRunner` drives it,
+trees included.
 
 The embedding and LM head are the target's, frozen, and not saved with the head (:meth:`bind_target`).
 """
@@ -28,6 +30,7 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from mmspec.cache import keep_valid_slots
+from mmspec.models.lean_llama import LeanLlamaDecoder
 from mmspec.drafters import TreeConfig, draft_chain
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
@@ -53,14 +56,18 @@ class EagleHead(ModelMixin, ConfigMixin):
         rope_theta: RoPE base of the decoder layer.
         input_norm: RMS-normalise the fused input (EagleVLM of SpecVLM).
         norm_eps: RMSNorm epsilon.
+        decoder_impl: "lean" (:class:`~mmspec.models.lean_llama.LeanLlamaDecoder`, the default) or "transformers"
+            (``LlamaModel``); identical outputs and parameter names.
     """
 
     @register_to_config
     def __init__(self, hidden_size: int, vocab_size: int, num_attention_heads: int = 4,
                  num_key_value_heads: int | None = None, intermediate_size: int | None = None,
                  rope_theta: float = 10000.0, input_norm: bool = False, norm_eps: float = 1e-6,
-                 max_position_embeddings: int = 4096) -> None:
+                 max_position_embeddings: int = 4096, decoder_impl: str = "lean") -> None:
         super().__init__()
+        if decoder_impl not in ("lean", "transformers"):  # (not "decoder": config keys shadow submodules)
+            raise ValueError(f"decoder_impl must be 'lean' or 'transformers', got {decoder_impl!r}")
         self.llama_config = LlamaConfig(
             vocab_size=1, hidden_size=hidden_size, intermediate_size=intermediate_size or 4 * hidden_size,
             num_hidden_layers=1, num_attention_heads=num_attention_heads,
@@ -69,8 +76,11 @@ class EagleHead(ModelMixin, ConfigMixin):
             bos_token_id=None, eos_token_id=None, pad_token_id=None)
         self.fc = nn.Linear(2 * hidden_size, hidden_size)
         self.fused_norm = nn.RMSNorm(2 * hidden_size, eps=norm_eps) if input_norm else None
-        self.decoder = LlamaModel(self.llama_config)
-        self.decoder.embed_tokens = None  # inputs arrive as embeddings
+        if decoder_impl == "lean":
+            self.decoder: nn.Module = LeanLlamaDecoder(self.llama_config)
+        else:
+            self.decoder = LlamaModel(self.llama_config)
+            self.decoder.embed_tokens = None  # inputs arrive as embeddings
         self._target: dict[str, nn.Module] = {}
 
     # -- target binding -------------------------------------------------------------------------------
@@ -92,7 +102,9 @@ class EagleHead(ModelMixin, ConfigMixin):
             raise RuntimeError("call bind_target(target.get_input_embeddings(), target.get_output_embeddings()) first")
         return self._target
 
-    def new_cache(self, batch_size: int) -> DynamicCache:
+    def new_cache(self, batch_size: int) -> Any:
+        if isinstance(self.decoder, LeanLlamaDecoder):
+            return self.decoder.new_cache(batch_size)
         return DynamicCache(config=self.llama_config)
 
     def get_output_embeddings(self) -> nn.Module:

@@ -1,0 +1,77 @@
+"""LeanLlamaDecoder (models/lean_llama.py) equals transformers' LlamaModel with the same weights: full
+sequences with left padding, incremental decoding over a growing cache, tree masks; bad masks are refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache, LlamaConfig, LlamaModel
+
+from mmspec.models.lean_llama import LeanLlamaDecoder
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _pair(kv_heads: int = 2, seed: int = 0):
+    config = LlamaConfig(vocab_size=1, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=kv_heads, rope_theta=500.0, rms_norm_eps=1e-6, max_position_embeddings=128,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    torch.manual_seed(seed)
+    reference = LlamaModel(config).double().eval()
+    reference.embed_tokens = None
+    lean = LeanLlamaDecoder(config).double().eval()
+    missing, unexpected = lean.load_state_dict(reference.state_dict(), strict=False)
+    assert not missing and not unexpected
+    return reference, lean
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_full_sequence_with_left_padding(kv_heads):
+    reference, lean = _pair(kv_heads)
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    want = reference(inputs_embeds=x, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+    got = lean(x, attention_mask=mask, position_ids=positions, use_cache=False).last_hidden_state
+    valid = mask.bool()
+    assert torch.allclose(got[valid], want[valid], atol=1e-10)
+    assert torch.isfinite(got).all()  # padded rows stay finite
+
+
+def test_incremental_decoding_and_tree_masks():
+    reference, lean = _pair()
+    hf_cache, cache = DynamicCache(config=reference.config), lean.new_cache(2, max_length=4)  # grows
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    x = torch.randn(2, 4, 32, dtype=torch.float64)
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    want = reference(inputs_embeds=x, attention_mask=mask, position_ids=positions, past_key_values=hf_cache).last_hidden_state
+    got = lean(x, attention_mask=mask, position_ids=positions, past_key_values=cache).last_hidden_state
+    assert torch.allclose(got[mask.bool()], want[mask.bool()], atol=1e-10)
+    # two new tokens as a 2-D key mask continuing the chain
+    step = torch.randn(2, 2, 32, dtype=torch.float64)
+    full = torch.cat([mask, torch.ones(2, 2, dtype=torch.long)], 1)
+    pos = positions[:, -1:] + torch.tensor([[1, 2]])
+    want = reference(inputs_embeds=step, attention_mask=full, position_ids=pos, past_key_values=hf_cache).last_hidden_state
+    got = lean(step, attention_mask=full, position_ids=pos, past_key_values=cache).last_hidden_state
+    assert torch.allclose(got, want, atol=1e-10)
+    # a 3-node tree (root, two siblings) as an explicit boolean visibility [B, 1, T, S+T]
+    tree = torch.randn(2, 3, 32, dtype=torch.float64)
+    ancestors = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    prefix = full.bool().unsqueeze(1).expand(2, 3, 6)
+    visible = torch.cat([prefix, ancestors.expand(2, 3, 3)], 2).unsqueeze(1)
+    pos = pos[:, -1:] + torch.tensor([[1, 2, 2]])
+    want = reference(inputs_embeds=tree, attention_mask=visible, position_ids=pos, past_key_values=hf_cache).last_hidden_state
+    got = lean(tree, attention_mask=visible, position_ids=pos, past_key_values=cache).last_hidden_state
+    assert torch.allclose(got, want, atol=1e-10)
+    assert cache.length == 9
+
+
+def test_bad_masks():
+    _, lean = _pair()
+    x = torch.randn(1, 2, 32, dtype=torch.float64)
+    with pytest.raises(ValueError, match="cover"):
+        lean(x, attention_mask=torch.ones(1, 5, dtype=torch.long), use_cache=False)
+    with pytest.raises(ValueError, match="additive"):
+        lean(x, attention_mask=torch.zeros(1, 1, 2, 2), use_cache=False)
+    with pytest.raises(ValueError, match="KVCache"):
+        lean(x, past_key_values=DynamicCache())
