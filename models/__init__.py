@@ -2,7 +2,10 @@
 
 Draft heads (:mod:`.eagle`), MuLo-SD's multi-scale drafter (:mod:`.mulo`), reference targets
 (:mod:`.llamagen` LlamaGen-compatible AR image transformer, :mod:`.llamagen_vq` its VQ tokenizer), the
-Janus-Pro adapter (:mod:`.janus`), VLM target runners for LLaVA / Qwen2-VL (:mod:`.vlm_targets`), the shapes world's tokenizers (:mod:`.tokenizers`, :mod:`.text`)
+Janus-Pro adapter (:mod:`.janus`), VLM target runners for LLaVA / Qwen2-VL (:mod:`.vlm_targets`), the VLM
+draft heads EagleVLM / FLASH / ViSpec / SpecVLM (:mod:`.vlm_drafters`), the shapes captioner
+(:mod:`.shapes_vlm`), the lean Llama decoder of draft heads (:mod:`.lean_llama`), the shapes world's
+tokenizers (:mod:`.tokenizers`, :mod:`.text`)
 and the training recipes of the reference zoo (:mod:`.recipes`). Submodules import lazily.
 """
 
@@ -27,6 +30,19 @@ _EXPORTS = {
     "VLMRunner": ".vlm_targets",
     "VLMPrefillOutput": ".vlm_targets",
     "VLMStepOutput": ".vlm_targets",
+    "EagleVLMHead": ".vlm_drafters",
+    "EagleVLMDrafter": ".vlm_drafters",
+    "FlashHead": ".vlm_drafters",
+    "FlashDrafter": ".vlm_drafters",
+    "ViSpecHead": ".vlm_drafters",
+    "ViSpecDrafter": ".vlm_drafters",
+    "SpecVLMHead": ".vlm_drafters",
+    "SpecVLMDrafter": ".vlm_drafters",
+    "drafter_for": ".vlm_drafters",
+    "teacher_forward": ".vlm_drafters",
+    "training_loss": ".vlm_drafters",
+    "format_vlm_prompt": ".vlm_prompts",
+    "LeanLlamaDecoder": ".lean_llama",
     "VQTokenizer": ".tokenizers",
     "ContinuousTokenizer": ".tokenizers",
     "load_zoo_tokenizer": ".tokenizers",

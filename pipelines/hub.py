@@ -19,6 +19,8 @@ import torch
 ZOO_RECIPES = {
     "shapes-t2i": "python -m mmspec.models.recipes.train_t2i --out models/zoo/shapes-t2i/transformer "
                   "(then train_eagle, train_mulo and build_zoo_t2i; see docs/pipeline_ar_image.md)",
+    "shapes-vlm": "bash scripts/build_zoo_vlm.sh (train_vlm for the captioner and its draft VLM, train_vlm_drafter "
+                  "for each head, build_zoo_vlm; see docs/pipeline_vlm.md)",
 }
 
 

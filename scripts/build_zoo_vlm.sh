@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Build the mmspec/shapes-vlm zoo entry (docs/pipeline_vlm.md): the shapes captioner (target), its
+# standalone draft VLM, the four draft heads (online distillation from the frozen captioner), then the
+# pipeline folder and the accuracy report. Every step is deterministic and resumable: rerun the script to
+# continue after an interruption (finished steps return at once).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+ZOO=models/zoo/shapes-vlm
+export HF_HUB_OFFLINE=1
+[ -f $ZOO/model_index.json ] && { echo "$ZOO is already assembled (delete it to rebuild)"; exit 0; }
+$PY -m mmspec.models.recipes.train_vlm --size target --out $ZOO/target
+$PY -m mmspec.models.recipes.train_vlm --size draft --out $ZOO/draft
+for method in eagle flash vispec specvlm; do
+  $PY -m mmspec.models.recipes.train_vlm_drafter --method $method --target $ZOO/target --out $ZOO/${method}_head
+done
+$PY -m mmspec.models.recipes.report_vlm --model $ZOO/target --draft $ZOO/draft --out $ZOO/report.json
+$PY -m mmspec.models.recipes.build_zoo_vlm --folder $ZOO
