@@ -117,15 +117,17 @@ class DiffusionSchedule:
         values = values.to(device=like.device, dtype=like.dtype)
         return values.reshape(-1, *([1] * (like.ndim - 1))) if values.ndim else values
 
-    def p_mean_variance(self, model_output: torch.Tensor, x: torch.Tensor, i: torch.Tensor | int
-                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def p_mean_variance(self, model_output: torch.Tensor, x: torch.Tensor, i: torch.Tensor | int,
+                        clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Mean, log variance and predicted x0 of p(x_{i-1} | x_i) from the network output ``[N, 2C]``
         (eps prediction and variance logits v in [-1, 1] interpolating log beta and the log posterior
-        variance)."""
+        variance); ``clip`` bounds the predicted x0 to [-clip, clip] (ADM's ``clip_denoised``)."""
         eps, v = model_output.chunk(2, dim=-1)
         frac = (v + 1) / 2
         log_var = frac * self._take(self.log_betas, i, x) + (1 - frac) * self._take(self.posterior_log_variance_clipped, i, x)
         x0 = self._take(self.sqrt_recip_alphas_cumprod, i, x) * x - self._take(self.sqrt_recipm1_alphas_cumprod, i, x) * eps
+        if clip is not None:
+            x0 = x0.clamp(-clip, clip)
         mean = self._take(self.posterior_mean_coef1, i, x) * x0 + self._take(self.posterior_mean_coef2, i, x) * x
         return mean, log_var, x0
 
@@ -318,6 +320,11 @@ class MARModel(ModelMixin, ConfigMixin):
         diffloss_d, diffloss_w: diffusion head depth and width.
         num_sampling_steps: default respaced DDPM steps at generation (MAR: 100).
         diffusion_batch_mul: training noise draws per token (MAR: 4).
+        clip_denoised: bound of the predicted x0 in every sampling step (None: no clipping, as MAR). The
+            cosine schedule's first sampling step divides the eps error by sqrt(alpha_bar_999) ~ 5e-5, so
+            a small head's imperfect eps at t = 999 throws x0 (and every later step) far off; clipping x0
+            to the latents' range, ADM's ``clip_denoised``, removes that (the zoo uses 7 on latents of
+            range [-6.6, 5.4]).
     """
 
     @register_to_config
@@ -327,7 +334,8 @@ class MARModel(ModelMixin, ConfigMixin):
                  condition_type: str = "class", num_classes: int = 1000, text_vocab_size: int | None = None,
                  label_drop_prob: float = 0.1, mask_ratio_min: float = 0.7, attn_dropout: float = 0.0,
                  proj_dropout: float = 0.0, diffloss_d: int = 3, diffloss_w: int = 1024,
-                 num_sampling_steps: int = 100, diffusion_batch_mul: int = 4) -> None:
+                 num_sampling_steps: int = 100, diffusion_batch_mul: int = 4,
+                 clip_denoised: float | None = None) -> None:
         super().__init__()
         if condition_type not in ("class", "text"):
             raise ValueError(f"condition_type must be 'class' or 'text', got {condition_type!r}")
@@ -339,6 +347,8 @@ class MARModel(ModelMixin, ConfigMixin):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0.0 <= mask_ratio_min < 1.0:
             raise ValueError(f"mask_ratio_min must be in [0, 1), got {mask_ratio_min}")
+        if clip_denoised is not None and not clip_denoised > 0:
+            raise ValueError(f"clip_denoised must be positive or None, got {clip_denoised}")
         seq_len = grid_size * grid_size
         enc, dec = encoder_embed_dim, decoder_embed_dim
 
@@ -482,6 +492,7 @@ class MARModel(ModelMixin, ConfigMixin):
         if noise.ndim != 3 or noise.shape[1] != schedule.num_steps or noise.shape[0] != z.shape[0]:
             raise ValueError(f"noise must have shape [N={z.shape[0]}, T={schedule.num_steps}, C], got "
                              f"{tuple(noise.shape)}")
+        clip = getattr(self.config, "clip_denoised", None)
         guided = z_uncond is not None
         if guided:
             scale = torch.as_tensor(guidance_scale if guidance_scale is not None else 1.0, dtype=z.dtype,
@@ -499,7 +510,7 @@ class MARModel(ModelMixin, ConfigMixin):
                 out = torch.cat([eps_u + scale * (eps_c - eps_u), var_c], dim=-1)
             else:
                 out = self.head(x, t, cond)
-            mean, log_var, _ = schedule.p_mean_variance(out, x, i)
+            mean, log_var, _ = schedule.p_mean_variance(out, x, i, clip)
             std = torch.exp(0.5 * log_var) * temperature
             x = mean + std * noise[:, k + 1].to(x.dtype) if i > 0 else mean
             if record:

@@ -111,6 +111,23 @@ def test_sampler_with_an_oracle_denoiser_returns_the_data_point():
         x0, _, _ = model.sample_head(torch.zeros(3, 12, dtype=torch.float64), noise, temperature=1.3, num_steps=steps)
         assert torch.allclose(x0, point.expand(3, -1), atol=1e-8)
 
+    # clip_denoised bounds the predicted x0 inside every step (ADM's clip_denoised)
+    schedule = DiffusionSchedule(25)
+    x = torch.randn(3, 4, dtype=torch.float64)
+    out = torch.cat([x + 1e-3, torch.zeros_like(x)], -1)          # a slightly wrong eps at t = 999
+    _, _, x0 = schedule.p_mean_variance(out, x, 24)
+    assert x0.abs().max() > 10                                      # divided by sqrt(alpha_bar_999) ~ 5e-5
+    mean, _, x0 = schedule.p_mean_variance(out, x, 24, clip=3.0)
+    assert x0.abs().max() <= 3.0
+    _, _, unclipped = schedule.p_mean_variance(out, x, 24)
+    expect = schedule.posterior_mean_coef1[24] * unclipped.clamp(-3, 3) + schedule.posterior_mean_coef2[24] * x
+    assert torch.allclose(mean, expect)
+    model.register_to_config(clip_denoised=3.0)
+    x0, _, _ = model.sample_head(torch.zeros(3, 12, dtype=torch.float64), noise, num_steps=100)
+    assert torch.allclose(x0, point.expand(3, -1), atol=1e-8)      # in-range predictions are untouched
+    with pytest.raises(ValueError, match="clip_denoised"):
+        MARModel(**{**TINY, "clip_denoised": 0.0})
+
 
 def test_encoder_padding_equals_separate_rows():
     model = tiny_model()

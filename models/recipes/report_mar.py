@@ -33,16 +33,23 @@ from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.world import evaluate, make_prompt_set, render_scene, scene_for_prompt
 
 
-def build(target: Path, draft: Path, folder: Path, tokenizer: Path) -> None:
-    """Write the pipeline folder from two ``train_mar`` model folders."""
+def build(target: Path, draft: Path, folder: Path, tokenizer: Path, clip_denoised: float | None = 7.0,
+          num_sampling_steps: int | None = None) -> None:
+    """Write the pipeline folder from two ``train_mar`` model folders (setting both models' sampler
+    options ``clip_denoised`` and, if given, ``num_sampling_steps`` in their configs)."""
     from mmspec.pipelines.continuous_ar_image import ContinuousARImagePipeline
 
+    models = []
     for name, path in (("--target", target), ("--draft", draft)):
         if not (path / "config.json").is_file():
             raise SystemExit(f"{name} {path} is not a trained model folder (no config.json): run train_mar first")
-    pipe = ContinuousARImagePipeline(transformer=MARModel.from_pretrained(target, torch_dtype=torch.float16),
-                                     vae=ContinuousTokenizer.from_pretrained(tokenizer),
-                                     draft_transformer=MARModel.from_pretrained(draft, torch_dtype=torch.float16),
+        model = MARModel.from_pretrained(path, torch_dtype=torch.float16)
+        model.register_to_config(clip_denoised=clip_denoised)
+        if num_sampling_steps is not None:
+            model.register_to_config(num_sampling_steps=num_sampling_steps)
+        models.append(model)
+    pipe = ContinuousARImagePipeline(transformer=models[0], vae=ContinuousTokenizer.from_pretrained(tokenizer),
+                                     draft_transformer=models[1],
                                      text_tokenizer=WordTokenizer.load(target / "text_vocab.json"))
     pipe.save_pretrained(folder)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
@@ -93,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--draft", type=Path, required=True)
     b.add_argument("--folder", type=Path, default=Path("models/zoo/shapes-t2i-continuous"))
     b.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
+    b.add_argument("--clip-denoised", type=float, default=7.0)
+    b.add_argument("--num-sampling-steps", type=int, default=None)
     r = sub.add_parser("report", help="GenEval-shapes and FID of target-only samples")
     r.add_argument("--pipeline", default=None, help="zoo id or pipeline folder")
     r.add_argument("--model", type=Path, default=None, help="a bare train_mar model folder instead of --pipeline")
@@ -109,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.target, args.draft, args.folder, args.tokenizer)
+        build(args.target, args.draft, args.folder, args.tokenizer, args.clip_denoised, args.num_sampling_steps)
         return
     if (args.pipeline is None) == (args.model is None):
         raise SystemExit("report needs exactly one of --pipeline and --model")

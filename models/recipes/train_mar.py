@@ -98,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mask-ratio-min", type=float, default=0.7)
     parser.add_argument("--diffusion-batch-mul", type=int, default=2)
     parser.add_argument("--num-sampling-steps", type=int, default=25, help="default DDPM steps at generation")
+    parser.add_argument("--clip-denoised", type=float, default=7.0,
+                        help="x0 bound of the sampler saved in the config (latents lie in [-6.6, 5.4])")
     parser.add_argument("--ema", type=float, default=0.999, help="EMA decay of the saved weights (0: last weights)")
     parser.add_argument("--save-every", type=int, default=250)
     parser.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
                      decoder_num_heads=size["heads"], buffer_size=args.cond_len, condition_type="text",
                      text_vocab_size=len(words), label_drop_prob=0.1, mask_ratio_min=args.mask_ratio_min,
                      diffloss_d=size["head_depth"], diffloss_w=size["head_width"],
-                     num_sampling_steps=args.num_sampling_steps, diffusion_batch_mul=args.diffusion_batch_mul)
+                     num_sampling_steps=args.num_sampling_steps, diffusion_batch_mul=args.diffusion_batch_mul,
+                     clip_denoised=args.clip_denoised)
     trainer = EMATrainer(model, args.ema)
     out = Path(args.out)
 
