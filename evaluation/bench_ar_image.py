@@ -15,9 +15,6 @@ Method knobs can be overridden with ``--method-kwargs '{"lantern": {"lantern_del
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +26,8 @@ import torch
 from mmspec.stats import SpecStats
 from mmspec.world import evaluate, make_prompt_set, render_scene, scene_for_prompt
 
+from .bench_cli import command_line, machine_line, method_kwargs, write_report
 from .fid import compute_fid
-from .files import atomic_path
 from .speed import RunResult, run_benchmark
 
 DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
@@ -155,16 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.methods[0] != "none":
-        raise SystemExit("--methods must start with none (the baseline every speedup is measured against)")
-    unknown = [m for m in args.methods if m not in DEFAULT_KWARGS]
-    if unknown:
-        raise SystemExit(f"unknown methods {unknown}; choose from {list(DEFAULT_KWARGS)}")
-    try:
-        overrides = json.loads(args.method_kwargs)
-    except json.JSONDecodeError as error:
-        raise SystemExit(f"--method-kwargs is not valid JSON: {error}") from None
-    kwargs = {m: {**DEFAULT_KWARGS[m], **overrides.get(m, {})} for m in args.methods}
+    kwargs = method_kwargs(args.methods, DEFAULT_KWARGS, args.method_kwargs)
     if args.guidance_scale is not None:
         for m in kwargs:
             kwargs[m]["guidance_scale"] = args.guidance_scale
@@ -179,19 +167,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     real = reference_images(quality_prompts, args.difficulty, image_size, args.seed)
     results = run(pipe, args.methods, kwargs, args.modes, args.batch_sizes, speed_prompts, quality_prompts, real,
                   args.repeats, args.quality_batch, args.seed)
-    results.update(machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-                           f"torch {torch.__version__}",
-                   speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts), repeats=args.repeats,
-                   kwargs=kwargs)
-    command = "python -m mmspec.evaluation.bench_ar_image " + " ".join(sys.argv[1:] if argv is None else argv)
-    table = to_markdown(results, command)
-    print(table)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(args.out) as tmp:
-            Path(tmp).write_text(table)
-        with atomic_path(args.out.with_suffix(".json")) as tmp:
-            Path(tmp).write_text(json.dumps(results, indent=1, default=str))
+    results.update(machine=machine_line(), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
+                   repeats=args.repeats, kwargs=kwargs)
+    table = to_markdown(results, command_line("mmspec.evaluation.bench_ar_image", argv))
+    write_report(args.out, table, results)
     return 0
 
 

@@ -18,9 +18,6 @@ and exact-match accuracy of the outputs against the world's reference text (loss
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,7 @@ import torch
 
 from mmspec.stats import SpecStats
 
-from .files import atomic_path
+from .bench_cli import command_line, machine_line, method_kwargs, write_report
 from .speed import RunResult, run_benchmark
 
 METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")
@@ -176,16 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.methods[0] != "none":
-        raise SystemExit("--methods must start with none (the baseline every speedup is measured against)")
-    unknown = [m for m in args.methods if m not in DEFAULT_KWARGS]
-    if unknown:
-        raise SystemExit(f"unknown methods {unknown}; choose from {list(DEFAULT_KWARGS)}")
-    try:
-        overrides = json.loads(args.method_kwargs)
-    except json.JSONDecodeError as error:
-        raise SystemExit(f"--method-kwargs is not valid JSON: {error}") from None
-    kwargs = {m: {**DEFAULT_KWARGS[m], **overrides.get(m, {})} for m in args.methods}
+    kwargs = method_kwargs(args.methods, DEFAULT_KWARGS, args.method_kwargs)
 
     from mmspec.pipelines import VLMPipeline
 
@@ -194,19 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     hf_cases = [c for c in args.hf_cases if c != "hf_assisted" or pipe.draft_model is not None]
     results = run(pipe, args.methods, kwargs, args.modes, args.tasks, args.batch_sizes, args.examples,
                   args.max_new_tokens, args.repeats, args.seed, hf_cases)
-    meta = {"machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-                       f"torch {torch.__version__}",
-            "examples": args.examples, "repeats": args.repeats, "max_new_tokens": args.max_new_tokens,
-            "kwargs": kwargs}
-    command = "python -m mmspec.evaluation.bench_vlm " + " ".join(sys.argv[1:] if argv is None else argv)
-    table = to_markdown(results, command, meta)
-    print(table)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(args.out) as tmp:
-            Path(tmp).write_text(table)
-        with atomic_path(args.out.with_suffix(".json")) as tmp:
-            Path(tmp).write_text(json.dumps({"meta": meta, "results": results}, indent=1, default=str))
+    meta = {"machine": machine_line(), "examples": args.examples, "repeats": args.repeats,
+            "max_new_tokens": args.max_new_tokens, "kwargs": kwargs}
+    table = to_markdown(results, command_line("mmspec.evaluation.bench_vlm", argv), meta)
+    write_report(args.out, table, {"meta": meta, "results": results})
     return 0
 
 

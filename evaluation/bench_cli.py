@@ -1,0 +1,59 @@
+"""What every pipeline benchmark's command line shares: the methods list with its baseline first and
+per-method keyword overrides (JSON), the machine line, and writing the markdown table with a JSON file of
+all numbers beside it."""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .files import atomic_path
+
+
+def method_kwargs(methods: Sequence[str], defaults: Mapping[str, dict], overrides: str,
+                  baseline: str = "none") -> dict[str, dict]:
+    """Per-method pipeline keywords: ``defaults[m]`` updated by the JSON ``overrides`` ``{method: {...}}``.
+
+    Raises ``SystemExit`` with a clear message when the baseline is not first, a method is unknown or the
+    JSON is malformed (command-line errors)."""
+    if not methods or methods[0] != baseline:
+        raise SystemExit(f"--methods must start with {baseline} (the baseline every speedup is measured against)")
+    unknown = [m for m in methods if m not in defaults]
+    if unknown:
+        raise SystemExit(f"unknown methods {unknown}; choose from {list(defaults)}")
+    try:
+        parsed = json.loads(overrides)
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"--method-kwargs is not valid JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise SystemExit("--method-kwargs must be a JSON object {method: {keyword: value}}")
+    return {m: {**defaults[m], **parsed.get(m, {})} for m in methods}
+
+
+def machine_line() -> str:
+    """``"x86_64, 2 threads, torch 2.13.0+cpu"``: where the numbers were measured."""
+    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """The command that reproduces this run (quoted into the table)."""
+    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+
+
+def write_report(out: Path | None, table: str, payload: Any) -> None:
+    """Print the markdown ``table``; with ``out``, write it there and ``payload`` as JSON beside it
+    (``out`` with a ``.json`` suffix), both atomically."""
+    print(table)
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(out) as tmp:
+        Path(tmp).write_text(table)
+    with atomic_path(out.with_suffix(".json")) as tmp:
+        Path(tmp).write_text(json.dumps(payload, indent=1, default=str))
