@@ -1,7 +1,7 @@
 """Packaging glue: one ``mmspec`` namespace over the repository's top-level layout.
 
-``pipelines/``, ``models/`` and ``evaluation/`` stay top-level folders (the layout users asked for) and
-are installed as ``mmspec.pipelines``, ``mmspec.models`` and ``mmspec.evaluation``. Everything else is
+``pipelines/``, ``models/``, ``evaluation/`` and ``demos/`` stay top-level folders (the layout users asked
+for) and are installed as ``mmspec.pipelines``, ``mmspec.models``, ``mmspec.evaluation`` and ``mmspec.demos``. Everything else is
 declared in pyproject.toml.
 """
 
@@ -12,6 +12,7 @@ PACKAGE_DIRS = {
     "mmspec.pipelines": "pipelines",
     "mmspec.models": "models",
     "mmspec.evaluation": "evaluation",
+    "mmspec.demos": "demos",
 }
 
 

@@ -3,6 +3,7 @@
 Sub-commands:
     mmspec info      versions, kernel backend and which pipelines this install provides
     mmspec generate  images from prompts with ARImagePipeline (speculative vs target-only, PNGs, speedup)
+    mmspec demo      the Gradio demo, one tab per pipeline family (gradio: the optional `demo` extra)
 """
 
 from __future__ import annotations
@@ -35,6 +36,12 @@ def _generate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from mmspec.demos.launch import run  # imports gradio only when the page starts
+
+    return run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for multimodal models.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -44,6 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(generate)
     generate.set_defaults(run=_generate)
+    demo = commands.add_parser("demo", help="serve the Gradio demo on 127.0.0.1 (every pipeline, speculative vs "
+                                            "target-only)")
+    from mmspec.demos.launch import add_arguments as add_demo_arguments  # no gradio import here
+
+    add_demo_arguments(demo)
+    demo.set_defaults(run=_demo)
     return parser
 
 

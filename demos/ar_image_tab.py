@@ -1,0 +1,129 @@
+"""The AR image tab: discrete AR image generation (:class:`~mmspec.pipelines.ARImagePipeline`), a
+speculative method next to the target-only baseline, with per-token acceptance maps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mmspec.demos.common import (
+    CPU_NOTE,
+    LENGTH_NOTE,
+    MAX_SEED,
+    Comparison,
+    DemoError,
+    PipelineCache,
+    Report,
+    check_choice,
+    check_float,
+    check_int,
+    compare,
+    image_grid_outputs,
+    parse_prompts,
+    stats_html,
+)
+
+METHODS = ("eagle", "lantern", "sjd", "gsd", "mulo")
+LOSSLESS = ("eagle", "sjd")
+DEFAULT_PATH = "mmspec/shapes-t2i"
+EXAMPLE_PROMPTS = ("a red circle", "two blue squares", "a green triangle above a yellow diamond")
+
+#: the tab's inputs, in the order the page passes them (keyword names of :func:`run_ar_image`)
+INPUTS = ("path", "prompt", "method", "num_images", "seed", "greedy", "temperature", "guidance_scale",
+          "num_draft_tokens", "use_tree", "tree_depth", "tree_top_k", "tree_total_tokens", "lantern_k",
+          "lantern_delta", "sjd_window", "gsd_group_size", "mulo_tau", "mulo_radius")
+
+
+@dataclass
+class ARImageResult:
+    """What the tab shows: gallery items ``(image, caption)`` of the speculative run (each image followed by
+    its acceptance map) and of the baseline, the statistics panel, and the comparison itself."""
+
+    gallery: list[tuple[Any, str]]
+    baseline: list[tuple[Any, str]]
+    stats_html: str
+    comparison: Comparison
+
+
+def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_scale: float, num_draft_tokens: int,
+                  use_tree: bool, tree_depth: int, tree_top_k: int, tree_total_tokens: int, lantern_k: int,
+                  lantern_delta: float, sjd_window: int, gsd_group_size: int, mulo_tau: float,
+                  mulo_radius: int) -> dict[str, Any]:
+    """The page's knobs, checked, as :class:`~mmspec.pipelines.ARImagePipeline` keyword arguments of
+    ``method`` (knobs of other methods are ignored)."""
+    from mmspec import TreeConfig
+
+    kwargs: dict[str, Any] = {"do_sample": not greedy, "guidance_scale": check_float("guidance scale", guidance_scale, 0, 20)}
+    if not greedy:
+        kwargs["temperature"] = check_float("temperature", temperature, 0.0, 5.0, low_open=True)
+    if method in ("eagle", "lantern"):
+        if use_tree:
+            depth = check_int("tree depth", tree_depth, 1, 12)
+            top_k = check_int("tree top-k", tree_top_k, 1, 16)
+            total = check_int("tree total tokens", tree_total_tokens, 1, 128)
+            kwargs["tree"] = TreeConfig(depth=depth, top_k=top_k, total_tokens=total)
+        else:
+            kwargs["num_draft_tokens"] = check_int("K (draft tokens)", num_draft_tokens, 1, 32)
+    if method == "lantern":
+        kwargs["lantern_k"] = check_int("LANTERN k", lantern_k, 1, 100_000)
+        kwargs["lantern_delta"] = check_float("LANTERN delta", lantern_delta, 0.0, 1.0)
+    if method in ("sjd", "gsd"):
+        kwargs["sjd_window"] = check_int("Jacobi window", sjd_window, 1, 64)
+    if method == "gsd":
+        kwargs["gsd_group_size"] = check_int("GSD group size G", gsd_group_size, 1, 256)
+    if method == "mulo":
+        kwargs["mulo_tau"] = check_float("MuLo tau", mulo_tau, 0.0, 1.0)
+        kwargs["mulo_radius"] = check_int("MuLo radius", mulo_radius, 0, 8)
+    return kwargs
+
+
+def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = EXAMPLE_PROMPTS[0],
+                 method: str = "eagle", num_images: int = 1, seed: int = 0, greedy: bool = False,
+                 temperature: float = 1.0, guidance_scale: float = 3.0, num_draft_tokens: int = 8,
+                 use_tree: bool = False, tree_depth: int = 5, tree_top_k: int = 8, tree_total_tokens: int = 48,
+                 lantern_k: int = 64, lantern_delta: float = 0.2, sjd_window: int = 16, gsd_group_size: int = 10,
+                 mulo_tau: float = 0.3, mulo_radius: int = 1, report: Report | None = None) -> ARImageResult:
+    """Generate the prompts (one per line) with ``method`` and target-only with the same seed; return
+    the images, their acceptance maps and the statistics. Bad input raises :class:`DemoError` (or the
+    pipeline's ``ValueError``) with a message for the page."""
+    method = check_choice("method", method, METHODS)
+    prompts = parse_prompts(prompt)
+    images = check_int("images per prompt", num_images, 1, 8)
+    seed = check_int("seed", seed, 0, MAX_SEED)
+    kwargs = method_kwargs(method, greedy=bool(greedy), temperature=temperature, guidance_scale=guidance_scale,
+                           num_draft_tokens=num_draft_tokens, use_tree=bool(use_tree), tree_depth=tree_depth,
+                           tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens, lantern_k=lantern_k,
+                           lantern_delta=lantern_delta, sjd_window=sjd_window, gsd_group_size=gsd_group_size,
+                           mulo_tau=mulo_tau, mulo_radius=mulo_radius)
+    pipe = cache.get("ar_image", path)
+    if pipe.transformer.config.model_type != "t2i":
+        raise DemoError("this checkpoint is class-conditioned (c2i); the demo's AR image tab takes text prompts")
+    total = len(prompts) * images * pipe.transformer.config.block_size
+
+    def run(name: str, generator: Any, progress: Any, output_type: str = "pil") -> Any:
+        def on_step(_pipe: Any, _round: int, state: dict) -> None:
+            progress(float(state["num_generated"].sum()) / total)
+
+        extra = kwargs if name != "none" else {k: v for k, v in kwargs.items()
+                                               if k in ("do_sample", "temperature", "guidance_scale")}
+        return pipe(prompts, method=name, num_images_per_prompt=images, generator=generator, output_type=output_type,
+                    callback_on_step_end=on_step, **extra)
+
+    for name in (method, "none"):  # one-off costs stay out of the timed runs
+        cache.warm_up(pipe, ("ar_image", name), lambda name=name: run(name, None, lambda f: None, "tokens"))
+    comparison = compare(run, method, seed, report=report)
+    spec, base = comparison.speculative, comparison.baseline
+    drafted = float(spec.drafted.float().mean())
+    same = bool((spec.tokens == base.tokens).all())
+    comparison.extra["drafted-and-accepted tokens"] = (f"{drafted:.0%}", "0%")
+    comparison.extra["same tokens as the baseline"] = ("yes" if same else "no", "-")
+    mode = "greedy" if greedy else f"sampling at temperature {kwargs.get('temperature', 1.0):g}"
+    comparison.notes = [f"{len(prompts)} prompt(s) x {images} image(s), {mode}, seed {seed}, guidance "
+                        f"{kwargs['guidance_scale']:g}.", LENGTH_NOTE, CPU_NOTE]
+    if method in LOSSLESS:
+        comparison.notes.append(f"{method} is lossless: greedy runs give the baseline's tokens exactly; sampled "
+                                "runs follow the same distribution but use the random numbers differently.")
+    else:
+        comparison.notes.append(f"{method} is lossy by design (a relaxed acceptance rule): compare the images.")
+    gallery, baseline = image_grid_outputs(comparison)
+    return ARImageResult(gallery, baseline, stats_html(comparison), comparison)

@@ -1,0 +1,57 @@
+"""A headless browser for the demo's browser test and screenshots: Debian's ``chromium`` driven by the
+python ``playwright`` client (playwright's own browser download is not used: the project's machines reach
+only package registries). ``bash scripts/setup_browser.sh`` installs the browser."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+CANDIDATES = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+        "--disable-dev-shm-usage"]
+
+
+def find_chromium() -> str | None:
+    """The browser binary: ``$MMSPEC_CHROMIUM``, Debian's ``/usr/bin/chromium``, or ``chromium`` on PATH."""
+    configured = os.environ.get("MMSPEC_CHROMIUM")
+    for candidate in ([configured] if configured else []) + list(CANDIDATES):
+        if Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why no browser can be driven here (None when one can)."""
+    if importlib.util.find_spec("playwright") is None:
+        return "the playwright python package is missing (pip install \"mmspec[demo]\")"
+    if find_chromium() is None:
+        return ("no chromium binary (looked at $MMSPEC_CHROMIUM, /usr/bin/chromium, PATH): run "
+                "bash scripts/setup_browser.sh (apt-get install -y chromium)")
+    return None
+
+
+@contextlib.contextmanager
+def open_browser(width: int = 1400, height: int = 1000) -> Iterator[Any]:
+    """A playwright page in headless Chromium (closed afterwards)."""
+    reason = unavailable_reason()
+    if reason is not None:
+        raise RuntimeError(reason)
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=find_chromium(), args=ARGS)
+        try:
+            page = browser.new_page(viewport={"width": width, "height": height})
+            yield page
+        finally:
+            browser.close()

@@ -1,0 +1,68 @@
+"""The ``mmspec demo`` command: serve the Gradio demo (gradio is imported only when the command runs).
+
+    mmspec demo                                    # http://127.0.0.1:7860 on the bundled zoo, offline
+    mmspec demo --vlm /ckpt/llava-eagle --ar-image /ckpt/llamagen-t2i --port 8000
+    mmspec demo --tiny /tmp/mmspec-tiny            # tiny random pipelines for families without a checkpoint
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+
+FLAGS = {"vlm": "--vlm", "ar_image": "--ar-image", "continuous": "--continuous", "video": "--video"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default 127.0.0.1: this machine only; 0.0.0.0 exposes the demo)")
+    parser.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    parser.add_argument("--vlm", metavar="PATH", help="VLM pipeline folder or zoo id (default mmspec/shapes-vlm)")
+    parser.add_argument("--ar-image", metavar="PATH",
+                        help="AR image pipeline folder or zoo id (default mmspec/shapes-t2i)")
+    parser.add_argument("--continuous", metavar="PATH",
+                        help="continuous AR image pipeline folder or zoo id (default mmspec/shapes-t2i-continuous)")
+    parser.add_argument("--video", metavar="PATH", help="AR video pipeline folder or zoo id (default mmspec/shapes-video)")
+    parser.add_argument("--tiny", metavar="DIR",
+                        help="build tiny RANDOM pipelines in DIR and use them for every family not given above "
+                             "(noise outputs: for trying the page where no checkpoint exists)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+
+
+def paths_from_args(args: argparse.Namespace) -> dict[str, str]:
+    """``{family: path}`` from the flags (families left out use their zoo id), tiny pipelines filling in
+    the rest when ``--tiny`` is given."""
+    paths = {family: getattr(args, flag.lstrip("-").replace("-", "_")) for family, flag in FLAGS.items()}
+    paths = {family: path for family, path in paths.items() if path}
+    if args.tiny:
+        from mmspec.demos.tiny import FAMILIES, build_tiny_pipelines
+
+        missing = tuple(f for f in FAMILIES if f not in paths)
+        if missing:
+            print(f"building tiny random pipelines for {', '.join(missing)} in {args.tiny} ...", flush=True)
+            paths.update(build_tiny_pipelines(args.tiny, missing))
+    return paths
+
+
+def run(args: argparse.Namespace) -> int:
+    if importlib.util.find_spec("gradio") is None:
+        print("mmspec demo needs gradio, an optional extra: pip install \"mmspec[demo]\" "
+              "(or bash scripts/setup.sh, which installs it)", file=sys.stderr)
+        return 1
+    if not 1 <= args.port <= 65535:
+        print(f"--port must be in [1, 65535], got {args.port}", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        import torch
+
+        if args.threads < 1:
+            print(f"--threads must be a positive integer, got {args.threads}", file=sys.stderr)
+            return 2
+        torch.set_num_threads(args.threads)
+    from mmspec.demos.app import launch
+
+    paths = paths_from_args(args)
+    print(f"mmspec demo on http://{args.host}:{args.port} (Ctrl+C stops it)", flush=True)
+    launch(paths, host=args.host, port=args.port, block=True)
+    return 0

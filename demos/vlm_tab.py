@@ -1,0 +1,203 @@
+"""The VLM tab: image or video frames + prompt -> text (:class:`~mmspec.pipelines.VLMPipeline`). The
+speculative answer streams with its accepted draft tokens highlighted; the target-only baseline runs
+next on the same inputs and seed."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+
+from mmspec.demos.common import (
+    CPU_NOTE,
+    LENGTH_NOTE,
+    MAX_SEED,
+    Comparison,
+    DemoError,
+    PipelineCache,
+    check_choice,
+    check_float,
+    check_int,
+    seeded,
+    stats_html,
+    timed,
+)
+
+METHODS = ("eagle", "flash", "vispec", "specvlm", "draft_vlm")
+DEFAULT_PATH = "mmspec/shapes-vlm"
+MAX_FRAMES = 16
+DRAFT_LABEL = "accepted draft"
+STREAM_INTERVAL = 0.1  # seconds between streamed page updates
+NO_EXAMPLE = "(none: use my upload)"
+#: shapes-world examples: name -> (kind, index); images from the world's held-out "test" stream
+EXAMPLES = {"shapes scene 0 (image)": ("image", 0), "shapes scene 1 (image)": ("image", 1),
+            "shapes scene 2 (image)": ("image", 2), "shapes clip 0 (video, 4 frames)": ("video", 0),
+            "shapes clip 1 (video, 4 frames)": ("video", 1)}
+PROMPTS = {"image": "describe the image in detail.", "video": "narrate the video."}
+
+INPUTS = ("path", "files", "example", "prompt", "method", "max_new_tokens", "seed", "greedy", "temperature",
+          "num_draft_tokens", "use_tree", "tree_depth", "tree_top_k", "tree_total_tokens")
+
+
+@dataclass
+class VLMView:
+    """One update of the tab: the speculative text as ``(piece, label)`` segments (label
+    :data:`DRAFT_LABEL` for accepted draft tokens, None for the target's), the baseline text, the
+    statistics panel and a status line; ``comparison`` is set on the final update."""
+
+    highlighted: list[tuple[str, str | None]]
+    baseline: str = ""
+    stats_html: str = ""
+    status: str = ""
+    comparison: Comparison | None = None
+    done: bool = False
+    frames: list[PIL.Image.Image] = field(default_factory=list)
+
+
+def example_inputs(name: str) -> tuple[list[PIL.Image.Image], str]:
+    """The frames (one for an image, several for a clip) and the default prompt of a shapes example."""
+    from mmspec.models import shapes_vlm as sv
+
+    if name not in EXAMPLES:
+        raise DemoError(f"example must be one of {list(EXAMPLES)}, got {name!r}")
+    kind, index = EXAMPLES[name]
+    if kind == "image":
+        frames = sv.image_example("test", 0, index, "describe")["frames"]
+    else:
+        frames = sv.video_example("test", 0, index, "narrate")["frames"]
+    return [PIL.Image.fromarray(np.asarray(frame)) for frame in frames], PROMPTS[kind]
+
+
+def read_uploads(files: Any) -> list[PIL.Image.Image]:
+    """Images from the upload field (paths, or objects with a ``name``/``path``), in the given order."""
+    if files is None:
+        return []
+    items = files if isinstance(files, (list, tuple)) else [files]
+    if len(items) > MAX_FRAMES:
+        raise DemoError(f"at most {MAX_FRAMES} images (video frames) per run, got {len(items)}")
+    frames = []
+    for item in items:
+        path = item if isinstance(item, (str, os.PathLike)) else getattr(item, "path", None) or getattr(item, "name", None)
+        if path is None:
+            raise DemoError(f"could not read the upload {item!r}: not a file")
+        try:
+            with PIL.Image.open(path) as image:
+                frames.append(image.convert("RGB"))
+        except (OSError, ValueError, PIL.Image.DecompressionBombError) as error:
+            raise DemoError(f"could not read {Path(path).name!r} as an image ({type(error).__name__}: {error}); "
+                            "upload PNG or JPEG files") from None
+    return frames
+
+
+def visual_inputs(files: Any, example: Any) -> tuple[list[PIL.Image.Image], str]:
+    """The frames of a run: the uploads if any, else the chosen shapes example; ``(frames, kind)`` with
+    kind "image" (one frame) or "video"."""
+    frames = read_uploads(files)
+    if not frames and example and example != NO_EXAMPLE:
+        frames, _ = example_inputs(example)
+    if not frames:
+        raise DemoError("no image: upload an image (or a few video frames) or pick a shapes example")
+    return frames, "image" if len(frames) == 1 else "video"
+
+
+class TokenPieces:
+    """Splits generated ids into per-token text pieces by incremental decoding (decode the prefix, take
+    the new suffix), so word pieces and spaces come out as the tokenizer writes them."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.text = ""
+        self.pieces: list[tuple[str, str | None]] = []
+
+    def add(self, ids: list[int], drafted: list[bool]) -> None:
+        for token, was_drafted in zip(ids, drafted):
+            self.ids.append(int(token))
+            text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            piece = text[len(self.text):] if text.startswith(self.text) else text
+            self.text = text
+            if piece:
+                self.pieces.append((piece, DRAFT_LABEL if was_drafted else None))
+
+
+def run_vlm(cache: PipelineCache, *, path: str = DEFAULT_PATH, files: Any = None,
+            example: str | None = next(iter(EXAMPLES)), prompt: str = "", method: str = "eagle",
+            max_new_tokens: int = 200, seed: int = 0, greedy: bool = True, temperature: float = 1.0,
+            num_draft_tokens: int = 6, use_tree: bool = False, tree_depth: int = 5, tree_top_k: int = 8,
+            tree_total_tokens: int = 48) -> Iterator[VLMView]:
+    """Stream the speculative answer (a :class:`VLMView` per verified round), then run the baseline with
+    the same inputs and seed; the last view carries the statistics and the comparison.
+
+    An empty prompt takes the example's default ("describe the image in detail." or "narrate the video.").
+    """
+    from mmspec import TreeConfig
+    from mmspec.pipelines.vlm import VLMPipelineOutput, VLMStreamChunk
+
+    method = check_choice("method", method, METHODS)
+    frames, kind = visual_inputs(files, example)
+    text = prompt.strip() if isinstance(prompt, str) else ""
+    text = text or PROMPTS[kind]
+    limit = check_int("max new tokens", max_new_tokens, 1, 1024)
+    seed = check_int("seed", seed, 0, MAX_SEED)
+    kwargs: dict[str, Any] = {"do_sample": not greedy}
+    if not greedy:
+        kwargs["temperature"] = check_float("temperature", temperature, 0.0, 5.0, low_open=True)
+    if use_tree:
+        kwargs["tree"] = TreeConfig(depth=check_int("tree depth", tree_depth, 1, 12),
+                                    top_k=check_int("tree top-k", tree_top_k, 1, 16),
+                                    total_tokens=check_int("tree total tokens", tree_total_tokens, 1, 128))
+    spec_kwargs = {**kwargs, "num_draft_tokens": check_int("K (draft tokens)", num_draft_tokens, 1, 32)}
+    base_kwargs = {k: v for k, v in kwargs.items() if k != "tree"}
+    pipe = cache.get("vlm", path)
+    pipe.check_method(method)
+    visual = {"images": frames[0]} if kind == "image" else {"videos": [frames]}
+
+    def warm(name: str, extra: dict) -> None:
+        pipe(**visual, prompt=text, method=name, max_new_tokens=2, **extra)
+
+    cache.warm_up(pipe, ("vlm", method), lambda: warm(method, spec_kwargs))
+    cache.warm_up(pipe, ("vlm", "none"), lambda: warm("none", base_kwargs))
+
+    pieces = TokenPieces(pipe.tokenizer)
+    yield VLMView([], status=f"speculative run ({method}): streaming...", frames=frames)
+    final: Any = None
+    start = last_yield = time.perf_counter()
+    for item in pipe.stream(**visual, prompt=text, method=method, max_new_tokens=limit, generator=seeded(seed),
+                            **spec_kwargs):
+        if isinstance(item, VLMStreamChunk):
+            pieces.add(item.tokens, item.drafted)
+            now = time.perf_counter()
+            if now - last_yield >= STREAM_INTERVAL:  # coalesce rounds: the page needs no more than ~10 updates/s
+                last_yield = now
+                yield VLMView(list(pieces.pieces), status=f"speculative run ({method}): {len(pieces.ids)} tokens",
+                              frames=frames)
+        elif isinstance(item, VLMPipelineOutput):
+            final = item
+    spec_seconds = time.perf_counter() - start
+    # the final output is authoritative (rows stop at EOS); rebuild the pieces from it
+    pieces = TokenPieces(pipe.tokenizer)
+    pieces.add(final.tokens[0].tolist(), final.drafted[0].tolist())
+    yield VLMView(list(pieces.pieces), status="baseline run (target only)...", frames=frames)
+    base, base_seconds = timed(lambda: pipe(**visual, prompt=text, method="none", max_new_tokens=limit,
+                                            generator=seeded(seed), **base_kwargs))
+    comparison = Comparison(method, final, base, spec_seconds, base_seconds)
+    spec_tokens, base_tokens = len(final.tokens[0]), len(base.tokens[0])
+    same = final.text[0] == base.text[0]
+    comparison.extra["tokens / s"] = (f"{spec_tokens / spec_seconds:.1f}", f"{base_tokens / base_seconds:.1f}")
+    comparison.extra["accepted draft tokens"] = (f"{int(final.drafted[0].sum())} of {spec_tokens}", "0")
+    visual_tokens = final.draft_visual_tokens[0] if final.draft_visual_tokens else None
+    comparison.extra["draft-side visual tokens"] = ("-" if visual_tokens is None else str(visual_tokens), "-")
+    comparison.extra["same text as the baseline"] = ("yes" if same else "no", "-")
+    mode = "greedy" if greedy else f"sampling at temperature {kwargs['temperature']:g}"
+    comparison.notes = [f"{'1 image' if kind == 'image' else f'{len(frames)} video frames'}, prompt {text!r}, {mode}, "
+                        f"seed {seed}, at most {limit} new tokens.", LENGTH_NOTE,
+                        "Every VLM method is lossless: greedy answers equal the baseline's token for token; sampled "
+                        "answers follow the same distribution but use the random numbers differently.",
+                        "The streamed run is timed end to end, page updates included.", CPU_NOTE]
+    yield VLMView(list(pieces.pieces), base.text[0], stats_html(comparison), "done", comparison, True, frames)
