@@ -300,6 +300,22 @@ class Block(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 
 
+def sincos_2d(grid: int, dim: int) -> torch.Tensor:
+    """2-D sin-cos position features ``[grid * grid, dim]`` (raster order): half of the channels encode
+    the row, half the column, each as sines and cosines of geometric frequencies."""
+    if dim % 4:
+        raise ValueError(f"sin-cos position features need a width divisible by 4, got {dim}")
+    quarter = dim // 4
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    rows, cols = torch.meshgrid(torch.arange(grid, dtype=torch.float64), torch.arange(grid, dtype=torch.float64),
+                                indexing="ij")
+    parts = []
+    for coord in (rows.reshape(-1), cols.reshape(-1)):
+        angles = coord[:, None] * omega[None, :]
+        parts += [torch.sin(angles), torch.cos(angles)]
+    return torch.cat(parts, dim=1).float()
+
+
 class MARModel(ModelMixin, ConfigMixin):
     """MAR: masked autoregressive generation of continuous tokens with a diffusion head.
 
@@ -320,6 +336,10 @@ class MARModel(ModelMixin, ConfigMixin):
         diffloss_d, diffloss_w: diffusion head depth and width.
         num_sampling_steps: default respaced DDPM steps at generation (MAR: 100).
         diffusion_batch_mul: training noise draws per token (MAR: 4).
+        sincos_init: initialise the grid part of the encoder/decoder position tables with 2-D sin-cos
+            features (MAE's fixed embedding) instead of N(0, 0.02) (MAR); they stay learned. Only the start
+            of training changes (checkpoints load either way); small models learn spatial structure much
+            sooner.
         clip_denoised: bound of the predicted x0 in every sampling step (None: no clipping, as MAR). The
             cosine schedule's first sampling step divides the eps error by sqrt(alpha_bar_999) ~ 5e-5, so
             a small head's imperfect eps at t = 999 throws x0 (and every later step) far off; clipping x0
@@ -335,7 +355,7 @@ class MARModel(ModelMixin, ConfigMixin):
                  label_drop_prob: float = 0.1, mask_ratio_min: float = 0.7, attn_dropout: float = 0.0,
                  proj_dropout: float = 0.0, diffloss_d: int = 3, diffloss_w: int = 1024,
                  num_sampling_steps: int = 100, diffusion_batch_mul: int = 4,
-                 clip_denoised: float | None = None) -> None:
+                 clip_denoised: float | None = None, sincos_init: bool = False) -> None:
         super().__init__()
         if condition_type not in ("class", "text"):
             raise ValueError(f"condition_type must be 'class' or 'text', got {condition_type!r}")
@@ -393,6 +413,11 @@ class MARModel(ModelMixin, ConfigMixin):
         for tensor in (table.weight, self.fake_latent, self.mask_token, self.encoder_pos_embed,
                        self.decoder_pos_embed, self.diffusion_pos_embed):
             nn.init.normal_(tensor, std=0.02)
+        if self.config.sincos_init:
+            buffer = self.config.buffer_size
+            with torch.no_grad():
+                for table in (self.encoder_pos_embed, self.decoder_pos_embed):
+                    table[0, buffer:] = sincos_2d(self.config.grid_size, table.shape[-1])
 
     # -- shapes ---------------------------------------------------------------------------------------
     @property

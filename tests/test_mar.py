@@ -369,3 +369,17 @@ def test_training_recipe_runs_resumes_and_builds_a_pipeline(tmp_path):
     pipe.set_progress_bar_config(disable=True)
     out = pipe("a red circle", method="cspd", num_iter=4, generator=torch.Generator().manual_seed(0), output_type="np")
     assert out.images.shape == (1, 32, 32, 3) and out.stats.tokens == 64
+
+
+def test_sincos_position_start():
+    from mmspec.models.mar import sincos_2d
+
+    table = sincos_2d(3, 8)
+    assert table.shape == (9, 8)
+    assert torch.allclose(table[:, 1], torch.ones(9)) and torch.allclose(table[:, 5], torch.ones(9))  # cos(0 * w0)
+    assert torch.allclose(table[4, :2], torch.tensor([math.sin(1.0), math.cos(1.0)]))  # row 1 at frequency 1
+    model = MARModel(**{**TINY, "encoder_embed_dim": 16, "sincos_init": True})
+    assert torch.equal(model.encoder_pos_embed[0, 2:], sincos_2d(3, 16))
+    assert model.encoder_pos_embed[0, :2].abs().max() < 0.2                  # buffer slots keep N(0, 0.02)
+    with pytest.raises(ValueError, match="divisible by 4"):
+        sincos_2d(3, 6)

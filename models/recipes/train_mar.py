@@ -95,7 +95,10 @@ def main(argv: list[str] | None = None) -> None:
                        ("head-depth", int), ("head-width", int), ("steps", int), ("batch", int), ("lr", float)):
         parser.add_argument(f"--{name}", type=kind, default=None, help="overrides the --role preset")
     parser.add_argument("--cond-len", type=int, default=12, help="condition buffer slots (words)")
-    parser.add_argument("--mask-ratio-min", type=float, default=0.7)
+    parser.add_argument("--mask-ratio-min", type=float, default=0.5,
+                        help="MAR uses 0.7; lower shows the model denser contexts (later iterations)")
+    parser.add_argument("--normal-pos-init", action="store_true",
+                        help="MAR's N(0, 0.02) position tables instead of the sin-cos start")
     parser.add_argument("--diffusion-batch-mul", type=int, default=2)
     parser.add_argument("--num-sampling-steps", type=int, default=25, help="default DDPM steps at generation")
     parser.add_argument("--clip-denoised", type=float, default=7.0,
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                      text_vocab_size=len(words), label_drop_prob=0.1, mask_ratio_min=args.mask_ratio_min,
                      diffloss_d=size["head_depth"], diffloss_w=size["head_width"],
                      num_sampling_steps=args.num_sampling_steps, diffusion_batch_mul=args.diffusion_batch_mul,
-                     clip_denoised=args.clip_denoised)
+                     clip_denoised=args.clip_denoised, sincos_init=not args.normal_pos_init)
     trainer = EMATrainer(model, args.ema)
     out = Path(args.out)
 
