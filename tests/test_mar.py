@@ -376,8 +376,11 @@ def test_sincos_position_start():
 
     table = sincos_2d(3, 8)
     assert table.shape == (9, 8)
-    assert torch.allclose(table[:, 1], torch.ones(9)) and torch.allclose(table[:, 5], torch.ones(9))  # cos(0 * w0)
-    assert torch.allclose(table[4, :2], torch.tensor([math.sin(1.0), math.cos(1.0)]))  # row 1 at frequency 1
+    # channels: [sin(row w), cos(row w), sin(col w), cos(col w)] with w = (1, 0.01)
+    assert torch.allclose(table[0], torch.tensor([0.0, 0, 1, 1, 0, 0, 1, 1]))
+    s1, c1, s2, c2 = math.sin(1.0), math.cos(1.0), math.sin(0.01), math.cos(0.01)
+    assert torch.allclose(table[4], torch.tensor([s1, s2, c1, c2, s1, s2, c1, c2]))  # row 1, column 1
+    assert torch.allclose(table[1, :4], table[0, :4]) and not torch.allclose(table[1, 4:], table[0, 4:])
     model = MARModel(**{**TINY, "encoder_embed_dim": 16, "sincos_init": True})
     assert torch.equal(model.encoder_pos_embed[0, 2:], sincos_2d(3, 16))
     assert model.encoder_pos_embed[0, :2].abs().max() < 0.2                  # buffer slots keep N(0, 0.02)
