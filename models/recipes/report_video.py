@@ -1,0 +1,94 @@
+"""Assemble and report the ``mmspec/shapes-video`` zoo entry.
+
+``build``: the trained target and drafter (``train_video``) plus the zoo's continuous tokenizer become an
+:class:`~mmspec.pipelines.ar_video.ARVideoPipeline` folder written by ``save_pretrained`` (models in fp16 on
+disk; loading computes in fp32), so ``ARVideoPipeline.from_pretrained("mmspec/shapes-video")`` works offline.
+
+``report``: the exact evaluator's scores of target-only and draft-only generation on the video prompt
+set (one video per prompt, seed i for prompt i): mean per-frame score, clip accuracy (identity and
+motion), written to ``<folder>/report.json``.
+
+    python -m mmspec.models.recipes.report_video build --target runs/train_video_target/model \\
+        --drafter runs/train_video_drafter/model --folder models/zoo/shapes-video
+    python -m mmspec.models.recipes.report_video report --folder models/zoo/shapes-video --prompts 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmspec.models.recipes.train_video import TEXT_VOCAB_FILE
+from mmspec.models.text import WordTokenizer
+from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
+from mmspec.models.video import BlockCausalVideoTransformer
+from mmspec.world import evaluate_videos, make_video_prompt_set
+
+
+def build(target: Path, drafter: Path, folder: Path, tokenizer: Path) -> None:
+    from mmspec.pipelines.ar_video import ARVideoPipeline  # recipes may assemble pipelines (lazy import)
+
+    for name, path in (("--target", target), ("--drafter", drafter)):
+        if not (path / "config.json").is_file():
+            raise SystemExit(f"{name}: no trained model at {path}; run models.recipes.train_video first")
+    half = torch.float16  # the recipe saves fp16 weights; keep them so the zoo stays small
+    pipe = ARVideoPipeline(
+        transformer=BlockCausalVideoTransformer.from_pretrained(target, torch_dtype=half),
+        vae=ContinuousTokenizer.from_pretrained(str(tokenizer)),
+        drafter=BlockCausalVideoTransformer.from_pretrained(drafter, torch_dtype=half),
+        text_tokenizer=WordTokenizer.load(target / TEXT_VOCAB_FILE),
+    )
+    pipe.save_pretrained(folder)
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    print(f"wrote {folder} ({size / 2**20:.1f} MiB)")
+
+
+def report(folder: Path, num_prompts: int, threads: int) -> dict:
+    from mmspec.pipelines.ar_video import ARVideoPipeline
+
+    torch.set_num_threads(threads)
+    pipe = ARVideoPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    prompts = make_video_prompt_set(num_prompts)
+    result: dict = {"prompts": num_prompts, "command": f"report --folder {folder} --prompts {num_prompts}"}
+    for method in ("none", "draft"):
+        start = time.perf_counter()
+        videos = []
+        for i, prompt in enumerate(prompts):
+            out = pipe(prompt.text, method, generator=torch.Generator().manual_seed(i), output_type="np")
+            videos.append((np.clip(out.frames[0], 0, 1) * 255 + 0.5).astype(np.uint8))
+        scores = evaluate_videos(videos, prompts)
+        name = "target" if method == "none" else "drafter"
+        result[name] = {"frame_score": scores.frame_score, "accuracy": scores.accuracy, "identity": scores.identity,
+                        "motion": scores.motion, "seconds": round(time.perf_counter() - start, 1)}
+        print(f"{name}: {result[name]}", flush=True)
+    (folder / "report.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", help="write the pipeline folder")
+    b.add_argument("--target", type=Path, default=Path("runs/train_video_target/model"))
+    b.add_argument("--drafter", type=Path, default=Path("runs/train_video_drafter/model"))
+    b.add_argument("--folder", type=Path, default=Path("models/zoo/shapes-video"))
+    b.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
+    r = sub.add_parser("report", help="evaluator scores of the target and the drafter")
+    r.add_argument("--folder", type=Path, default=Path("models/zoo/shapes-video"))
+    r.add_argument("--prompts", type=int, default=100)
+    r.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.target, args.drafter, args.folder, args.tokenizer)
+    else:
+        report(args.folder, args.prompts, args.threads)
+
+
+if __name__ == "__main__":
+    main()
