@@ -113,6 +113,16 @@ def _tree_row(elem: str) -> tuple[gr.Checkbox, gr.Number, gr.Number, gr.Number]:
     return use_tree, depth, top_k, total
 
 
+def _image_galleries(elem: str, label: str) -> tuple[gr.Image, gr.Image]:
+    """The speculative images with their acceptance maps next to the baseline's images."""
+    with gr.Row(equal_height=False):
+        gallery = gr.Image(label=label, type="pil", format="png", interactive=False, elem_id=f"{elem}-gallery", scale=2)
+        baseline = gr.Image(label="baseline (target only, same seed)", type="pil", format="png", interactive=False,
+                            elem_id=f"{elem}-baseline", scale=1)
+    gr.HTML(legend_html(MAP_LEGEND))
+    return gallery, baseline
+
+
 # ----------------------------------------------------------------------------------------------------
 # tabs
 # ----------------------------------------------------------------------------------------------------
@@ -127,10 +137,10 @@ def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, g
             path = _path_box("vlm", paths, elem)
             with gr.Row():
                 files = gr.File(file_count="multiple", label="image or video frames", elem_id=f"{elem}-files")
-                example = gr.Dropdown([vlm_tab.NO_EXAMPLE, *vlm_tab.EXAMPLES], value=next(iter(vlm_tab.EXAMPLES)),
-                                      label="or a shapes example", elem_id=f"{elem}-example")
-            preview = gr.Gallery(label="input", columns=4, height=140, format="png", elem_id=f"{elem}-preview",
-                                 interactive=False)
+                example = gr.Radio([*vlm_tab.EXAMPLES, vlm_tab.NO_EXAMPLE], value=next(iter(vlm_tab.EXAMPLES)),
+                                   label="or a shapes example", elem_id=f"{elem}-example")
+            preview = gr.Gallery(vlm_tab.example_inputs(next(iter(vlm_tab.EXAMPLES)))[0], label="input", columns=4,
+                                 height=140, format="png", elem_id=f"{elem}-preview", interactive=False)
             prompt = gr.Textbox(value=vlm_tab.PROMPTS["image"], label="prompt", elem_id=f"{elem}-prompt")
             with gr.Row():
                 method = gr.Dropdown(list(vlm_tab.METHODS), value="eagle", label="method", elem_id=f"{elem}-method")
@@ -149,9 +159,11 @@ def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, g
                                   elem_id=f"{elem}-baseline")
             stats = gr.HTML(elem_id=f"{elem}-stats")
 
-    def on_example(name: str) -> tuple[Any, Any]:
-        if not name or name == vlm_tab.NO_EXAMPLE:
+    def on_example(name: str, uploaded: Any) -> tuple[Any, Any]:
+        if uploaded:  # uploads win over examples; keep showing them
             return gr.update(), gr.update()
+        if not name or name == vlm_tab.NO_EXAMPLE:
+            return None, gr.update()
         frames, text = vlm_tab.example_inputs(name)
         return frames, text
 
@@ -165,7 +177,7 @@ def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, g
         kind = "image" if len(frames) == 1 else f"video of {len(frames)} frames"
         return frames, message_html(f"uploaded: {kind} (used instead of the example)", "info")
 
-    example.change(on_example, example, [preview, prompt])
+    example.change(on_example, [example, files], [preview, prompt])
     files.change(on_upload, files, [preview, message])
 
     def handle(*values: Any, progress: gr.Progress = gr.Progress()) -> Any:  # noqa: B008 - gradio's API
@@ -215,11 +227,7 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
             run = gr.Button("Run", variant="primary", elem_id=f"{elem}-run")
         with gr.Column(scale=3):
             message = gr.HTML(elem_id=f"{elem}-message")
-            gallery = gr.Gallery(label="speculative: images and acceptance maps", columns=4, format="png",
-                                 elem_id=f"{elem}-gallery")
-            gr.HTML(legend_html(MAP_LEGEND))
-            baseline = gr.Gallery(label="baseline (target only, same seed)", columns=4, format="png",
-                                  elem_id=f"{elem}-baseline")
+            gallery, baseline = _image_galleries(elem, "speculative: images | acceptance maps")
             stats = gr.HTML(elem_id=f"{elem}-stats")
 
     def on_method(name: str) -> list[Any]:
@@ -257,7 +265,7 @@ def _continuous_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Tex
                 batch = gr.Number(value=2, precision=0, label="batch (images per prompt)", elem_id=f"{elem}-batch")
             with gr.Row():
                 seed = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")
-                num_iter = gr.Number(value=None, precision=0, label="MAR iterations (empty: one token each)",
+                num_iter = gr.Number(value=0, precision=0, label="MAR iterations (0: one token each)",
                                      elem_id=f"{elem}-num-iter")
                 temperature = gr.Number(value=1.0, label="temperature", elem_id=f"{elem}-temperature")
                 guidance = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
@@ -267,11 +275,7 @@ def _continuous_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Tex
             run = gr.Button("Run", variant="primary", elem_id=f"{elem}-run")
         with gr.Column(scale=3):
             message = gr.HTML(elem_id=f"{elem}-message")
-            gallery = gr.Gallery(label="CSpD: images and acceptance maps", columns=4, format="png",
-                                 elem_id=f"{elem}-gallery")
-            gr.HTML(legend_html(MAP_LEGEND))
-            baseline = gr.Gallery(label="baseline (target only, same seed)", columns=4, format="png",
-                                  elem_id=f"{elem}-baseline")
+            gallery, baseline = _image_galleries(elem, "CSpD: images | acceptance maps")
             stats = gr.HTML(elem_id=f"{elem}-stats")
 
     def show(result: continuous_tab.ContinuousResult) -> list[Any]:
@@ -304,7 +308,7 @@ def _video_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox,
             with gr.Row():
                 seed = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")
                 videos = gr.Number(value=1, precision=0, label="videos per prompt", elem_id=f"{elem}-videos")
-                blocks = gr.Number(value=None, precision=0, label="blocks (empty: all)", elem_id=f"{elem}-blocks")
+                blocks = gr.Number(value=0, precision=0, label="blocks (0: all)", elem_id=f"{elem}-blocks")
                 steps = gr.Number(value=4, precision=0, label="denoising steps per block", elem_id=f"{elem}-steps")
                 guidance = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
             run = gr.Button("Run", variant="primary", elem_id=f"{elem}-run")

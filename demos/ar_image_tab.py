@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import PIL.Image
+
 from mmspec.demos.common import (
     CPU_NOTE,
     LENGTH_NOTE,
@@ -14,11 +16,12 @@ from mmspec.demos.common import (
     DemoError,
     PipelineCache,
     Report,
+    check_batch,
     check_choice,
     check_float,
     check_int,
     compare,
-    image_grid_outputs,
+    image_panels,
     parse_prompts,
     stats_html,
 )
@@ -36,11 +39,11 @@ INPUTS = ("path", "prompt", "method", "num_images", "seed", "greedy", "temperatu
 
 @dataclass
 class ARImageResult:
-    """What the tab shows: gallery items ``(image, caption)`` of the speculative run (each image followed by
-    its acceptance map) and of the baseline, the statistics panel, and the comparison itself."""
+    """What the tab shows: the speculative images with their acceptance maps (one row per image), the
+    baseline's images, the statistics panel, and the comparison itself."""
 
-    gallery: list[tuple[Any, str]]
-    baseline: list[tuple[Any, str]]
+    gallery: PIL.Image.Image
+    baseline: PIL.Image.Image
     stats_html: str
     comparison: Comparison
 
@@ -89,6 +92,7 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
     method = check_choice("method", method, METHODS)
     prompts = parse_prompts(prompt)
     images = check_int("images per prompt", num_images, 1, 8)
+    check_batch(len(prompts), images, "images")
     seed = check_int("seed", seed, 0, MAX_SEED)
     kwargs = method_kwargs(method, greedy=bool(greedy), temperature=temperature, guidance_scale=guidance_scale,
                            num_draft_tokens=num_draft_tokens, use_tree=bool(use_tree), tree_depth=tree_depth,
@@ -125,5 +129,5 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                                 "runs follow the same distribution but use the random numbers differently.")
     else:
         comparison.notes.append(f"{method} is lossy by design (a relaxed acceptance rule): compare the images.")
-    gallery, baseline = image_grid_outputs(comparison)
+    gallery, baseline = image_panels(comparison)
     return ARImageResult(gallery, baseline, stats_html(comparison), comparison)

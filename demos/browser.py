@@ -55,3 +55,43 @@ def open_browser(width: int = 1400, height: int = 1000) -> Iterator[Any]:
             yield page
         finally:
             browser.close()
+
+
+# ----------------------------------------------------------------------------------------------------
+# driving the demo page (shared by tests/test_demo_browser.py and mmspec.demos.screenshot)
+# ----------------------------------------------------------------------------------------------------
+
+#: family -> the prefix of its tab's element ids
+ELEMENTS = {"vlm": "vlm", "ar_image": "ar-image", "continuous": "continuous", "video": "video"}
+DONE = ".mmspec-message-ok, .mmspec-message-error"
+
+
+def open_tab(page: Any, family: str) -> str:
+    """Select the tab of ``family``; returns its element-id prefix."""
+    elem = ELEMENTS[family]
+    page.click(f"#tab-{elem}-button")
+    page.wait_for_selector(f"#{elem}-run", state="visible")
+    return elem
+
+
+def set_field(page: Any, elem_id: str, value: Any) -> None:
+    """Type ``value`` into the text or number input of the component ``elem_id`` (then leave the field, so
+    the page registers it)."""
+    field = page.locator(f"#{elem_id} input, #{elem_id} textarea").first
+    field.fill(str(value))
+    field.press("Tab")
+
+
+def run_and_wait(page: Any, elem: str, timeout_s: float = 120.0) -> tuple[str, str]:
+    """Click the tab's Run button and wait for its outcome: ``("ok" | "error", message text)``."""
+    message = page.locator(f"#{elem}-message")
+    before = message.inner_text() if message.count() else ""
+    page.click(f"#{elem}-run")
+    page.wait_for_function(
+        """([selector, previous]) => {
+            const box = document.querySelector(selector);
+            const done = box && box.querySelector('.mmspec-message-ok, .mmspec-message-error');
+            return done && box.innerText !== previous;
+        }""", arg=[f"#{elem}-message", before], timeout=timeout_s * 1000)
+    kind = "ok" if page.locator(f"#{elem}-message .mmspec-message-ok").count() else "error"
+    return kind, message.inner_text().strip()

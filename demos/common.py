@@ -108,6 +108,18 @@ def parse_prompts(text: Any, max_prompts: int = 8) -> list[str]:
     return prompts
 
 
+MAX_BATCH = 16
+
+
+def check_batch(num_prompts: int, per_prompt: int, what: str = "images") -> int:
+    """Rows of a run (prompts x outputs per prompt), at most :data:`MAX_BATCH` (the page shows them all)."""
+    rows = num_prompts * per_prompt
+    if rows > MAX_BATCH:
+        raise DemoError(f"at most {MAX_BATCH} {what} per run (prompts x {what} per prompt), got {num_prompts} x "
+                        f"{per_prompt} = {rows}")
+    return rows
+
+
 def seeded(seed: int) -> torch.Generator:
     """The generator of one run: both runs of a comparison get a fresh one from the same seed."""
     return torch.Generator().manual_seed(int(seed))
@@ -342,16 +354,22 @@ def legend_html(items: Sequence[tuple[tuple[int, int, int], str]]) -> str:
 MAP_LEGEND = ((DRAFT_COLOR, "drafted and accepted"), (TARGET_COLOR, "produced by the target"))
 
 
-def image_grid_outputs(comparison: Comparison) -> tuple[list[tuple[Any, str]], list[tuple[Any, str]]]:
-    """Gallery items of an image comparison: the speculative images, each followed by its acceptance map;
-    the baseline images."""
+def panel(rows: Sequence[Sequence[PIL.Image.Image]], gap: int = 8) -> PIL.Image.Image:
+    """Tiles of equal size in rows (white gaps between them): one picture for the page."""
+    height, width = rows[0][0].height, rows[0][0].width
+    columns = max(len(row) for row in rows)
+    canvas = PIL.Image.new("RGB", (columns * width + (columns - 1) * gap, len(rows) * height + (len(rows) - 1) * gap),
+                           (255, 255, 255))
+    for r, row in enumerate(rows):
+        for c, tile in enumerate(row):
+            canvas.paste(tile.convert("RGB").resize((width, height), PIL.Image.NEAREST), (c * (width + gap), r * (height + gap)))
+    return canvas
+
+
+def image_panels(comparison: Comparison, size: int = 192) -> tuple[PIL.Image.Image, PIL.Image.Image]:
+    """The pictures of an image comparison: speculative images with their acceptance maps beside them
+    (one row per image), and the baseline's images (one per row, aligned with the speculative rows)."""
     spec = comparison.speculative
     spec_images, base_images = to_pil_list(spec.images), to_pil_list(comparison.baseline.images)
-    gallery = []
-    for i, image in enumerate(spec_images):
-        accepted = float(spec.drafted[i].float().mean())
-        gallery.append((upscale(image), f"image {i}: {comparison.method}"))
-        gallery.append((acceptance_overlay(image, spec.drafted[i]),
-                        f"image {i}: acceptance map ({accepted:.0%} drafted and accepted)"))
-    baseline = [(upscale(image), f"image {i}: target only") for i, image in enumerate(base_images)]
-    return gallery, baseline
+    rows = [[upscale(image, size), acceptance_overlay(image, spec.drafted[i], size)] for i, image in enumerate(spec_images)]
+    return panel(rows), panel([[upscale(image, size)] for image in base_images])

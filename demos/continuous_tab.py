@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import PIL.Image
+
 from mmspec.demos.common import (
     CPU_NOTE,
     MAX_SEED,
@@ -14,11 +16,12 @@ from mmspec.demos.common import (
     DemoError,
     PipelineCache,
     Report,
+    check_batch,
     check_choice,
     check_float,
     check_int,
     compare,
-    image_grid_outputs,
+    image_panels,
     parse_prompts,
     stats_html,
 )
@@ -34,10 +37,10 @@ INPUTS = ("path", "prompt", "method", "num_images", "seed", "draft_length", "num
 
 @dataclass
 class ContinuousResult:
-    """Gallery items of the CSpD run (images and acceptance maps) and of the baseline, the statistics."""
+    """The CSpD images with their acceptance maps (one row per image), the baseline's images, the statistics."""
 
-    gallery: list[tuple[Any, str]]
-    baseline: list[tuple[Any, str]]
+    gallery: PIL.Image.Image
+    baseline: PIL.Image.Image
     stats_html: str
     comparison: Comparison
 
@@ -63,6 +66,7 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
     method = check_choice("method", method, METHODS)
     prompts = parse_prompts(prompt)
     batch = check_int("batch (images per prompt)", num_images, 1, 16)
+    check_batch(len(prompts), batch, "images")
     seed = check_int("seed", seed, 0, MAX_SEED)
     gamma = check_int("CSpD gamma (draft iterations per target pass)", draft_length, 1, 64)
     temperature = check_float("temperature", temperature, 0.0, 5.0, low_open=True)
@@ -71,8 +75,8 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
     context = check_choice("target context", verify_context, VERIFY_CONTEXTS)
     pipe = cache.get("continuous", path)
     seq_len = pipe.transformer.config.grid_size ** 2
-    # empty: one token per iteration (MAR's evaluation setting)
-    iterations = seq_len if num_iter is None or num_iter == "" else check_int("MAR iterations", num_iter, 1, seq_len)
+    # 0 or empty: one token per iteration (MAR's evaluation setting)
+    iterations = seq_len if num_iter in (None, "", 0) else check_int("MAR iterations", num_iter, 1, seq_len)
     conditions = _conditions(pipe, prompts)
     rows = len(prompts) * batch
     common = dict(num_iter=iterations, temperature=temperature, guidance_scale=guidance, num_images_per_prompt=batch,
@@ -89,7 +93,7 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
     for name in (method, "none"):
         cache.warm_up(pipe, ("continuous", name), lambda name=name: run(name, None, lambda f: None, "latent"))
     comparison = compare(run, method, seed, report=report)
-    spec, base = comparison.speculative, comparison.baseline
+    spec = comparison.speculative
     comparison.extra["acceptance rate (alpha)"] = (f"{spec.stats.acceptance_rate:.2f}", "-")
     comparison.extra["drafted / accepted tokens"] = (f"{spec.stats.drafted_tokens} / {spec.stats.accepted_tokens}",
                                                       "-")
@@ -102,5 +106,5 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
         "CSpD accepts with the paper's surrogate density ratio, so it is not exactly lossless; both runs share "
         "every token's noise (trajectory alignment), so accepted drafts land close to the baseline's tokens.",
         CPU_NOTE]
-    gallery, baseline = image_grid_outputs(comparison)
+    gallery, baseline = image_panels(comparison)
     return ContinuousResult(gallery, baseline, stats_html(comparison), comparison)

@@ -21,6 +21,7 @@ from mmspec.demos.common import (
     Comparison,
     PipelineCache,
     Report,
+    check_batch,
     check_choice,
     check_float,
     check_int,
@@ -131,6 +132,7 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
     method = check_choice("method", method, METHODS)
     prompts = parse_prompts(prompt)
     videos = check_int("videos per prompt", num_videos, 1, 4)
+    check_batch(len(prompts), videos, "videos")
     seed = check_int("seed", seed, 0, MAX_SEED)
     tau = check_float("tau (reward threshold)", tau, -1e6, 1e6, allow_inf=True)
     reward = check_choice("reward", reward, REWARDS)
@@ -138,7 +140,7 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
     steps = check_int("denoising steps per block", num_inference_steps, 1, 50)
     guidance = check_float("guidance scale", guidance_scale, 0.0, 20.0)
     pipe = cache.get("video", path)
-    blocks = pipe.max_blocks if num_blocks is None or num_blocks == "" else check_int(
+    blocks = pipe.max_blocks if num_blocks in (None, "", 0) else check_int(
         "blocks", num_blocks, 1, pipe.max_blocks)
     common = dict(num_blocks=blocks, num_inference_steps=steps, guidance_scale=guidance,
                   num_videos_per_prompt=videos)

@@ -1,0 +1,77 @@
+"""Screenshot of the demo after a run, for the README (``docs/images/demo.png``).
+
+    python -m mmspec.demos.screenshot --out docs/images/demo.png                 # AR image tab, bundled zoo
+    python -m mmspec.demos.screenshot --tab vlm --tiny /tmp/tiny --out vlm.png   # tiny random pipelines
+
+Serves the app on 127.0.0.1 (a free port), opens it in headless Chromium (:mod:`mmspec.demos.browser`),
+runs the chosen tab with its default inputs (the AR image tab: three prompts, EAGLE) and saves the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from pathlib import Path
+
+TABS = ("vlm", "ar_image", "continuous", "video")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("docs/images/demo.png"))
+    parser.add_argument("--tab", choices=TABS, default="ar_image")
+    parser.add_argument("--tiny", metavar="DIR", help="use tiny random pipelines for families without --path")
+    parser.add_argument("--path", help="checkpoint of the chosen tab (default: its zoo id)")
+    parser.add_argument("--prompt", default=None, help="prompt(s) to type (default: the tab's)")
+    parser.add_argument("--greedy", action="store_true", help="tick the tab's greedy box (VLM and AR image tabs)")
+    parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from mmspec.demos.app import launch
+    from mmspec.demos.browser import open_browser, open_tab, run_and_wait, set_field, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        print(f"cannot take a screenshot: {reason}", file=sys.stderr)
+        return 1
+    torch.set_num_threads(args.threads)
+    paths = {args.tab: args.path} if args.path else {}
+    if args.tiny:
+        from mmspec.demos.tiny import build_tiny_pipelines
+
+        paths = {**build_tiny_pipelines(args.tiny, tuple(f for f in TABS if f not in paths)), **paths}
+    app, url = launch(paths, port=free_port(), block=False, quiet=True)
+    try:
+        with open_browser(width=args.width, height=900) as page:
+            page.goto(url)
+            elem = open_tab(page, args.tab)
+            if args.prompt is not None or args.tab == "ar_image":
+                prompt = args.prompt or "a red circle\ntwo blue squares\na green triangle above a yellow diamond"
+                set_field(page, f"{elem}-prompt", prompt)
+            if args.greedy:
+                page.locator(f"#{elem}-greedy input").check()
+            kind, message = run_and_wait(page, elem, timeout_s=600)
+            if kind != "ok":
+                print(f"the run failed: {message}", file=sys.stderr)
+                return 1
+            page.wait_for_timeout(500)  # images finish loading
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(args.out), full_page=True)
+    finally:
+        app.close()
+    print(f"wrote {args.out} ({message})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
