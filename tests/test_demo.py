@@ -1,0 +1,346 @@
+"""The demo's tab functions (demos/, ``mmspec.demos``) without a browser, on tiny random pipelines saved to
+a temp folder (``mmspec.demos.tiny``) and, for the AR image tab, the bundled zoo when it is built.
+
+What is shown: each tab runs the speculative method and the target-only baseline with the same seed (a
+greedy lossless run reproduces the baseline; SDVG with tau = +inf reproduces it pixel for pixel; the
+shared comparison hands both runs identically seeded generators), reports wall time / speedup / mean
+accepted length / target calls, draws acceptance maps that follow the drafted mask, streams VLM text
+whose highlighted pieces are exactly the accepted draft tokens, and turns bad input (no image, unreadable
+file, unknown checkpoint path, missing zoo entry, parameters out of range) into messages that name the
+problem. The gradio page is built and its handlers return those messages instead of raising."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import PIL.Image
+import pytest
+import torch
+
+from mmspec.demos import ar_image_tab, common, continuous_tab, video_tab, vlm_tab
+from mmspec.demos.common import DemoError, PipelineCache
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+HAS_GRADIO = importlib.util.find_spec("gradio") is not None
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from mmspec.demos.tiny import build_tiny_pipelines
+
+    return build_tiny_pipelines(tmp_path_factory.mktemp("demo-tiny"))
+
+
+@pytest.fixture(scope="module")
+def cache():
+    return PipelineCache()
+
+
+# ---------------------------------------------------------------------------------------------------- shared parts
+
+
+def test_input_checks_name_the_field():
+    assert common.check_int("K", 4.0, 1, 8) == 4
+    for bad in (0, 9, 2.5, None, "", "x", True, float("inf")):
+        with pytest.raises(DemoError, match="K"):
+            common.check_int("K", bad, 1, 8)
+    assert common.check_float("delta", 0.0, 0.0, 1.0) == 0.0
+    with pytest.raises(DemoError, match=r"temperature must be a number in \(0.0, 5.0\]"):
+        common.check_float("temperature", 0.0, 0.0, 5.0, low_open=True)
+    with pytest.raises(DemoError, match="NaN"):
+        common.check_float("tau", float("nan"), -1, 1, allow_inf=True)
+    assert common.check_float("tau", "-inf", -1, 1, allow_inf=True) == -math.inf
+    assert common.parse_prompts(" a red circle \n\n two blue squares ") == ["a red circle", "two blue squares"]
+    with pytest.raises(DemoError, match="prompt is empty"):
+        common.parse_prompts("  \n ")
+    with pytest.raises(DemoError, match="at most 16 images"):
+        common.check_batch(3, 6)
+
+
+def test_compare_runs_both_with_the_same_seed_and_reports_progress():
+    calls, reports = [], []
+
+    def run(method, generator, progress):
+        progress(0.5)
+        draw = torch.rand(3, generator=generator)
+        calls.append((method, draw))
+        return SimpleNamespace(stats=SimpleNamespace(mean_accepted_length=2.0, target_calls=1, draft_calls=0,
+                                                     tokens=3), draw=draw)
+
+    comparison = common.compare(run, "eagle", 7, report=lambda f, text: reports.append(f))
+    assert [c[0] for c in calls] == ["eagle", "none"]
+    assert torch.equal(calls[0][1], calls[1][1])  # fresh generator from the same seed for each run
+    assert torch.equal(calls[0][1], torch.rand(3, generator=torch.Generator().manual_seed(7)))
+    assert reports == sorted(reports) and reports[-1] == 1.0 and 0.25 in reports and 0.75 in reports
+    assert comparison.speedup == pytest.approx(comparison.base_seconds / comparison.spec_seconds)
+    html = common.stats_html(comparison)
+    for text in ("wall time", "speedup", "mean accepted length", "target calls", "baseline (target only)"):
+        assert text in html
+
+
+def test_acceptance_overlay_follows_the_drafted_mask():
+    image = PIL.Image.new("RGB", (32, 32), (0, 0, 0))
+    drafted = torch.zeros(8, 8, dtype=torch.bool)
+    drafted[0, 0] = drafted[7, 3] = True
+    overlay = np.asarray(common.acceptance_overlay(image, drafted, size=256))
+    assert overlay.shape == (256, 256, 3)
+    cell = 32  # 256 / 8 pixels per token
+    draft_pixel, target_pixel = overlay[cell // 2, cell // 2], overlay[cell // 2, cell + cell // 2]
+    assert draft_pixel[0] > draft_pixel[2] and target_pixel[2] > target_pixel[0]  # magenta vs blue tint
+    assert np.array_equal(overlay[7 * cell + 5, 3 * cell + 5], draft_pixel)
+    with pytest.raises(ValueError, match=r"\[h, w\]"):
+        common.acceptance_overlay(image, torch.zeros(8, dtype=torch.bool))
+
+
+def test_checkpoint_paths(tiny, tmp_path, monkeypatch, cache):
+    with pytest.raises(DemoError, match="checkpoint path is empty"):
+        common.resolve_checkpoint("vlm", "  ")
+    with pytest.raises(DemoError, match="does not exist"):
+        common.resolve_checkpoint("ar_image", str(tmp_path / "absent"))
+    with pytest.raises(DemoError, match="no model_index.json"):
+        common.resolve_checkpoint("ar_image", str(tmp_path))
+    with pytest.raises(DemoError, match="unknown zoo id 'mmspec/no-such-entry'"):
+        common.resolve_checkpoint("video", "mmspec/no-such-entry")
+    # a zoo entry whose folder exists but is not built yet: the zoo's own FileNotFoundError message
+    import mmspec.pipelines.hub as hub
+
+    (tmp_path / "zoo" / "shapes-video").mkdir(parents=True)
+    monkeypatch.setattr(hub, "zoo_dir", lambda: tmp_path / "zoo")
+    with pytest.raises(DemoError, match="FileNotFoundError: the zoo entry 'mmspec/shapes-video' is not built yet"):
+        cache.get("video", "mmspec/shapes-video")
+    # a folder of another family
+    with pytest.raises(DemoError, match="holds a ARImagePipeline, not a VLMPipeline"):
+        cache.get("vlm", tiny["ar_image"])
+    assert cache.get("ar_image", tiny["ar_image"]) is cache.get("ar_image", tiny["ar_image"] + "/")
+
+
+# ---------------------------------------------------------------------------------------------------- AR image
+
+
+def test_ar_image_greedy_eagle_reproduces_the_baseline(tiny, cache):
+    pipe = cache.get("ar_image", tiny["ar_image"])
+    result = ar_image_tab.run_ar_image(cache, path=tiny["ar_image"], prompt="a red circle\ntwo blue squares",
+                                       method="eagle", greedy=True, num_draft_tokens=4, seed=3)
+    comparison = result.comparison
+    spec, base = comparison.speculative, comparison.baseline
+    assert torch.equal(spec.tokens, base.tokens)  # lossless, same inputs and seed
+    assert comparison.extra["same tokens as the baseline"][0] == "yes"
+    assert base.stats.target_calls == pipe.transformer.config.block_size and base.stats.mean_accepted_length == 1.0
+    summary = comparison.summary()
+    assert summary["mean_accepted_length"] == spec.stats.mean_accepted_length >= 1.0
+    assert summary["target_calls"] == spec.stats.target_calls and summary["speedup"] > 0
+    # two rows (image | acceptance map) beside two baseline images, 192-pixel tiles, 8-pixel gaps
+    assert result.gallery.size == (2 * 192 + 8, 2 * 192 + 8) and result.baseline.size == (192, 2 * 192 + 8)
+    for text in ("speculative (eagle)", "mean accepted length", "target calls", "drafted-and-accepted"):
+        assert text in result.stats_html
+
+
+@pytest.mark.parametrize("method", ["lantern", "sjd", "gsd", "mulo"])
+def test_ar_image_methods_and_knobs(tiny, cache, method):
+    result = ar_image_tab.run_ar_image(cache, path=tiny["ar_image"], prompt="a red circle", method=method,
+                                       use_tree=method == "lantern", tree_depth=3, tree_top_k=4, tree_total_tokens=12,
+                                       lantern_k=8, gsd_group_size=4, sjd_window=8, mulo_radius=0, num_images=2)
+    stats = result.comparison.speculative.stats
+    assert result.comparison.method == method and stats.tokens == 2 * 64
+    assert f"speculative ({method})" in result.stats_html
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"method": "medusa"}, "method must be one of"),
+    ({"prompt": ""}, "prompt is empty"),
+    ({"prompt": "a purple zebra"}, "prompt 0"),
+    ({"num_draft_tokens": 0}, r"K \(draft tokens\) must be an integer in \[1, 32\], got 0"),
+    ({"method": "lantern", "lantern_delta": 1.5}, "LANTERN delta"),
+    ({"method": "gsd", "gsd_group_size": 0}, "GSD group size G"),
+    ({"method": "mulo", "mulo_radius": -1}, "MuLo radius"),
+    ({"temperature": 0}, "temperature"),
+    ({"num_images": 9}, "images per prompt"),
+    ({"path": "/no/such/folder"}, "does not exist"),
+])
+def test_ar_image_bad_input(tiny, cache, kwargs, message):
+    kwargs = {"path": tiny["ar_image"], **kwargs}
+    with pytest.raises((DemoError, ValueError), match=message) as error:
+        ar_image_tab.run_ar_image(cache, **kwargs)
+    assert str(error.value) in common.user_message(error.value)  # the page shows the whole message
+
+
+def test_ar_image_on_the_zoo(cache):
+    try:
+        common.resolve_checkpoint("ar_image", ar_image_tab.DEFAULT_PATH)
+    except DemoError as error:
+        pytest.skip(f"the zoo entry is not built here: {error}")
+    result = ar_image_tab.run_ar_image(cache, prompt="a red circle", method="eagle", greedy=True)
+    summary = result.comparison.summary()
+    assert result.comparison.extra["same tokens as the baseline"][0] == "yes"
+    assert summary["mean_accepted_length"] > 2.0 and summary["target_calls"] < summary["base_target_calls"] / 2
+
+
+# ---------------------------------------------------------------------------------------------------- VLM
+
+
+def test_vlm_streams_highlighted_draft_tokens_then_the_baseline(tiny, cache):
+    views = list(vlm_tab.run_vlm(cache, path=tiny["vlm"], example="shapes scene 0 (image)", prompt="",
+                                 method="eagle", max_new_tokens=24, greedy=True, num_draft_tokens=3))
+    final = views[-1]
+    assert final.done and final.comparison is not None and len(views) >= 3
+    assert not views[0].highlighted and "streaming" in views[0].status
+    spec, base = final.comparison.speculative, final.comparison.baseline
+    pipe = cache.get("vlm", tiny["vlm"])
+    assert "".join(piece for piece, _ in final.highlighted) == pipe.tokenizer.decode(spec.tokens[0],
+                                                                                     skip_special_tokens=True)
+    labels = [label for _, label in final.highlighted]
+    assert labels.count(vlm_tab.DRAFT_LABEL) == int(spec.drafted[0].sum())  # word tokens: one piece each
+    assert final.baseline == base.text[0] == spec.text[0]  # greedy: lossless
+    assert final.comparison.extra["same text as the baseline"][0] == "yes"
+    for text in ("tokens / s", "mean accepted length", "target calls", "speedup"):
+        assert text in final.stats_html
+
+
+def test_vlm_pieces_mark_exactly_the_drafted_tokens(tiny, cache):
+    pipe = cache.get("vlm", tiny["vlm"])
+    ids = pipe.tokenizer("a red circle above a blue square", add_special_tokens=False)["input_ids"]
+    pieces = vlm_tab.TokenPieces(pipe.tokenizer)
+    drafted = [i % 2 == 1 for i in range(len(ids))]
+    pieces.add(ids[:3], drafted[:3])
+    pieces.add(ids[3:], drafted[3:])
+    assert "".join(p for p, _ in pieces.pieces) == "a red circle above a blue square"
+    assert [label == vlm_tab.DRAFT_LABEL for _, label in pieces.pieces] == drafted
+
+
+def test_vlm_video_frames_and_uploads(tiny, cache, tmp_path):
+    frames, kind = vlm_tab.visual_inputs(None, "shapes clip 0 (video, 4 frames)")
+    assert kind == "video" and len(frames) == 4 and frames[0].size == (64, 64)
+    for i, frame in enumerate(frames):
+        frame.save(tmp_path / f"frame{i}.png")
+    uploads = [str(tmp_path / f"frame{i}.png") for i in range(4)]
+    assert [np.asarray(f).tolist() for f in vlm_tab.read_uploads(uploads)] == [np.asarray(f).tolist() for f in frames]
+    views = list(vlm_tab.run_vlm(cache, path=tiny["vlm"], files=uploads, example=vlm_tab.NO_EXAMPLE,
+                                 method="flash", max_new_tokens=8))
+    assert "4 video frames" in views[-1].comparison.notes[0] and "narrate the video." in views[-1].comparison.notes[0]
+
+
+def test_vlm_bad_input(tiny, cache, tmp_path):
+    with pytest.raises(DemoError, match="no image"):
+        list(vlm_tab.run_vlm(cache, path=tiny["vlm"], files=None, example=vlm_tab.NO_EXAMPLE))
+    (tmp_path / "broken.png").write_bytes(b"not an image at all")
+    with pytest.raises(DemoError, match="could not read 'broken.png' as an image"):
+        list(vlm_tab.run_vlm(cache, path=tiny["vlm"], files=[str(tmp_path / "broken.png")]))
+    with pytest.raises(DemoError, match="max new tokens"):
+        list(vlm_tab.run_vlm(cache, path=tiny["vlm"], max_new_tokens=0))
+    with pytest.raises(DemoError, match="method must be one of"):
+        list(vlm_tab.run_vlm(cache, path=tiny["vlm"], method="none"))
+    with pytest.raises(DemoError, match="example must be one of"):
+        vlm_tab.example_inputs("a cat")
+
+
+# ---------------------------------------------------------------------------------------------------- continuous
+
+
+def test_continuous_cspd_against_the_baseline(tiny, cache):
+    result = continuous_tab.run_continuous(cache, path=tiny["continuous"], prompt="a red circle\na blue square",
+                                           num_images=2, draft_length=3, num_iter=16)
+    comparison = result.comparison
+    spec, base = comparison.speculative, comparison.baseline
+    assert spec.drafted.shape == (4, 8, 8) and not base.drafted.any()
+    assert spec.stats.drafted_tokens > 0 and base.stats.mean_accepted_length == pytest.approx(64 / 16)
+    assert result.gallery.size == (2 * 192 + 8, 4 * 192 + 3 * 8)
+    assert "acceptance rate (alpha)" in result.stats_html and "speculative (cspd)" in result.stats_html
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"draft_length": 0}, r"CSpD gamma .* must be an integer in \[1, 64\], got 0"),
+    ({"num_iter": 65}, r"MAR iterations must be an integer in \[1, 64\]"),
+    ({"verify_order": "random"}, "verification order"),
+    ({"prompt": "a purple zebra"}, "prompt 0"),
+])
+def test_continuous_bad_input(tiny, cache, kwargs, message):
+    with pytest.raises((DemoError, ValueError), match=message):
+        continuous_tab.run_continuous(cache, path=tiny["continuous"], **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------------- video
+
+
+def test_video_sdvg_block_strip_and_exact_limits(tiny, cache):
+    result = video_tab.run_video(cache, path=tiny["video"], tau=0.0, force_reject_first=True)
+    stats = result.comparison.speculative.stats
+    decisions = video_tab.block_decisions(stats)
+    assert decisions[0][0]["kind"] == "target"  # first-block rule
+    assert all(d["kind"] in ("accepted", "rejected") and d["reward"] is not None for d in decisions[0][1:])
+    assert result.blocks_html.count("mmspec-block ") == 4 and "reward" in result.blocks_html
+    assert "blocks from the drafter" in result.stats_html and "speculative (sdvg)" in result.stats_html
+    assert result.spec_strip.size == result.base_strip.size
+    # tau = +inf: the target makes every block with the drafter's noise: exactly the baseline
+    exact = video_tab.run_video(cache, path=tiny["video"], tau="inf")
+    assert torch.equal(exact.comparison.speculative.latents, exact.comparison.baseline.latents)
+    assert np.array_equal(np.asarray(exact.spec_strip), np.asarray(exact.base_strip))
+    draft = video_tab.run_video(cache, path=tiny["video"], method="draft", num_blocks=2)
+    assert [d["kind"] for d in video_tab.block_decisions(draft.comparison.speculative.stats)[0]] == ["draft"] * 2
+
+
+def test_video_block_decisions_text():
+    stats = SimpleNamespace(accepted=torch.tensor([[False, True, False]]), routed=torch.tensor([[False, True, True]]),
+                            block_scores=torch.tensor([[float("nan"), 0.9, 0.1]], dtype=torch.float64))
+    html = video_tab.block_strip_html(stats, 0.5, ["a red circle moving right"])
+    assert [d["decision"] for d in video_tab.block_decisions(stats)[0]] == [
+        "target", "draft accepted", "draft rejected -> target"]
+    assert "reward 0.900" in html and "reward 0.100" in html and "reward -" in html and "tau = 0.5" in html
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"num_blocks": 9}, r"blocks must be an integer in \[1, 4\], got 9"),
+    ({"tau": float("nan")}, "tau"),
+    ({"reward": "imagereward"}, "reward must be one of"),
+    ({"path": "mmspec/no-such-entry"}, "unknown zoo id"),
+])
+def test_video_bad_input(tiny, cache, kwargs, message):
+    with pytest.raises(DemoError, match=message):
+        video_tab.run_video(cache, **{"path": tiny["video"], **kwargs})
+
+
+# ---------------------------------------------------------------------------------------------------- page and CLI
+
+
+@pytest.mark.skipif(not HAS_GRADIO, reason="gradio (the demo extra) is not installed")
+def test_page_builds_and_handlers_turn_errors_into_messages(tiny, cache):
+    import gradio as gr
+
+    from mmspec.demos import app
+
+    demo = app.build_app(tiny, cache)
+    assert isinstance(demo, gr.Blocks) and demo.mmspec_cache is cache
+    with pytest.raises(ValueError, match="unknown families"):
+        app.build_app({"audio": "x"})
+    assert "mmspec-message-error" in app.checkpoint_status("video", "mmspec/no-such-entry")
+    assert "press Run" in app.checkpoint_status("video", tiny["video"])
+
+    def show(result):
+        return [result.gallery, result.baseline, result.stats_html, "ok"]
+
+    handle = app._handler(ar_image_tab.run_ar_image, ar_image_tab.INPUTS, cache, show, 4)
+    values = dict(path="/no/such/folder", prompt="a red circle", method="eagle", num_images=1, seed=0, greedy=True,
+                  temperature=1.0, guidance_scale=3.0, num_draft_tokens=4, use_tree=False, tree_depth=5, tree_top_k=8,
+                  tree_total_tokens=48, lantern_k=64, lantern_delta=0.2, sjd_window=16, gsd_group_size=10,
+                  mulo_tau=0.3, mulo_radius=1)
+    outputs = handle(*[values[name] for name in ar_image_tab.INPUTS], progress=lambda *a, **k: None)
+    assert outputs[:3] == [None, None, None] and "does not exist" in outputs[3] and "error" in outputs[3]
+    values["path"] = tiny["ar_image"]
+    outputs = handle(*[values[name] for name in ar_image_tab.INPUTS], progress=lambda *a, **k: None)
+    assert outputs[3] == "ok" and "speedup" in outputs[2]
+
+
+def test_demo_command(tiny, monkeypatch, capsys):
+    from mmspec.cli import build_parser
+    from mmspec.demos import launch
+
+    args = build_parser().parse_args(["demo", "--vlm", tiny["vlm"], "--port", "8001"])
+    assert (args.host, args.port, args.vlm, args.ar_image) == ("127.0.0.1", 8001, tiny["vlm"], None)
+    assert launch.paths_from_args(args) == {"vlm": tiny["vlm"]}
+    monkeypatch.setattr(launch.importlib.util, "find_spec", lambda name: None)
+    assert launch.run(argparse.Namespace(**vars(args))) == 1
+    assert "needs gradio" in capsys.readouterr().err
