@@ -299,3 +299,40 @@ def test_bad_input():
         text_pipe("a green circle")
     with pytest.raises(ValueError, match="empty"):
         text_pipe([])
+
+
+@pytest.mark.slow
+def test_benchmark_script_writes_its_table(tmp_path):
+    """bench_continuous on a tiny random text pipeline over the world's vocabulary: one row per
+    configuration and batch size, the noise line, the JSON beside it."""
+    import json
+
+    from mmspec.evaluation import bench_continuous
+    from mmspec.world import vocabulary
+
+    torch.manual_seed(0)
+    words = WordTokenizer(vocabulary())
+
+    def model(depth: int) -> MARModel:
+        return MARModel(grid_size=8, token_dim=16, encoder_embed_dim=16, encoder_depth=depth, encoder_num_heads=2,
+                        decoder_embed_dim=16, decoder_depth=depth, decoder_num_heads=2, buffer_size=12,
+                        condition_type="text", text_vocab_size=len(words), diffloss_d=1, diffloss_w=16,
+                        num_sampling_steps=3, clip_denoised=7.0)
+
+    from mmspec.models.tokenizers import load_zoo_tokenizer
+
+    ContinuousARImagePipeline(model(2), load_zoo_tokenizer("continuous"), draft_transformer=model(1),
+                              text_tokenizer=words).save_pretrained(tmp_path / "pipe")
+    out = tmp_path / "bench.md"
+    code = bench_continuous.main(["--pipeline", str(tmp_path / "pipe"), "--batch-sizes", "1", "2", "--speed-prompts", "2",
+                                  "--quality-prompts", "1", "--repeats", "1", "--threads", "1", "--num-iter", "8",
+                                  "--out", str(out)])
+    assert code == 0
+    table = out.read_text()
+    rows = [line for line in table.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
+    assert len(rows) == 2 * len(bench_continuous.DEFAULT_CONFIGS)
+    assert "Noise level" in table and "Command: `python -m mmspec.evaluation.bench_continuous" in table
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert set(data["quality"]) == {*bench_continuous.DEFAULT_CONFIGS, "none, seed 2"}
+    assert data["speed"]["2"]["cases"]["none"]["speedup"] == pytest.approx(1.0)
+    assert data["speed"]["2"]["cases"]["cspd"]["stats"]["draft_calls"] > 0
