@@ -308,7 +308,7 @@ def _video_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox,
             with gr.Row():
                 seed = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")
                 videos = gr.Number(value=1, precision=0, label="videos per prompt", elem_id=f"{elem}-videos")
-                blocks = gr.Number(value=0, precision=0, label="blocks (0: all)", elem_id=f"{elem}-blocks")
+                blocks = gr.Number(value=0, precision=0, label="blocks (0: all)", elem_id=f"{elem}-num-blocks")
                 steps = gr.Number(value=4, precision=0, label="denoising steps per block", elem_id=f"{elem}-steps")
                 guidance = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
             run = gr.Button("Run", variant="primary", elem_id=f"{elem}-run")
@@ -316,7 +316,7 @@ def _video_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox,
             message = gr.HTML(elem_id=f"{elem}-message")
             spec_strip = gr.Image(label="speculative: frames (bar under each block: who made it)", type="pil",
                                   format="png", interactive=False, elem_id=f"{elem}-strip")
-            blocks_html = gr.HTML(elem_id=f"{elem}-blocks")
+            blocks_html = gr.HTML(elem_id=f"{elem}-block-strip")
             base_strip = gr.Image(label="baseline (target only, same seed)", type="pil", format="png",
                                   interactive=False, elem_id=f"{elem}-baseline")
             stats = gr.HTML(elem_id=f"{elem}-stats")

@@ -63,7 +63,6 @@ def open_browser(width: int = 1400, height: int = 1000) -> Iterator[Any]:
 
 #: family -> the prefix of its tab's element ids
 ELEMENTS = {"vlm": "vlm", "ar_image": "ar-image", "continuous": "continuous", "video": "video"}
-DONE = ".mmspec-message-ok, .mmspec-message-error"
 
 
 def open_tab(page: Any, family: str) -> str:
@@ -83,15 +82,22 @@ def set_field(page: Any, elem_id: str, value: Any) -> None:
 
 
 def run_and_wait(page: Any, elem: str, timeout_s: float = 120.0) -> tuple[str, str]:
-    """Click the tab's Run button and wait for its outcome: ``("ok" | "error", message text)``."""
-    message = page.locator(f"#{elem}-message")
-    before = message.inner_text() if message.count() else ""
+    """Click the tab's Run button and wait for its outcome: ``("ok" | "error", message text)``.
+
+    The outcome is the first final message (ok or error) whose text differs from the message shown before
+    the click; progress messages in between are skipped. (Two identical errors in a row are told apart
+    by nothing, so a test should not repeat the same bad input back to back.)
+    """
+    selector = f"#{elem}-message .mmspec-message"
+    current = page.locator(selector)
+    before = current.first.inner_text() if current.count() else ""
     page.click(f"#{elem}-run")
     page.wait_for_function(
         """([selector, previous]) => {
             const box = document.querySelector(selector);
-            const done = box && box.querySelector('.mmspec-message-ok, .mmspec-message-error');
-            return done && box.innerText !== previous;
-        }""", arg=[f"#{elem}-message", before], timeout=timeout_s * 1000)
-    kind = "ok" if page.locator(f"#{elem}-message .mmspec-message-ok").count() else "error"
-    return kind, message.inner_text().strip()
+            if (!box || box.innerText === previous) return false;
+            return box.classList.contains('mmspec-message-ok') || box.classList.contains('mmspec-message-error');
+        }""", arg=[selector, before], timeout=timeout_s * 1000)
+    box = page.locator(selector).first
+    kind = "ok" if "mmspec-message-ok" in (box.get_attribute("class") or "") else "error"
+    return kind, box.inner_text().strip()
