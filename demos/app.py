@@ -202,7 +202,7 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
     with gr.Row():
         with gr.Column(scale=2):
             path = _path_box("ar_image", paths, elem)
-            prompt = gr.Textbox(value="\n".join(ar_image_tab.EXAMPLE_PROMPTS[:2]), lines=2,
+            prompt = gr.Textbox(value=ar_image_tab.EXAMPLE_PROMPTS[2], lines=2,
                                 label="prompt(s), one per line", elem_id=f"{elem}-prompt")
             with gr.Row():
                 method = gr.Dropdown(list(ar_image_tab.METHODS), value="eagle", label="method", elem_id=f"{elem}-method")

@@ -4,7 +4,7 @@
     python -m mmspec.demos.screenshot --tab vlm --tiny /tmp/tiny --out vlm.png   # tiny random pipelines
 
 Serves the app on 127.0.0.1 (a free port), opens it in headless Chromium (:mod:`mmspec.demos.browser`),
-runs the chosen tab with its default inputs (the AR image tab: three prompts, EAGLE) and saves the page.
+runs the chosen tab with its default inputs (AR image: one two-object prompt, EAGLE, K=8) and saves the page.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tab", choices=TABS, default="ar_image")
     parser.add_argument("--tiny", metavar="DIR", help="use tiny random pipelines for families without --path")
     parser.add_argument("--path", help="checkpoint of the chosen tab (default: its zoo id)")
-    parser.add_argument("--prompt", default=None, help="prompt(s) to type (default: the tab's)")
+    parser.add_argument("--prompt", default=None, help="prompt(s) to type, lines separated by \\n (default: the tab's)")
     parser.add_argument("--greedy", action="store_true", help="tick the tab's greedy box (VLM and AR image tabs)")
     parser.add_argument("--width", type=int, default=1400)
     parser.add_argument("--threads", type=int, default=1)
@@ -55,9 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         with open_browser(width=args.width, height=900) as page:
             page.goto(url)
             elem = open_tab(page, args.tab)
-            if args.prompt is not None or args.tab == "ar_image":
-                prompt = args.prompt or "a red circle\ntwo blue squares\na green triangle above a yellow diamond"
-                set_field(page, f"{elem}-prompt", prompt)
+            if args.prompt is not None:
+                set_field(page, f"{elem}-prompt", args.prompt.replace("\\n", "\n"))
             if args.greedy:
                 page.locator(f"#{elem}-greedy input").check()
             kind, message = run_and_wait(page, elem, timeout_s=600)

@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${MMSPEC_VENV:-.venv}"
 bash scripts/setup.sh
+# Headless Chromium for the demo's browser test (apt-get when missing; never fails the run: without a
+# browser the test is skipped and says why).
+bash scripts/setup_browser.sh
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"   # Triton kernels run on CPU through the interpreter
