@@ -180,7 +180,7 @@ def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, g
     example.change(on_example, [example, files], [preview, prompt])
     files.change(on_upload, files, [preview, message])
 
-    def handle(*values: Any, progress: gr.Progress = gr.Progress()) -> Any:  # noqa: B008 - gradio's API
+    def handle(*values: Any) -> Any:  # a generator: the status line is the progress indication
         kwargs = dict(zip(vlm_tab.INPUTS, values))
         try:
             for view in vlm_tab.run_vlm(cache, **kwargs):

@@ -43,10 +43,10 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 echo "setup_browser: installing Debian's chromium with apt-get"
-if ! "${SUDO[@]}" apt-get install -y -q --no-install-recommends chromium >/tmp/mmspec_setup_browser.log 2>&1; then
+if ! ${SUDO[@]+"${SUDO[@]}"} apt-get install -y -q --no-install-recommends chromium >/tmp/mmspec_setup_browser.log 2>&1; then
     # the package lists may be stale or absent on a fresh machine
-    "${SUDO[@]}" apt-get update -q >>/tmp/mmspec_setup_browser.log 2>&1 || true
-    "${SUDO[@]}" apt-get install -y -q --no-install-recommends chromium >>/tmp/mmspec_setup_browser.log 2>&1 || true
+    ${SUDO[@]+"${SUDO[@]}"} apt-get update -q >>/tmp/mmspec_setup_browser.log 2>&1 || true
+    ${SUDO[@]+"${SUDO[@]}"} apt-get install -y -q --no-install-recommends chromium >>/tmp/mmspec_setup_browser.log 2>&1 || true
 fi
 
 if browser=$(find_browser); then
