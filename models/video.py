@@ -132,7 +132,9 @@ class DiTBlock(nn.Module):
         group, not per token; mask bool ``[B, 1, L, S + L]`` or None; past keys/values ``[B, H, S, hd]``.
         Returns (x, new keys ``[B, H, L, hd]``, new values)."""
         b, length, dim = x.shape
-        mod = self.modulation(F.silu(cond))[:, groups]  # [B, L, 6d]
+        mod = self.modulation(F.silu(cond))  # [B, G, 6d]
+        if mod.shape[1] > 1:
+            mod = mod[:, groups]  # [B, L, 6d]; one group broadcasts as [B, 1, 6d]
         shift1, scale1, gate1, shift2, scale2, gate2 = mod.chunk(6, dim=-1)
         h = _modulate(self.norm1(x), shift1, scale1)
         q, k, v = self.qkv(h).view(b, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)  # [B, H, L, hd]
@@ -290,7 +292,8 @@ class BlockCausalVideoTransformer(ModelMixin, ConfigMixin):
                           own[None, None].expand(b, 1, new, new)], dim=-1)
 
     def _output(self, x: torch.Tensor, cond: torch.Tensor, groups: torch.Tensor, num_frames: int) -> torch.Tensor:
-        shift, scale = self.final_modulation(F.silu(cond))[:, groups].chunk(2, dim=-1)
+        mod = self.final_modulation(F.silu(cond))
+        shift, scale = (mod[:, groups] if mod.shape[1] > 1 else mod).chunk(2, dim=-1)
         return self.unpatchify(self.head(_modulate(self.final_norm(x), shift, scale)), num_frames)
 
     # -- the causal video model interface -----------------------------------------------------------

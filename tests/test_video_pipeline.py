@@ -345,3 +345,19 @@ def test_imagereward_from_local_random_weights(pipe, tmp_path):
     assert out.stats.reward_calls == 0  # tau = -inf needs no scores
     out = pipe(PROMPTS[0], "sdvg", tau=-100.0, reward="imagereward", reward_kwargs=kwargs, generator=gen())
     assert out.stats.reward_calls == 3 and not torch.isnan(out.stats.block_scores[0, 1:]).any()
+
+
+@pytest.mark.slow
+def test_benchmark_script_writes_its_table(pipe, tmp_path):
+    from mmspec.evaluation import bench_video
+
+    pipe.save_pretrained(tmp_path / "pipe")
+    out = tmp_path / "bench" / "video.md"
+    assert bench_video.main(["--pipeline", str(tmp_path / "pipe"), "--taus", "0.5", "--quality-prompts", "2",
+                             "--speed-prompts", "1", "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
+    table = out.read_text()
+    assert "| sdvg | 0.5 |" in table and "| none | - | 1.00x |" in table and "Command: `" in table
+    data = json.loads(out.with_suffix(".json").read_text())
+    assert set(data["quality"]) == {"none", "draft", "sdvg tau=0.5"}
+    assert data["quality"]["none"]["target_calls"] == 1 + 4 * 4 + 3 and data["quality"]["draft"]["target_calls"] == 0
+    assert out.with_suffix(".png").stat().st_size > 0
