@@ -117,15 +117,23 @@ class DiffusionSchedule:
         values = values.to(device=like.device, dtype=like.dtype)
         return values.reshape(-1, *([1] * (like.ndim - 1))) if values.ndim else values
 
+    def predict_x0(self, prediction: torch.Tensor, x: torch.Tensor, i: torch.Tensor | int,
+                   prediction_type: str = "epsilon") -> torch.Tensor:
+        """x0 implied by the network's prediction at x_i: eps (MAR) or v = sqrt(abar) eps - sqrt(1 - abar) x0."""
+        if prediction_type == "epsilon":
+            return self._take(self.sqrt_recip_alphas_cumprod, i, x) * x - self._take(self.sqrt_recipm1_alphas_cumprod, i, x) * prediction
+        return self._take(self.sqrt_alphas_cumprod, i, x) * x - self._take(self.sqrt_one_minus_alphas_cumprod, i, x) * prediction
+
     def p_mean_variance(self, model_output: torch.Tensor, x: torch.Tensor, i: torch.Tensor | int,
-                        clip: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                        clip: float | None = None, prediction_type: str = "epsilon"
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Mean, log variance and predicted x0 of p(x_{i-1} | x_i) from the network output ``[N, 2C]``
-        (eps prediction and variance logits v in [-1, 1] interpolating log beta and the log posterior
+        (eps or v prediction, and variance logits in [-1, 1] interpolating log beta and the log posterior
         variance); ``clip`` bounds the predicted x0 to [-clip, clip] (ADM's ``clip_denoised``)."""
-        eps, v = model_output.chunk(2, dim=-1)
+        prediction, v = model_output.chunk(2, dim=-1)
         frac = (v + 1) / 2
         log_var = frac * self._take(self.log_betas, i, x) + (1 - frac) * self._take(self.posterior_log_variance_clipped, i, x)
-        x0 = self._take(self.sqrt_recip_alphas_cumprod, i, x) * x - self._take(self.sqrt_recipm1_alphas_cumprod, i, x) * eps
+        x0 = self.predict_x0(prediction, x, i, prediction_type)
         if clip is not None:
             x0 = x0.clamp(-clip, clip)
         mean = self._take(self.posterior_mean_coef1, i, x) * x0 + self._take(self.posterior_mean_coef2, i, x) * x
@@ -135,13 +143,17 @@ class DiffusionSchedule:
         return self._take(self.sqrt_alphas_cumprod, i, x0) * x0 + self._take(self.sqrt_one_minus_alphas_cumprod, i, x0) * noise
 
     def training_loss(self, model_output: torch.Tensor, x0: torch.Tensor, x_t: torch.Tensor, i: torch.Tensor,
-                      noise: torch.Tensor) -> torch.Tensor:
-        """Per-sample loss ``[N]``: MSE of the eps prediction + the variational bound (in bits per
+                      noise: torch.Tensor, prediction_type: str = "epsilon") -> torch.Tensor:
+        """Per-sample loss ``[N]``: MSE of the eps (or v) prediction + the variational bound (in bits per
         dimension) on the variance with the mean held fixed (improved DDPM's hybrid loss, as MAR)."""
-        eps, v = model_output.chunk(2, dim=-1)
-        mse = ((eps - noise) ** 2).mean(-1)
-        frozen = torch.cat([eps.detach(), v], dim=-1)
-        mean, log_var, _ = self.p_mean_variance(frozen, x_t, i)
+        prediction, v = model_output.chunk(2, dim=-1)
+        if prediction_type == "epsilon":
+            target = noise
+        else:
+            target = self._take(self.sqrt_alphas_cumprod, i, x0) * noise - self._take(self.sqrt_one_minus_alphas_cumprod, i, x0) * x0
+        mse = ((prediction - target) ** 2).mean(-1)
+        frozen = torch.cat([prediction.detach(), v], dim=-1)
+        mean, log_var, _ = self.p_mean_variance(frozen, x_t, i, prediction_type=prediction_type)
         # true posterior q(x_{i-1} | x_i, x0)
         true_mean = self._take(self.posterior_mean_coef1, i, x0) * x0 + self._take(self.posterior_mean_coef2, i, x0) * x_t
         true_log_var = self._take(self.posterior_log_variance_clipped, i, x0)
@@ -340,6 +352,11 @@ class MARModel(ModelMixin, ConfigMixin):
             features (MAE's fixed embedding) instead of N(0, 0.02) (MAR); they stay learned. Only the start
             of training changes (checkpoints load either way); small models learn spatial structure much
             sooner.
+        prediction_type: what the head predicts: "epsilon" (MAR) or "v_prediction" (v = sqrt(abar) eps -
+            sqrt(1 - abar) x0, Salimans & Ho 2022). eps-prediction's loss barely weighs the high-noise steps,
+            where a token's content is decided (at t = 950 the implied x0 costs sqrt(abar) ~ 0.15 of the loss
+            scale), so a small head trained briefly samples tokens that ignore their condition; v keeps
+            every noise level in the loss. The zoo models use v.
         clip_denoised: bound of the predicted x0 in every sampling step (None: no clipping, as MAR). The
             cosine schedule's first sampling step divides the eps error by sqrt(alpha_bar_999) ~ 5e-5, so
             a small head's imperfect eps at t = 999 throws x0 (and every later step) far off; clipping x0
@@ -355,7 +372,8 @@ class MARModel(ModelMixin, ConfigMixin):
                  label_drop_prob: float = 0.1, mask_ratio_min: float = 0.7, attn_dropout: float = 0.0,
                  proj_dropout: float = 0.0, diffloss_d: int = 3, diffloss_w: int = 1024,
                  num_sampling_steps: int = 100, diffusion_batch_mul: int = 4,
-                 clip_denoised: float | None = None, sincos_init: bool = False) -> None:
+                 clip_denoised: float | None = None, sincos_init: bool = False,
+                 prediction_type: str = "epsilon") -> None:
         super().__init__()
         if condition_type not in ("class", "text"):
             raise ValueError(f"condition_type must be 'class' or 'text', got {condition_type!r}")
@@ -367,6 +385,8 @@ class MARModel(ModelMixin, ConfigMixin):
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if not 0.0 <= mask_ratio_min < 1.0:
             raise ValueError(f"mask_ratio_min must be in [0, 1), got {mask_ratio_min}")
+        if prediction_type not in ("epsilon", "v_prediction"):
+            raise ValueError(f"prediction_type must be 'epsilon' or 'v_prediction', got {prediction_type!r}")
         if clip_denoised is not None and not clip_denoised > 0:
             raise ValueError(f"clip_denoised must be positive or None, got {clip_denoised}")
         seq_len = grid_size * grid_size
@@ -518,6 +538,7 @@ class MARModel(ModelMixin, ConfigMixin):
             raise ValueError(f"noise must have shape [N={z.shape[0]}, T={schedule.num_steps}, C], got "
                              f"{tuple(noise.shape)}")
         clip = getattr(self.config, "clip_denoised", None)
+        prediction_type = getattr(self.config, "prediction_type", "epsilon")
         guided = z_uncond is not None
         if guided:
             scale = torch.as_tensor(guidance_scale if guidance_scale is not None else 1.0, dtype=z.dtype,
@@ -532,10 +553,10 @@ class MARModel(ModelMixin, ConfigMixin):
             if guided:
                 out = self.head(torch.cat([x, x]), torch.cat([t, t]), cond)
                 (eps_c, var_c), (eps_u, _) = (part.chunk(2, dim=-1) for part in out.chunk(2))
-                out = torch.cat([eps_u + scale * (eps_c - eps_u), var_c], dim=-1)
+                out = torch.cat([eps_u + scale * (eps_c - eps_u), var_c], dim=-1)  # eps or v: both linear in x0
             else:
                 out = self.head(x, t, cond)
-            mean, log_var, _ = schedule.p_mean_variance(out, x, i, clip)
+            mean, log_var, _ = schedule.p_mean_variance(out, x, i, clip, prediction_type)
             std = torch.exp(0.5 * log_var) * temperature
             x = mean + std * noise[:, k + 1].to(x.dtype) if i > 0 else mean
             if record:
@@ -577,7 +598,7 @@ class MARModel(ModelMixin, ConfigMixin):
         noise = torch.randn(target.shape, generator=generator, dtype=target.dtype).to(device)
         x_t = schedule.q_sample(target, i, noise)
         out = self.head(x_t, i, cond)
-        return schedule.training_loss(out, target, x_t, i, noise).mean()
+        return schedule.training_loss(out, target, x_t, i, noise, self.config.prediction_type).mean()
 
     # -- official checkpoints -------------------------------------------------------------------------
     @classmethod

@@ -111,6 +111,22 @@ def test_sampler_with_an_oracle_denoiser_returns_the_data_point():
         x0, _, _ = model.sample_head(torch.zeros(3, 12, dtype=torch.float64), noise, temperature=1.3, num_steps=steps)
         assert torch.allclose(x0, point.expand(3, -1), atol=1e-8)
 
+    # the same with a v-predicting oracle (v = sqrt(abar) eps - sqrt(1 - abar) x0)
+    class VOracle(torch.nn.Module):
+        def forward(self, x, t, c):
+            abar = torch.as_tensor(full.alphas_cumprod, dtype=x.dtype)[t].reshape(-1, 1)
+            eps = (x - abar.sqrt() * point) / (1 - abar).sqrt()
+            v = abar.sqrt() * eps - (1 - abar).sqrt() * point
+            return torch.cat([v, torch.zeros_like(v)], -1)
+
+    v_model = tiny_model(prediction_type="v_prediction")
+    v_model.head = VOracle()
+    v_noise = torch.randn(3, 25, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x0, _, _ = v_model.sample_head(torch.zeros(3, 12, dtype=torch.float64), v_noise, num_steps=25)
+    assert torch.allclose(x0, point.expand(3, -1), atol=1e-8)
+    with pytest.raises(ValueError, match="prediction_type"):
+        MARModel(**{**TINY, "prediction_type": "sample"})
+
     # clip_denoised bounds the predicted x0 inside every step (ADM's clip_denoised)
     schedule = DiffusionSchedule(25)
     x = torch.randn(3, 4, dtype=torch.float64)
@@ -145,8 +161,9 @@ def test_encoder_padding_equals_separate_rows():
     assert torch.allclose(model(scrambled, visible, cond), together, atol=1e-12)
 
 
-def test_forward_train_learns_and_is_deterministic():
-    model = tiny_model().float().train()
+@pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction"])
+def test_forward_train_learns_and_is_deterministic(prediction_type):
+    model = tiny_model(prediction_type=prediction_type).float().train()
     tokens = torch.randn(4, 9, 4)
     labels = torch.tensor([0, 1, 2, 3])
     a = model.forward_train(tokens, labels, generator=torch.Generator().manual_seed(1))

@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cond-len", type=int, default=12, help="condition buffer slots (words)")
     parser.add_argument("--mask-ratio-min", type=float, default=0.5,
                         help="MAR uses 0.7; lower shows the model denser contexts (later iterations)")
+    parser.add_argument("--prediction-type", choices=("epsilon", "v_prediction"), default="v_prediction",
+                        help="what the head predicts (MAR: epsilon)")
     parser.add_argument("--normal-pos-init", action="store_true",
                         help="MAR's N(0, 0.02) position tables instead of the sin-cos start")
     parser.add_argument("--diffusion-batch-mul", type=int, default=2)
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
                      text_vocab_size=len(words), label_drop_prob=0.1, mask_ratio_min=args.mask_ratio_min,
                      diffloss_d=size["head_depth"], diffloss_w=size["head_width"],
                      num_sampling_steps=args.num_sampling_steps, diffusion_batch_mul=args.diffusion_batch_mul,
-                     clip_denoised=args.clip_denoised, sincos_init=not args.normal_pos_init)
+                     clip_denoised=args.clip_denoised, sincos_init=not args.normal_pos_init,
+                     prediction_type=args.prediction_type)
     trainer = EMATrainer(model, args.ema)
     out = Path(args.out)
 
