@@ -1,9 +1,10 @@
 """Benchmark of ARVideoPipeline on one zoo entry: a tau sweep of SDVG against target-only and draft-only
 generation, speed and quality measured in one run.
 
-Cases: ``none`` (the target, the baseline), ``draft`` (the drafter alone, the quality floor) and ``sdvg``
-at every ``--taus`` value (reward ``--reward``, worst-frame aggregation, first block forced to the
-target). For every case:
+Cases: ``none`` (the target, the baseline), ``draft`` (the drafter alone, the quality floor) and one
+``sdvg`` case per ``--sweep`` item ``reward:tau`` (worst-frame aggregation, first block forced to the
+target; rewards: the shapes world's exact per-frame score ``fraction``, its finer ``match`` variant, or
+``imagereward`` with local weights). For every case:
 
 * **quality** on ``--quality-prompts`` prompts of ``make_video_prompt_set`` (one video each, seed
   ``seed + i`` for prompt i in every case, so the cases are paired): the shapes world's exact evaluator
@@ -141,16 +142,20 @@ def to_markdown(results: dict, command: str) -> str:
              f"{results['speed_prompts']} other prompts per timed call, batch 1, {results['repeats']} timed repeats "
              f"after a warm-up (median, round-robin). Videos of {results['frames']} frames "
              f"({results['blocks']} blocks of {results['frames_per_block']}), {results['steps']} denoising steps per "
-             f"block; SDVG reward: {results['reward']}, worst frame, first block forced to the target.", "",
-             "| method | tau | speedup | accepted (routed blocks) | draft blocks | target passes / video | "
+             f"block ({results['sampler']} sampler); target {results['target_layers']} layers, drafter "
+             f"{results['drafter_layers']}. SDVG: worst frame, first block forced to the target; rewards: "
+             "`fraction` = the exact per-frame score (fraction of the prompted objects found), `match` = the same "
+             "with each found object weighted by its template-match quality (0.6-1).", "",
+             "| method | reward | tau | speedup | accepted (routed blocks) | draft blocks | target passes / video | "
              "drafter passes / video | per-frame score | vs target | vs draft | clip accuracy |"
              + (" ImageReward |" if has_ir else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if has_ir else "")]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if has_ir else "")]
     for name, q in results["quality"].items():
         s = results["speed"][name]
-        tau = name.split("=", 1)[1] if "=" in name else "-"
+        parts = name.split(" ")
+        reward, tau = (parts[1], parts[2].split("=", 1)[1]) if len(parts) == 3 else ("-", "-")
         acc = "-" if math.isnan(q["acceptance"]) else f"{q['acceptance']:.2f}"
-        row = (f"| {name.split(' ')[0]} | {tau} | {s['speedup']:.2f}x | {acc} | {q['draft_fraction']:.2f} | "
+        row = (f"| {parts[0]} | {reward} | {tau} | {s['speedup']:.2f}x | {acc} | {q['draft_fraction']:.2f} | "
                f"{q['target_calls']:.1f} | {q['draft_calls']:.1f} | {q['frame_score']:.3f} | "
                f"{_ratio(q['frame_score'], none_q['frame_score']):.1%} | {q['frame_score'] - draft_q['frame_score']:+.3f} | "
                f"{q['accuracy']:.3f} |")
@@ -182,7 +187,7 @@ def plot(results: dict, path: Path) -> Path:
     for i, n in enumerate(names):
         if n in ("none", "draft"):
             ax.plot(xs[i], ys[i], "s", label={"none": "target only", "draft": "draft only"}[n])
-        ax.annotate(n.replace("sdvg ", ""), (xs[i], ys[i]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        ax.annotate(n.replace("sdvg ", "").replace("tau=", ""), (xs[i], ys[i]), textcoords="offset points", xytext=(4, 4), fontsize=7)
     none = results["quality"]["none"]["frame_score"]
     ax.axhline(GOAL_QUALITY * none, color="grey", ls="--", lw=0.8, label=f"{GOAL_QUALITY:.0%} of target")
     ax.axvline(GOAL_SPEEDUP, color="grey", ls=":", lw=0.8, label=f"{GOAL_SPEEDUP}x")
@@ -197,12 +202,35 @@ def plot(results: dict, path: Path) -> Path:
     return path
 
 
+REWARD_MODES = {"fraction": "fraction", "match": "match"}
+DEFAULT_SWEEP = ["match:0.5", "match:0.7", "match:0.8", "match:0.85", "match:0.9", "match:0.95", "fraction:1"]
+
+
+def parse_sweep(items: Sequence[str]) -> list[tuple[str, float]]:
+    """``"reward:tau"`` strings -> (reward, tau) pairs; reward is a shapes mode or "imagereward"."""
+    pairs = []
+    for item in items:
+        name, _, value = item.partition(":")
+        if name not in (*REWARD_MODES, "imagereward") or not value:
+            raise SystemExit(f"--sweep items are reward:tau with reward in {[*REWARD_MODES, 'imagereward']}, "
+                             f"got {item!r}")
+        try:
+            tau = float(value)
+        except ValueError:
+            raise SystemExit(f"--sweep: tau of {item!r} is not a number") from None
+        if math.isnan(tau):
+            raise SystemExit(f"--sweep: tau of {item!r} is NaN")
+        pairs.append((name, tau))
+    return pairs
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pipeline", default="mmspec/shapes-video", help="zoo id or pipeline folder")
-    parser.add_argument("--taus", nargs="+", type=float, default=[0.5, 0.75, 0.9, 1.0])
-    parser.add_argument("--reward", default="shapes", choices=["shapes", "shapes-match", "imagereward"],
-                        help="SDVG's routing reward (imagereward needs the --imagereward-* files)")
+    parser.add_argument("--sweep", nargs="+", default=DEFAULT_SWEEP,
+                        help="SDVG cases as reward:tau; rewards: fraction (the exact per-frame score: found "
+                             "fraction of the prompted objects), match (each found object weighted by its "
+                             "template match, a finer knob), imagereward (needs the --imagereward-* files)")
     parser.add_argument("--quality-prompts", type=int, default=100)
     parser.add_argument("--speed-prompts", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
@@ -220,9 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    if any(math.isnan(t) for t in args.taus):
-        raise SystemExit("--taus must be numbers (NaN is not a threshold)")
-    from mmspec.models.rewards import ShapesFrameReward
+    sweep = parse_sweep(args.sweep)
+    from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
     from mmspec.pipelines.ar_video import ARVideoPipeline
 
     pipe = ARVideoPipeline.from_pretrained(args.pipeline)
@@ -235,18 +262,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .imagereward import ImageRewardScorer
 
         scorer = ImageRewardScorer(*ir_files)
-    if args.reward == "imagereward":
-        if scorer is None:
-            raise SystemExit("--reward imagereward needs the --imagereward-* files (no weights are downloaded)")
-        from mmspec.models.rewards import ScorerFrameReward
-
-        reward: Any = ScorerFrameReward(scorer, "imagereward", 224)
-    else:
-        reward = ShapesFrameReward("match" if args.reward == "shapes-match" else "fraction")
+    rewards: dict[str, Any] = {name: ShapesFrameReward(mode) for name, mode in REWARD_MODES.items()}
+    if scorer is not None:
+        rewards["imagereward"] = ScorerFrameReward(scorer, "imagereward", 224)
+    elif any(name == "imagereward" for name, _ in sweep):
+        raise SystemExit("--sweep imagereward:... needs the --imagereward-* files (no weights are downloaded)")
     common = {"num_inference_steps": args.steps, "sampler": args.sampler}
-    cases = {"none": case_kwargs("none", None, reward, common), "draft": case_kwargs("draft", None, reward, common)}
-    for tau in args.taus:
-        cases[f"sdvg tau={tau:g}"] = case_kwargs("sdvg", tau, reward, common)
+    cases = {"none": case_kwargs("none", None, None, common), "draft": case_kwargs("draft", None, None, common)}
+    for name, tau in sweep:
+        cases[f"sdvg {name} tau={tau:g}"] = case_kwargs("sdvg", tau, rewards[name], common)
     quality_prompts = make_video_prompt_set(args.quality_prompts)
     speed_prompts = make_video_prompt_set(args.speed_prompts, seed=args.seed + 1)
     results = run(pipe, cases, quality_prompts, speed_prompts, args.repeats, args.seed, scorer)
@@ -255,8 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                            f"torch {torch.__version__}",
                    quality_prompts=len(quality_prompts), speed_prompts=len(speed_prompts), repeats=args.repeats,
                    frames=config.num_frames, frames_per_block=config.frames_per_block,
-                   blocks=config.num_frames // config.frames_per_block, steps=args.steps, reward=repr(reward),
-                   taus=args.taus)
+                   blocks=config.num_frames // config.frames_per_block, steps=args.steps, sampler=args.sampler,
+                   sweep=args.sweep, target_layers=config.num_layers,
+                   drafter_layers=pipe.drafter.config.num_layers)
     command = "python -m mmspec.evaluation.bench_video " + " ".join(sys.argv[1:] if argv is None else argv)
     table = to_markdown(results, command)
     print(table)

@@ -353,11 +353,38 @@ def test_benchmark_script_writes_its_table(pipe, tmp_path):
 
     pipe.save_pretrained(tmp_path / "pipe")
     out = tmp_path / "bench" / "video.md"
-    assert bench_video.main(["--pipeline", str(tmp_path / "pipe"), "--taus", "0.5", "--quality-prompts", "2",
+    assert bench_video.main(["--pipeline", str(tmp_path / "pipe"), "--sweep", "match:0.5", "--quality-prompts", "2",
                              "--speed-prompts", "1", "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
     table = out.read_text()
-    assert "| sdvg | 0.5 |" in table and "| none | - | 1.00x |" in table and "Command: `" in table
+    assert "| sdvg | match | 0.5 |" in table and "| none | - | - | 1.00x |" in table and "Command: `" in table
     data = json.loads(out.with_suffix(".json").read_text())
-    assert set(data["quality"]) == {"none", "draft", "sdvg tau=0.5"}
+    assert set(data["quality"]) == {"none", "draft", "sdvg match tau=0.5"}
     assert data["quality"]["none"]["target_calls"] == 1 + 4 * 4 + 3 and data["quality"]["draft"]["target_calls"] == 0
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def _zoo_built() -> bool:
+    from mmspec.pipelines.hub import zoo_dir
+
+    return (zoo_dir() / "shapes-video" / "model_index.json").is_file()
+
+
+@pytest.mark.skipif(not _zoo_built(), reason="mmspec/shapes-video is not built yet (see docs/pipeline_video.md)")
+def test_zoo_entry_loads_offline_and_routes():
+    from mmspec.pipelines.hub import zoo_dir
+
+    folder = zoo_dir() / "shapes-video"
+    assert sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) < 15 * 2**20
+    report = json.loads((folder / "report.json").read_text())
+    assert 0.0 <= report["target"]["frame_score"] <= 1.0
+    pipe = ARVideoPipeline.from_pretrained("mmspec/shapes-video")
+    pipe.set_progress_bar_config(disable=True)
+    assert pipe.transformer.dtype == torch.float32 and pipe.drafter is not None  # fp16 on disk, fp32 compute
+    layers = pipe.transformer.config.num_layers, pipe.drafter.config.num_layers
+    assert layers[0] > layers[1]  # the target costs more per block than the drafter
+    prompt = make_video_prompt_set(1)[0].text
+    base = pipe(prompt, "none", num_blocks=3, generator=gen(), output_type="latent")
+    same = pipe(prompt, "sdvg", tau=math.inf, num_blocks=3, generator=gen(), output_type="latent")
+    assert torch.equal(base.latents, same.latents)
+    spec = pipe(prompt, "sdvg", tau=0.5, num_blocks=3, generator=gen(), output_type="np")
+    assert spec.frames.shape == (1, 6, 32, 32, 3) and spec.stats.reward_calls == 2
