@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +25,7 @@ import torch
 from mmspec.stats import SpecStats
 from mmspec.world import evaluate, make_prompt_set, render_scene, scene_for_prompt
 
-from .bench_cli import command_line, machine_line, method_kwargs, write_report
+from .bench_cli import add_common_arguments, command_line, machine_line, method_kwargs, write_report
 from .fid import compute_fid
 from .speed import RunResult, run_benchmark
 
@@ -132,20 +131,15 @@ def to_markdown(results: dict, command: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser, DEFAULT_METHODS)
     parser.add_argument("--pipeline", default="mmspec/shapes-t2i", help="zoo id or pipeline folder")
-    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS))
-    parser.add_argument("--method-kwargs", default="{}", help="JSON {method: {pipeline kwarg: value}} overrides")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--speed-prompts", type=int, default=4, help="timed prompts per category (6 categories)")
     parser.add_argument("--quality-prompts", type=int, default=50, help="quality prompts per category")
     parser.add_argument("--quality-batch", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
     parser.add_argument("--guidance-scale", type=float, default=None, help="override every method's guidance")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="markdown table (a .json with all numbers beside it)")
     return parser
 
 

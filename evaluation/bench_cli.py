@@ -4,6 +4,7 @@ all numbers beside it."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import sys
@@ -14,6 +15,17 @@ from typing import Any
 import torch
 
 from .files import atomic_path
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, methods: Sequence[str]) -> None:
+    """``--methods`` (default ``methods``, baseline first), ``--method-kwargs``, ``--repeats``, ``--seed``,
+    ``--threads`` and ``--out``: the options every pipeline benchmark has."""
+    parser.add_argument("--methods", nargs="+", default=list(methods))
+    parser.add_argument("--method-kwargs", default="{}", help="JSON {method: {pipeline kwarg: value}} overrides")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per case (the median is reported)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="markdown table (a .json with all numbers beside it)")
 
 
 def method_kwargs(methods: Sequence[str], defaults: Mapping[str, dict], overrides: str,

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from mmspec.stats import SpecStats
 
-from .bench_cli import command_line, machine_line, method_kwargs, write_report
+from .bench_cli import add_common_arguments, command_line, machine_line, method_kwargs, write_report
 from .speed import RunResult, run_benchmark
 
 METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")
@@ -154,19 +153,14 @@ def to_markdown(results: dict, command: str, meta: dict) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser, METHODS)
     parser.add_argument("--pipeline", default="mmspec/shapes-vlm", help="zoo id or pipeline folder")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
     parser.add_argument("--hf-cases", nargs="*", default=list(HF_CASES), choices=list(HF_CASES))
-    parser.add_argument("--method-kwargs", default="{}", help="JSON {method: {pipeline kwarg: value}} overrides")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--examples", type=int, default=8, help="held-out examples per task")
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="markdown table (a .json with all numbers beside it)")
     return parser
 
 
