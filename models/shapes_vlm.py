@@ -53,7 +53,7 @@ from mmspec.world import (
     sample_video,
     vocabulary,
 )
-from mmspec.world.scene import MAX_OBJECTS, NAMESPACES, Scene, rng_for
+from mmspec.world.scene import COLORS, MAX_OBJECTS, NAMESPACES, SHAPES, SIZES, Scene, rng_for
 from mmspec.world.video import VideoClip
 
 PAD, BOS, EOS, UNK, IMAGE = "<pad>", "<s>", "</s>", "<unk>", "<image>"
@@ -62,7 +62,8 @@ PROMPT_WORDS: tuple[str, ...] = ("user", "assistant", ":", "describe", "detail",
 
 IMAGE_SIZE = 64
 PATCH_SIZE = 8
-IMAGE_TOKENS = (IMAGE_SIZE // PATCH_SIZE) ** 2  # 64 placeholders per image (CLS dropped)
+GRID = IMAGE_SIZE // PATCH_SIZE  # 8 x 8 patches
+IMAGE_TOKENS = GRID * GRID  # 64 placeholders per image (CLS dropped)
 VIDEO_FRAMES = 4
 DIFFICULTY = 1.0
 VIDEO_SALT = 7  # keeps clip streams apart from scene streams
@@ -80,10 +81,11 @@ INSTRUCTIONS: dict[str, str] = {
 }
 
 # Model sizes. The target is deep and narrow (DESIGN section 4: a CPU forward costs ~0.5 ms per layer
-# almost regardless of width up to d=256); the draft is a quarter of its depth and half its width.
+# almost regardless of width up to d=256, so depth sets the decode cost and width mostly the training
+# cost); the draft is a quarter of its depth with a smaller vision tower.
 MODEL_SIZES: dict[str, dict[str, int]] = {
-    "target": dict(text_layers=8, text_dim=256, text_heads=4, text_ffn=768,
-                   vision_layers=4, vision_dim=192, vision_heads=4, vision_ffn=576),
+    "target": dict(text_layers=8, text_dim=128, text_heads=4, text_ffn=512,
+                   vision_layers=4, vision_dim=128, vision_heads=4, vision_ffn=384),
     "draft": dict(text_layers=2, text_dim=128, text_heads=2, text_ffn=384,
                   vision_layers=2, vision_dim=96, vision_heads=2, vision_ffn=288),
     "tiny": dict(text_layers=2, text_dim=32, text_heads=4, text_ffn=64,
@@ -162,7 +164,7 @@ def load_processor(folder: str | Path):
 
 
 def shapes_vlm_config(size: str = "target", **overrides):
-    """The ``LlavaConfig`` of a shapes VLM: ``size`` is "target" (8-layer d=256 Llama, 4-layer d=192 CLIP
+    """The ``LlavaConfig`` of a shapes VLM: ``size`` is "target" (8-layer d=128 Llama, 4-layer d=128 CLIP
     tower), "draft" (2-layer d=128 Llama, 2-layer d=96 tower) or "tiny" (tests). ``overrides`` replace
     entries of :data:`MODEL_SIZES`. Token ids are the fixed ids of :func:`build_tokenizer`."""
     from transformers import LlavaConfig
@@ -190,13 +192,37 @@ def shapes_vlm_config(size: str = "target", **overrides):
                        eos_token_id=ids[EOS])
 
 
+def sincos_positions(dim: int, grid: int = GRID, amplitude: float = 0.5) -> torch.Tensor:
+    """``[1 + grid * grid, dim]`` 2-D sine-cosine position table (row 0, the CLS slot, is zero): the first
+    half of the channels encodes the patch column, the second half the row, at ``dim / 4`` frequencies each.
+
+    Used to initialise the CLIP tower's learned position embeddings: from the default N(0, 0.02) start the
+    tower learned where patches are only after hundreds of steps (a probe read each object's region no
+    better than chance at step 250), and every region word and relation of a description depends on it.
+    """
+    if dim % 4:
+        raise ValueError(f"dim must be a multiple of 4, got {dim}")
+    freqs = 1.0 / (grid ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4)))  # [dim/4]
+    coords = torch.arange(grid, dtype=torch.float64)
+    angles = coords[:, None] * freqs[None, :] * torch.pi / 2  # [grid, dim/4]
+    axis = torch.cat([angles.sin(), angles.cos()], dim=1)  # [grid, dim/2]
+    cols = axis[None, :, :].expand(grid, grid, -1)  # [row, col, dim/2]
+    rows = axis[:, None, :].expand(grid, grid, -1)
+    table = torch.cat([cols, rows], dim=-1).reshape(grid * grid, dim)
+    return torch.cat([torch.zeros(1, dim, dtype=torch.float64), table]).float() * amplitude
+
+
 def build_model(size: str = "target", seed: int = 0, **overrides):
-    """A randomly initialised ``LlavaForConditionalGeneration`` of :func:`shapes_vlm_config` (fp32), with
-    its generation config set to stop at ``</s>`` and pad with ``<pad>``."""
+    """A randomly initialised ``LlavaForConditionalGeneration`` of :func:`shapes_vlm_config` (fp32; the vision
+    tower's position embeddings start from :func:`sincos_positions`), with its generation config set to stop
+    at ``</s>`` and pad with ``<pad>``."""
     from transformers import LlavaForConditionalGeneration
 
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(shapes_vlm_config(size, **overrides))
+    embeddings = model.model.vision_tower.embeddings
+    with torch.no_grad():  # an initialisation only: the tower stays a plain CLIP with learned positions
+        embeddings.position_embedding.weight.copy_(sincos_positions(embeddings.position_embedding.weight.shape[1]))
     ids = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
     model.generation_config.eos_token_id = ids[EOS]
     model.generation_config.pad_token_id = ids[PAD]
@@ -410,6 +436,34 @@ def video_example(split: str, seed: int, index: int, task: str, clearance: float
             "question": None, "clip": clip}
 
 
+PATCH_FIELDS: tuple[str, ...] = ("color", "shape", "size", "column", "row")  # class labels per patch, 0 = background
+
+
+def patch_labels(scene: Scene) -> tuple[np.ndarray, np.ndarray]:
+    """Per-patch ground truth of a scene for the recipe's auxiliary loss (not used by the model itself).
+
+    Patch ``(r, c)`` of the 8x8 grid belongs to the object whose bounding box contains the patch centre
+    (boxes never overlap). Returns ``classes`` int64 ``[64, 5]`` (``PATCH_FIELDS``: colour 1-9, shape
+    1-4, size 1-3, region column 1-3 and row 1-3 of the object's centre; 0 on background) and ``offsets``
+    float32 ``[64, 2]``: the object centre minus the patch centre, in patch units (0 on background).
+    """
+    centres = (np.arange(GRID) + 0.5) / GRID
+    classes = np.zeros((GRID, GRID, len(PATCH_FIELDS)), np.int64)
+    offsets = np.zeros((GRID, GRID, 2), np.float32)
+    colors, shapes, sizes = list(COLORS), list(SHAPES), list(SIZES)
+    for o in scene.objects:
+        x0, y0, x1, y1 = o.bbox
+        cols = np.flatnonzero((centres >= x0) & (centres <= x1))
+        rows = np.flatnonzero((centres >= y0) & (centres <= y1))
+        column, row = 1 + min(int(o.x * 3), 2), 1 + min(int(o.y * 3), 2)
+        for r in rows:
+            for c in cols:
+                classes[r, c] = (1 + colors.index(o.color), 1 + shapes.index(o.shape), 1 + sizes.index(o.size),
+                                 column, row)
+                offsets[r, c] = ((o.x - centres[c]) * GRID, (o.y - centres[r]) * GRID)
+    return classes.reshape(-1, len(PATCH_FIELDS)), offsets.reshape(-1, 2)
+
+
 def encode_example(tokenizer, prompt: str, answer: str) -> tuple[list[int], int]:
     """Token ids of ``prompt`` (each ``<image>`` expanded to ``IMAGE_TOKENS`` placeholders, ``<s>`` first)
     followed by ``answer`` and ``</s>``, and the index where the answer starts (the loss covers
@@ -428,14 +482,18 @@ def build_training_set(num_images: int, num_videos: int, seed: int = 0, split: s
     Image scene ``i`` (``rng_for(split, seed, i)``, as :func:`image_example`) gives a "describe" example,
     plus a "caption" example when ``i % 5 == 0`` and a "qa" example when ``i % 5`` is 1 or 3; clip ``j``
     gives "narrate", plus "video_caption" when ``j % 3 == 0``. Returns ``images`` uint8 ``[S, 64, 64, 3]``,
-    ``videos`` uint8 ``[V, T, 64, 64, 3]`` and ``examples``: dicts with ``task``, ``video`` (bool), ``ref``
-    (row of ``images`` or ``videos``), ``ids`` (list of token ids) and ``start`` (answer start).
+    ``videos`` uint8 ``[V, T, 64, 64, 3]``, ``examples``: dicts with ``task``, ``video`` (bool), ``ref``
+    (row of ``images`` or ``videos``), ``ids`` (list of token ids) and ``start`` (answer start), and the
+    :func:`patch_labels` of every frame (images first, then the videos' frames in order):
+    ``patch_classes`` uint8 ``[S + V * T, 64, 5]`` and ``patch_offsets`` float ``[S + V * T, 64, 2]``.
     """
     if not isinstance(num_images, int) or not isinstance(num_videos, int) or min(num_images, num_videos) < 0:
         raise ValueError(f"num_images and num_videos must be non-negative integers, got {num_images}, {num_videos}")
     tokenizer = tokenizer or build_tokenizer()
     images = np.zeros((num_images, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
     videos = np.zeros((num_videos, VIDEO_FRAMES, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
+    patches = np.zeros((num_images + num_videos * VIDEO_FRAMES, GRID * GRID, len(PATCH_FIELDS)), np.int64)
+    offsets = np.zeros((num_images + num_videos * VIDEO_FRAMES, GRID * GRID, 2), np.float32)
     examples = []
 
     def add(task: str, video: bool, ref: int, prompt: str, answer: str) -> None:
@@ -446,6 +504,7 @@ def build_training_set(num_images: int, num_videos: int, seed: int = 0, split: s
         rng = rng_for(split, seed, i)
         scene = sample_clear_scene(rng, clearance)
         images[i] = render_scene(scene, IMAGE_SIZE, difficulty)
+        patches[i], offsets[i] = patch_labels(scene)
         add("describe", False, i, task_prompt("describe"), describe_scene(scene))
         if i % 5 == 0:
             add("caption", False, i, task_prompt("caption"), caption_scene(scene))
@@ -455,36 +514,53 @@ def build_training_set(num_images: int, num_videos: int, seed: int = 0, split: s
     for j in range(num_videos):
         clip = sample_clear_clip(_video_rng(split, seed, j), 2, VIDEO_FRAMES, clearance)
         videos[j] = render_video(clip, IMAGE_SIZE, difficulty)
+        for t in range(VIDEO_FRAMES):
+            k = num_images + j * VIDEO_FRAMES + t
+            patches[k], offsets[k] = patch_labels(clip.scene_at(t))
         add("narrate", True, j, task_prompt("narrate"), narrate_video(clip))
         if j % 3 == 0:
             add("video_caption", True, j, task_prompt("video_caption"), caption_video(clip))
-    return {"images": torch.from_numpy(images), "videos": torch.from_numpy(videos), "examples": examples}
+    return {"images": torch.from_numpy(images), "videos": torch.from_numpy(videos), "examples": examples,
+            "patch_classes": torch.from_numpy(patches).to(torch.uint8), "patch_offsets": torch.from_numpy(offsets)}
 
 
 def training_batch(data: dict, rows: Sequence[int], pad_id: int = 0) -> dict[str, torch.Tensor]:
     """Model inputs of training examples ``rows`` of :func:`build_training_set`: right-padded
     ``input_ids`` / ``attention_mask`` ``[B, L]``, ``pixel_values [N_frames, 3, 64, 64]`` (rows' frames in
-    order) and ``loss_mask [B, L]``, True where ``input_ids`` is an answer token (``</s>`` included)."""
+    order) and ``loss_mask [B, L]``, True where ``input_ids`` is an answer token (``</s>`` included); plus
+    ``patch_classes [N_frames, 64, 5]`` and ``patch_offsets [N_frames, 64, 2]`` when ``data`` has them."""
     examples = [data["examples"][r] for r in rows]
     length = max(len(e["ids"]) for e in examples)
     ids = torch.full((len(examples), length), pad_id, dtype=torch.long)
     attention = torch.zeros((len(examples), length), dtype=torch.long)
     loss_mask = torch.zeros((len(examples), length), dtype=torch.bool)
-    frames = []
+    frames, label_rows = [], []
+    num_images = data["images"].shape[0]
     for b, e in enumerate(examples):
         n = len(e["ids"])
         ids[b, :n] = torch.tensor(e["ids"])
         attention[b, :n] = 1
         loss_mask[b, e["start"]:n] = True
-        frames.append(data["videos"][e["ref"]] if e["video"] else data["images"][e["ref"]][None])
-    return {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask,
-            "pixel_values": pixel_values_from_uint8(torch.cat(frames))}
+        if e["video"]:
+            frames.append(data["videos"][e["ref"]])
+            label_rows += [num_images + e["ref"] * VIDEO_FRAMES + t for t in range(VIDEO_FRAMES)]
+        else:
+            frames.append(data["images"][e["ref"]][None])
+            label_rows.append(e["ref"])
+    batch = {"input_ids": ids, "attention_mask": attention, "loss_mask": loss_mask,
+             "pixel_values": pixel_values_from_uint8(torch.cat(frames))}
+    if "patch_classes" in data:
+        batch["patch_classes"] = data["patch_classes"][label_rows].long()
+        batch["patch_offsets"] = data["patch_offsets"][label_rows]
+    return batch
 
 
 def answer_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
-    """Summed next-token cross-entropy over the answer tokens of a :func:`training_batch`, and their count."""
+    """Summed next-token cross-entropy over the answer tokens of a :func:`training_batch`, and their count.
+    A batch without ``pixel_values`` is read blind: the placeholders keep the ``<image>`` token embedding,
+    which is what a draft model sees in transformers' assisted generation (it never gets the pixels)."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   pixel_values=batch["pixel_values"]).logits  # [B, L, V]
+                   pixel_values=batch.get("pixel_values")).logits  # [B, L, V]
     target = batch["loss_mask"][:, 1:]  # position t predicts token t + 1
     loss = torch.nn.functional.cross_entropy(logits[:, :-1][target].float(), batch["input_ids"][:, 1:][target],
                                              reduction="sum")

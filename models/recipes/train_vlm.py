@@ -3,7 +3,12 @@
 Trains a ``LlavaForConditionalGeneration`` of :func:`mmspec.models.shapes_vlm.shapes_vlm_config` from
 scratch on CPU on the shapes world: detailed descriptions, short captions and question answering on
 64x64 images, narrations and captions of 4-frame videos (see :mod:`mmspec.models.shapes_vlm`). Only the
-answer tokens (and ``</s>``) are in the loss. Deterministic for a seed and thread count; resumable:
+answer tokens (and ``</s>``) are in the language-model loss. A training-only linear probe on the projected
+image features adds an auxiliary loss from the scenes' ground truth (per 8x8-pixel patch: the colour,
+shape, size and region of the object covering it and the offset to its centre,
+:func:`mmspec.models.shapes_vlm.patch_labels`): without it the from-scratch vision tower stayed nearly
+unused for hundreds of steps (the prototype's answers barely changed when the images were shuffled); the
+probe is discarded, the saved model is a plain LLaVA. Deterministic for a seed and thread count; resumable:
 the training set is rendered once into ``--work/data.pt``, checkpoints go to ``--work/checkpoint.pt``
 every ``--save-every`` steps and the loss to ``--work/log.jsonl``; rerunning the same command continues.
 The deliverable (fp16 safetensors, generation config, processor) is written to ``--out`` at every save.
@@ -21,15 +26,16 @@ import copy
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from mmspec.models import shapes_vlm as sv
 from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, train_loop
 
 # Per size: steps, batch, peak learning rate (chosen with short prototype runs; see docs/zoo_shapes_vlm.md).
 DEFAULTS: dict[str, dict] = {
-    "target": dict(steps=1500, batch=32, lr=1e-3),
-    "draft": dict(steps=1500, batch=32, lr=2e-3),
-    "tiny": dict(steps=20, batch=4, lr=1e-3),
+    "target": dict(steps=2000, batch=32, lr=2e-3, vision_steps=3000, blind_fraction=0.0),
+    "draft": dict(steps=2000, batch=32, lr=2e-3, vision_steps=3000, blind_fraction=0.3),
+    "tiny": dict(steps=20, batch=4, lr=1e-3, vision_steps=2, blind_fraction=0.5),
 }
 
 
@@ -50,15 +56,84 @@ def chunks_by_length(data: dict, rows: list[int], max_tokens: int) -> list[list[
     return out
 
 
-def make_loss_fn(model, data: dict, max_tokens: int = 4096):
-    """``loss_fn(indices)`` for :func:`train_loop`: mean cross-entropy per answer token over the batch."""
+PATCH_CLASS_COUNTS = (10, 5, 4, 4, 4)  # background + classes of sv.PATCH_FIELDS
+
+
+class PatchProbe(nn.Module):
+    """Training-only linear read-out of the projected image features ``[N, 64, D]``: per patch, logits of the
+    :data:`sv.PATCH_FIELDS` classes and the offset to the covering object's centre."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, sum(PATCH_CLASS_COUNTS) + 2)
+
+    def forward(self, features: torch.Tensor, classes: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Summed per-frame loss: mean over patches of the class cross-entropies, plus 4x the squared offset
+        error (patch units) averaged over the patches; ``classes [N, 64, 5]``, ``offsets [N, 64, 2]``."""
+        out = self.proj(features.float())  # [N, 64, sum(classes) + 2]
+        loss = features.new_zeros((), dtype=torch.float32)
+        start = 0
+        for field, count in enumerate(PATCH_CLASS_COUNTS):
+            logits = out[..., start:start + count]
+            loss = loss + nn.functional.cross_entropy(logits.flatten(0, 1), classes[..., field].flatten(),
+                                                      reduction="sum") / classes.shape[1]
+            start += count
+        on_object = (classes[..., 0] > 0).unsqueeze(-1)  # [N, 64, 1]
+        error = ((out[..., start:] - offsets) ** 2 * on_object).sum()
+        return loss + 4.0 * error / classes.shape[1]
+
+
+class Trainee(nn.Module):
+    """What the optimiser sees: the VLM and its training-only patch probe (the checkpoint holds both)."""
+
+    def __init__(self, vlm: nn.Module) -> None:
+        super().__init__()
+        self.vlm = vlm
+        self.probe = PatchProbe(vlm.config.text_config.hidden_size)
+
+
+def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weight: float = 1.0,
+                 blind_fraction: float = 0.0):
+    """``loss_fn(indices)`` for :func:`train_loop`: mean cross-entropy per answer token over the batch, plus
+    ``aux_weight`` x the patch probe's loss per frame (when the data carries patch labels). Each length
+    chunk is read blind (no ``pixel_values``) with probability ``blind_fraction`` (torch's RNG, which the
+    checkpoints keep): the draft learns to draft from the prompt alone too, as it must in transformers'
+    assisted generation, which never passes the pixels to the assistant."""
+    projector = trainee.vlm.model.multi_modal_projector
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
-        total, count = 0.0, 0
+        total, count, aux, frames = 0.0, 0, 0.0, 0
         for rows in chunks_by_length(data, index.tolist(), max_tokens):
-            loss, n = sv.answer_loss(model, sv.training_batch(data, rows))
+            batch = sv.training_batch(data, rows)
+            if blind_fraction and torch.rand(()) < blind_fraction:
+                batch.pop("pixel_values")
+            captured = []
+            handle = projector.register_forward_hook(lambda module, args, output, store=captured: store.append(output))
+            try:
+                loss, n = sv.answer_loss(trainee.vlm, batch)
+            finally:
+                handle.remove()
             total, count = total + loss, count + n
-        return total / max(count, 1)
+            if aux_weight and captured and "patch_classes" in batch:
+                aux = aux + trainee.probe(captured[0], batch["patch_classes"], batch["patch_offsets"])
+                frames += captured[0].shape[0]
+        return total / max(count, 1) + aux_weight * aux / max(frames, 1)
+
+    return loss_fn
+
+
+def make_vision_loss_fn(trainee: Trainee, data: dict):
+    """Stage 1 ``loss_fn(frame indices)``: the patch probe's loss per frame on the vision tower + projector
+    alone (no language model), over every frame of the training set (images, then the videos' frames)."""
+    num_images = data["images"].shape[0]
+    frames = data["videos"].flatten(0, 1)  # [V * T, H, W, 3]
+
+    def loss_fn(index: torch.Tensor) -> torch.Tensor:
+        pixels = torch.stack([data["images"][i] if i < num_images else frames[i - num_images] for i in index.tolist()])
+        features = trainee.vlm.model.get_image_features(pixel_values=sv.pixel_values_from_uint8(pixels))
+        features = torch.stack(list(features.pooler_output))  # [N, 64, D] projected image features
+        loss = trainee.probe(features, data["patch_classes"][index].long(), data["patch_offsets"][index])
+        return loss / index.shape[0]
 
     return loss_fn
 
@@ -73,12 +148,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-videos", type=int, default=4000)
     parser.add_argument("--max-tokens", type=int, default=4096, help="padded tokens per micro-batch")
     parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--aux-weight", type=float, default=1.0, help="weight of the patch-probe loss (0: off)")
+    parser.add_argument("--vision-steps", type=int, default=None,
+                        help="stage 1: steps of patch-probe training of the vision tower alone (default per size)")
+    parser.add_argument("--vision-batch", type=int, default=64, help="frames per stage-1 step")
+    parser.add_argument("--blind-fraction", type=float, default=None,
+                        help="share of length chunks trained without pixels (default per size: draft 0.3)")
     parser.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
                         help="model size entries to change, e.g. text_dim=192 text_layers=6")
     add_run_arguments(parser, "")
-    parser.set_defaults(train_images=24000, difficulty=sv.DIFFICULTY)
+    parser.set_defaults(train_images=24000, difficulty=sv.DIFFICULTY, threads=1)
     args = parser.parse_args(argv)
-    for key in ("steps", "batch", "lr"):
+    for key in ("steps", "batch", "lr", "vision_steps", "blind_fraction"):
         if getattr(args, key) is None:
             setattr(args, key, DEFAULTS[args.size][key])
     if str(args.work) in ("", "."):
@@ -95,15 +176,26 @@ def main(argv: list[str] | None = None) -> None:
     data = cached_data(args.work, lambda: sv.build_training_set(args.train_images, args.train_videos, args.seed,
                                                                 "train", difficulty=args.difficulty,
                                                                 tokenizer=processor.tokenizer))
-    model = sv.build_model(args.size, seed=args.seed, **overrides)
+    trainee = Trainee(sv.build_model(args.size, seed=args.seed, **overrides))
     out = Path(args.out)
 
-    def save(trained) -> None:
-        copy.deepcopy(trained).eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
+    def save(trained: Trainee) -> None:
+        copy.deepcopy(trained.vlm).eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
         processor.save_pretrained(out)
 
-    train_loop(model, make_loss_fn(model, data, args.max_tokens), len(data["examples"]), steps=args.steps,
-               batch=args.batch, lr=args.lr, work=args.work, save=save, save_every=args.save_every)
+    if args.vision_steps > 0:  # stage 1 (resumable on its own): vision tower + projector + probe
+        stage1 = args.work / "vision"
+        if not (stage1 / "done").is_file():
+            train_loop(trainee, make_vision_loss_fn(trainee, data), data["patch_classes"].shape[0],
+                       steps=args.vision_steps, batch=args.vision_batch, lr=args.lr, work=stage1,
+                       save=lambda trained: None, save_every=args.save_every)
+            (stage1 / "done").write_text("ok\n")
+        else:
+            trainee.load_state_dict(torch.load(stage1 / "checkpoint.pt")["model"])
+    torch.manual_seed(args.seed + 1)  # stage 2 draws the same batches whether or not stage 1 ran in this process
+    loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction)
+    train_loop(trainee, loss_fn, len(data["examples"]), steps=args.steps, batch=args.batch, lr=args.lr,
+               work=args.work, save=save, save_every=args.save_every)
 
 
 if __name__ == "__main__":
