@@ -137,13 +137,32 @@ def build_image_processor():
                                  image_mean=list(IMAGE_MEAN), image_std=list(IMAGE_STD))
 
 
+# The training layout as a chat template, so that ``processor.apply_chat_template`` (and the VLM pipeline's
+# prompt formatting) gives exactly :func:`task_prompt`'s text: images first, then the text, then
+# " assistant:". Earlier assistant turns end with </s>.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['content'] is string -%}{%- set texts = [message['content']] -%}{%- set images = 0 -%}"
+    "{%- else -%}"
+    "{%- set texts = message['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | list -%}"
+    "{%- set images = message['content'] | selectattr('type', 'in', ['image', 'video']) | list | length -%}"
+    "{%- endif -%}"
+    "{%- if message['role'] == 'user' -%}"
+    "{%- if not loop.first %} {% endif -%}user: {{ '<image>' * images }}{% if images %} {% endif %}{{ texts | join(' ') }}"
+    "{%- else %} assistant: {{ texts | join(' ') }}</s>{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt %} assistant:{% endif -%}"
+)
+
+
 def build_processor():
-    """The ``LlavaProcessor`` of the shapes VLM (tokenizer + image processor; 64 placeholders per image)."""
+    """The ``LlavaProcessor`` of the shapes VLM (tokenizer + image processor; 64 placeholders per image;
+    a chat template that writes the training prompt layout)."""
     from transformers import LlavaProcessor
 
     return LlavaProcessor(image_processor=build_image_processor(), tokenizer=build_tokenizer(),
                           patch_size=PATCH_SIZE, vision_feature_select_strategy="default",
-                          num_additional_image_tokens=1, image_token=IMAGE)
+                          num_additional_image_tokens=1, image_token=IMAGE, chat_template=CHAT_TEMPLATE)
 
 
 def load_processor(folder: str | Path):

@@ -88,6 +88,18 @@ def test_processor_expands_image_tokens_and_matches_the_fast_path(processor):
     assert ids[:start] == prompt and ids[-1] == processor.tokenizer.eos_token_id
 
 
+def test_chat_template_writes_the_training_layout(processor, tmp_path):
+    from mmspec.models.vlm_prompts import format_vlm_prompt
+
+    processor.save_pretrained(tmp_path)
+    reloaded = sv.load_processor(tmp_path)
+    for proc in (processor, reloaded):
+        assert format_vlm_prompt(proc, "describe the image in detail.", 1) == sv.task_prompt("describe")
+        assert format_vlm_prompt(proc, "narrate the video.", 4) == sv.task_prompt("narrate", num_frames=4)
+        question = "what color is the circle?"
+        assert format_vlm_prompt(proc, question, 1) == sv.task_prompt("qa", question)
+
+
 def test_prompts_and_bad_inputs(processor):
     assert sv.task_prompt("describe") == "user: <image> describe the image in detail. assistant:"
     assert sv.task_prompt("narrate", num_frames=3).count(sv.IMAGE) == 3
@@ -129,6 +141,28 @@ def test_clear_scenes_keep_their_description_under_small_shifts():
     # and unrestricted scenes do not always have that margin
     assert min(sv.scene_clearance(sv.image_example("test", 1, i, "describe", clearance=0)["scene"])
                for i in range(40)) < sv.CLEARANCE
+
+
+def test_patch_labels_follow_the_scene():
+    scene = sv.image_example("train", 0, 3, "describe")["scene"]
+    classes, offsets = sv.patch_labels(scene)
+    assert classes.shape == (64, len(sv.PATCH_FIELDS)) and offsets.shape == (64, 2)
+    centres = (np.arange(8) + 0.5) / 8
+    from mmspec.world.scene import COLORS
+    for o in scene.objects:
+        c, r = int(np.argmin(abs(centres - o.x))), int(np.argmin(abs(centres - o.y)))  # patch nearest the centre
+        label = classes[r * 8 + c]
+        assert label[0] == 1 + list(COLORS).index(o.color) and label[3] == 1 + min(int(o.x * 3), 2)
+        assert np.allclose(offsets[r * 8 + c], ((o.x - centres[c]) * 8, (o.y - centres[r]) * 8), atol=1e-5)
+    assert (classes[:, 0] > 0).sum() < 64 and (offsets[classes[:, 0] == 0] == 0).all()
+
+
+def test_position_table_initialises_the_tower():
+    table = sv.sincos_positions(32)
+    assert table.shape == (65, 32) and (table[0] == 0).all()
+    assert len({tuple(row.tolist()) for row in table[1:]}) == 64  # every patch has its own position
+    model = sv.build_model("tiny")
+    assert torch.equal(model.model.vision_tower.embeddings.position_embedding.weight.detach(), table)
 
 
 # -- configs and checkpoints ----------------------------------------------------------------------------------
@@ -186,6 +220,12 @@ def test_training_batch_masks_answers_only(processor):
         answer = batch["input_ids"][b][batch["loss_mask"][b]].tolist()
         assert answer == e["ids"][e["start"]:] and answer[-1] == processor.tokenizer.eos_token_id
         assert processor.image_token_id not in answer
+    assert batch["patch_classes"].shape == (batch["pixel_values"].shape[0], 64, len(sv.PATCH_FIELDS))
+    assert torch.equal(batch["patch_classes"][1:1 + sv.VIDEO_FRAMES], data["patch_classes"][5:5 + sv.VIDEO_FRAMES].long())
+    model = sv.build_model("tiny")
+    seeing, n = sv.answer_loss(model, batch)
+    blind, m = sv.answer_loss(model, {k: v for k, v in batch.items() if k != "pixel_values"})
+    assert n == m == int(batch["loss_mask"][:, 1:].sum()) and torch.isfinite(blind) and blind != seeing
     chunks = train_vlm.chunks_by_length(data, list(range(len(tasks))), max_tokens=400)
     assert sorted(r for c in chunks for r in c) == list(range(len(tasks)))
     assert all(len(c) * max(len(data["examples"][r]["ids"]) for r in c) <= 400 or len(c) == 1 for c in chunks)
