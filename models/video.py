@@ -109,6 +109,28 @@ def _modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torc
     return x * (1 + scale) + shift
 
 
+def rope_angles(frames: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, head_dim: int,
+                base: float = 100.0) -> torch.Tensor:
+    """3-D rotary angles ``[L, head_dim / 2]`` for tokens at (frame, row, col): a quarter of the rotation
+    pairs encode the frame, the rest are split between rows and columns (base 100: positions are small)."""
+    pairs = head_dim // 2
+    n_t = max(1, pairs // 4)
+    n_r = (pairs - n_t) // 2
+    n_c = pairs - n_t - n_r
+    parts = []
+    for pos, n in ((frames, n_t), (rows, n_r), (cols, n_c)):
+        freqs = base ** (-torch.arange(n, dtype=torch.float64) / n)
+        parts.append(pos.double()[:, None] * freqs[None])
+    return torch.cat(parts, dim=-1).float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [B, H, L, hd]`` by angles given as ``cos``/``sin`` ``[L, hd / 2]`` (half-split pairs)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
 class DiTBlock(nn.Module):
     """Pre-norm attention + MLP block with adaLN-zero modulation (per token group, see ``forward``)."""
 
@@ -126,11 +148,13 @@ class DiTBlock(nn.Module):
         nn.init.zeros_(self.modulation.bias)
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor | None,
-                past: tuple[torch.Tensor, torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                past: tuple[torch.Tensor, torch.Tensor] | None,
+                rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x ``[B, L, d]``; cond ``[B, G, d]``: one conditioning vector per token group (prompt, clean context,
         each noisy block) and groups ``[L]`` the group of every token, so the modulation is computed per
-        group, not per token; mask bool ``[B, 1, L, S + L]`` or None; past keys/values ``[B, H, S, hd]``.
-        Returns (x, new keys ``[B, H, L, hd]``, new values)."""
+        group, not per token; mask bool ``[B, 1, L, S + L]`` or None; past keys/values ``[B, H, S, hd]``
+        (already rotated); rope: ``(cos, sin)`` ``[L, hd / 2]`` of the new tokens or None.
+        Returns (x, new keys ``[B, H, L, hd]`` (rotated), new values)."""
         b, length, dim = x.shape
         mod = self.modulation(F.silu(cond))  # [B, G, 6d]
         if mod.shape[1] > 1:
@@ -138,6 +162,8 @@ class DiTBlock(nn.Module):
         shift1, scale1, gate1, shift2, scale2, gate2 = mod.chunk(6, dim=-1)
         h = _modulate(self.norm1(x), shift1, scale1)
         q, k, v = self.qkv(h).view(b, length, 3, self.heads, dim // self.heads).permute(2, 0, 3, 1, 4)  # [B, H, L, hd]
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         keys, values = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
         attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # [B, H, L, hd]
         x = x + gate1 * self.proj(attn.transpose(1, 2).reshape(b, length, dim))
@@ -162,13 +188,16 @@ class BlockCausalVideoTransformer(ModelMixin, ConfigMixin):
         dim / num_layers / num_heads / mlp_ratio: transformer size.
         text_vocab_size / text_length: word vocabulary and prompt slots (left-padded, -1 = padding).
         condition_dropout: training probability of replacing the prompt by the null prompt (guidance).
+        rope: 3-D rotary position embedding (frame, row, column) in every attention layer, on top of the
+            learned absolute positions: attention between frames then depends on relative offsets, which is
+            what continuing a motion needs. Prompt tokens are not rotated.
     """
 
     @register_to_config
     def __init__(self, latent_channels: int = 16, latent_size: int = 8, patch_size: int = 2, num_frames: int = 8,
                  frames_per_block: int = 2, dim: int = 192, num_layers: int = 8, num_heads: int = 6,
                  mlp_ratio: float = 4.0, text_vocab_size: int = 85, text_length: int = 24,
-                 condition_dropout: float = 0.1) -> None:
+                 condition_dropout: float = 0.1, rope: bool = True) -> None:
         super().__init__()
         for name, value in (("latent_channels", latent_channels), ("latent_size", latent_size),
                             ("patch_size", patch_size), ("num_frames", num_frames),
@@ -199,6 +228,12 @@ class BlockCausalVideoTransformer(ModelMixin, ConfigMixin):
         for layer in (self.final_modulation, self.head):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
+        grid = latent_size // patch_size
+        token = torch.arange(num_frames * self.tokens_per_frame)
+        within = token % self.tokens_per_frame
+        angles = rope_angles(token // self.tokens_per_frame, within // grid, within % grid, dim // num_heads)
+        self.register_buffer("rope_cos", angles.cos(), persistent=False)  # [num_frames * T, hd / 2]
+        self.register_buffer("rope_sin", angles.sin(), persistent=False)
 
     # -- shapes -------------------------------------------------------------------------------------
     @property
@@ -263,17 +298,31 @@ class BlockCausalVideoTransformer(ModelMixin, ConfigMixin):
         ids = prompt_ids.clamp_min(0)
         return self.word_embed(ids) + self.text_pos[None, -prompt_ids.shape[1]:]
 
+    def _rope(self, frame_start: int, num_frames: int, text: int = 0) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(cos, sin) ``[text + F T, hd / 2]`` for ``text`` unrotated prompt tokens followed by frames
+        ``frame_start .. frame_start + num_frames - 1``; None without rope."""
+        if not self.config.rope:
+            return None
+        t = self.tokens_per_frame
+        cos = self.rope_cos[frame_start * t:(frame_start + num_frames) * t]
+        sin = self.rope_sin[frame_start * t:(frame_start + num_frames) * t]
+        if text:
+            cos = torch.cat([cos.new_ones(text, cos.shape[1]), cos])
+            sin = torch.cat([sin.new_zeros(text, sin.shape[1]), sin])
+        return cos.to(self.dtype), sin.to(self.dtype)
+
     def _run(self, x: torch.Tensor, cond: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor | None,
-             cache: VideoCache | None, rows: torch.Tensor | None, write: bool) -> torch.Tensor:
+             cache: VideoCache | None, rows: torch.Tensor | None, write: bool,
+             rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """All layers over new tokens ``x [B, L, d]`` (conditioning ``cond [B, G, d]`` per token group
-        ``groups [L]``) against the cache (read; appended when ``write``)."""
+        ``groups [L]``, rotary angles ``rope``) against the cache (read; appended when ``write``)."""
         for i, block in enumerate(self.blocks):
             past = None
             if cache is not None and cache.length:
                 past = (cache.kv.keys[i, :, :, :cache.length], cache.kv.values[i, :, :, :cache.length])
                 if rows is not None:
                     past = (past[0][rows], past[1][rows])
-            x, k, v = block(x, cond, groups, mask, past)
+            x, k, v = block(x, cond, groups, mask, past, rope)
             if write:
                 cache.kv.update(i, k, v)
         return x
@@ -350,7 +399,8 @@ class BlockCausalVideoTransformer(ModelMixin, ConfigMixin):
         cond = self._time_cond(t)[:, None]  # [B, 1, d]
         groups = torch.zeros(x.shape[1], dtype=torch.long, device=self.device)
         mask = self._cache_mask(cache, rows, x.shape[1], None)
-        return self._output(self._run(x, cond, groups, mask, cache, rows, write=False), cond, groups, num)
+        out = self._run(x, cond, groups, mask, cache, rows, write=False, rope=self._rope(frame_start, num))
+        return self._output(out, cond, groups, num)
 
     def write_cache(self, clean: torch.Tensor, cache: VideoCache, frame_start: int) -> None:
         """Append the clean frames ``[B, F, C, h, w]`` (whole blocks) to the cache: one pass at t=0,
@@ -369,7 +419,7 @@ class BlockCausalVideoTransformer(ModelMixin, ConfigMixin):
         self_mask = None if clean.shape[1] == fb else blocks[None, :] <= blocks[:, None]
         mask = self._cache_mask(cache, None, x.shape[1], self_mask)
         start = cache.length
-        self._run(x, cond, groups, mask, cache, None, write=True)
+        self._run(x, cond, groups, mask, cache, None, write=True, rope=self._rope(frame_start, clean.shape[1]))
         cache.key_mask[:, start:cache.length] = True
 
     # -- training -----------------------------------------------------------------------------------
@@ -414,7 +464,11 @@ class BlockCausalVideoTransformer(ModelMixin, ConfigMixin):
                                                                       device=clean.device)], 1)[:, None, None, :]
         groups = torch.cat([torch.zeros(text_len, dtype=torch.long), torch.ones(n_ctx, dtype=torch.long),
                             2 + torch.arange(n_noisy) // tpb]).to(clean.device)
-        out = self._run(x, cond, groups, mask, None, None, write=False)
+        rope = None
+        if self.config.rope:
+            ctx_rope, noisy_rope = self._rope(0, num - fb, text_len), self._rope(0, num)
+            rope = (torch.cat([ctx_rope[0], noisy_rope[0]]), torch.cat([ctx_rope[1], noisy_rope[1]]))
+        out = self._run(x, cond, groups, mask, None, None, write=False, rope=rope)
         return self._output(out[:, n0:], cond, groups[n0:], num)
 
 
