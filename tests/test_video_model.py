@@ -137,8 +137,8 @@ def test_rope_scores_depend_on_relative_offsets_only():
         b = rope_angles(*(torch.tensor([p]) for p in kpos), 32).double()
         return float((apply_rope(q, a.cos(), a.sin()) * apply_rope(k, b.cos(), b.sin())).sum())
 
-    assert score((3, 1, 2), (2, 0, 2)) == pytest.approx(score((9, 2, 0), (8, 1, 0)), abs=1e-12)  # same offsets
-    assert score((3, 1, 2), (2, 0, 2)) != pytest.approx(score((3, 1, 2), (1, 0, 2)), abs=1e-6)  # other offset
+    assert score((3, 1, 2), (2, 0, 2)) == pytest.approx(score((9, 2, 0), (8, 1, 0)), abs=1e-6)  # same offsets (fp32 angles)
+    assert score((3, 1, 2), (2, 0, 2)) != pytest.approx(score((3, 1, 2), (1, 0, 2)), abs=1e-3)  # other offset
     norm = apply_rope(q, *(lambda a: (a.cos(), a.sin()))(rope_angles(torch.tensor([5]), torch.tensor([3]),
                                                                     torch.tensor([1]), 32).double())).norm()
     assert float(norm) == pytest.approx(float(q.norm()))
