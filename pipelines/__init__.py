@@ -4,6 +4,10 @@
   with "none", "eagle", "lantern", "sjd", "gsd", "mulo".
 * :class:`VLMPipeline` (:mod:`.vlm`): image/video + text -> text with transformers VLMs, "none",
   "eagle", "flash", "vispec", "specvlm", "draft_vlm", with streaming.
+* :class:`ContinuousARImagePipeline` (:mod:`.continuous_ar_image`): MAR-style continuous-token image
+  generation, "none" and "cspd" (continuous speculative decoding).
+* :class:`ARVideoPipeline` (:mod:`.ar_video`): block-causal AR video, "none", "draft" and "sdvg" (reward
+  routing of drafted blocks).
 * :func:`resolve_pretrained` (:mod:`.hub`): zoo ids ``mmspec/<name>`` -> bundled folders.
 """
 
@@ -16,6 +20,11 @@ _EXPORTS = {
     "VLMPipeline": ".vlm",
     "VLMPipelineOutput": ".vlm",
     "VLMStreamChunk": ".vlm",
+    "ContinuousARImagePipeline": ".continuous_ar_image",
+    "ContinuousARImagePipelineOutput": ".continuous_ar_image",
+    "ARVideoPipeline": ".ar_video",
+    "ARVideoPipelineOutput": ".ar_video",
+    "export_video": ".ar_video",
     "resolve_pretrained": ".hub",
 }
 

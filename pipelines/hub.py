@@ -19,6 +19,10 @@ import torch
 ZOO_RECIPES = {
     "shapes-t2i": "python -m mmspec.models.recipes.train_t2i --out models/zoo/shapes-t2i/transformer "
                   "(then train_eagle, train_mulo and build_zoo_t2i; see docs/pipeline_ar_image.md)",
+    "shapes-t2i-continuous": "python -m mmspec.models.recipes.train_mar --role target / --role draft, then "
+                             "report_mar (see docs/pipeline_continuous.md)",
+    "shapes-video": "python -m mmspec.models.recipes.train_video --role target / --role drafter, then report_video "
+                    "build (see docs/pipeline_video.md)",
     "shapes-vlm": "bash scripts/build_zoo_vlm.sh (train_vlm for the captioner and its draft VLM, train_vlm_drafter "
                   "for each head, build_zoo_vlm; see docs/pipeline_vlm.md)",
 }
