@@ -36,8 +36,12 @@ from .speed import RunResult, run_benchmark
 #: name -> pipeline keyword arguments (shared settings come from --num-iter etc.)
 DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     "none": {"method": "none"},
-    "cspd": {"method": "cspd"},  # the pipeline's defaults: official code's order and context
-    "cspd (paper: chain, exact)": {"method": "cspd", "verify_order": "chain", "verify_context": "exact"},
+    # the pipeline's defaults: independent verification, "round" context (official code), tau = 1 (as specified)
+    "cspd": {"method": "cspd"},
+    "cspd, chain order": {"method": "cspd", "verify_order": "chain"},          # the paper's truncation
+    "cspd, tau=42": {"method": "cspd", "density_temperature": 42.0},           # official code's inner temperature
+    # target-only with as many target forwards as "cspd" makes (4 pre-fill + 3 rounds at 16 iterations, gamma 4)
+    "none, 7 iterations": {"method": "none", "num_iter": 7},
 }
 
 
