@@ -19,7 +19,12 @@ from scipy import stats as sps
 from mmspec.models.mar import MARModel
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer
-from mmspec.pipelines.continuous_ar_image import (ContinuousARImagePipeline, CSpDStats, cspd_verify, mar_schedule)
+from mmspec.pipelines.continuous_ar_image import (
+    ContinuousARImagePipeline,
+    CSpDStats,
+    cspd_verify,
+    mar_schedule,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

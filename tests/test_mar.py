@@ -11,8 +11,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mmspec.models.mar import (DiffusionSchedule, MARModel, convert_mar_state_dict, cosine_betas, mar_config,
-                               spaced_timesteps)
+from mmspec.models.mar import (
+    DiffusionSchedule,
+    MARModel,
+    convert_mar_state_dict,
+    cosine_betas,
+    mar_config,
+    spaced_timesteps,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -72,11 +78,16 @@ def test_sample_head_follows_its_recorded_gaussians_and_guidance():
     noise = torch.randn(n, steps, 4, dtype=torch.float64)
     x0, means, variances = model.sample_head(z, noise, temperature=0.7, record=True)
     assert means.shape == variances.shape == (steps, n, 4)
-    # replay: x_T = noise[0]; x_{k+1} = mean_k + std_k * noise[k+1]; the last step returns its mean (no noise)
+    # replay: x_T = noise[0]; each step's Gaussian is the head's posterior at the replayed x (temperature^2
+    # on the variance); x_{k+1} = mean_k + std_k * noise[k+1]; the last step returns its mean (no noise)
+    schedule = DiffusionSchedule(steps)
     x = noise[:, 0]
-    for k in range(steps - 1):
-        x = means[k] + variances[k].sqrt() * noise[:, k + 1]
-    assert torch.allclose(x0, means[-1])
+    for k, i in enumerate(reversed(range(steps))):
+        t = torch.full((n,), int(schedule.timesteps[i]))
+        mean, log_var, _ = schedule.p_mean_variance(model.head(x, t, z), x, i)
+        assert torch.allclose(mean, means[k]) and torch.allclose(log_var.exp() * 0.49, variances[k])
+        x = mean + variances[k].sqrt() * noise[:, k + 1] if i > 0 else mean
+    assert torch.allclose(x, x0) and torch.allclose(x0, means[-1])
     x_again, _, _ = model.sample_head(z, noise, temperature=0.7)
     assert torch.equal(x_again, x0)
     # guidance: z_uncond == z changes nothing at any scale; scale 1 equals the conditional chain
@@ -174,7 +185,7 @@ def test_forward_train_learns_and_is_deterministic(prediction_type):
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     torch.manual_seed(0)
     losses = []
-    for step in range(60):
+    for _ in range(60):
         loss = model.forward_train(tokens, labels)
         optimizer.zero_grad()
         loss.backward()
