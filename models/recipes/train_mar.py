@@ -37,7 +37,7 @@ GENEVAL_CATEGORIES = {c: 1.0 for c in ("single_object", "two_object", "counting"
 PRESETS: dict[str, dict] = {
     "target": dict(dim=160, encoder_depth=4, decoder_depth=4, heads=4, head_depth=3, head_width=192,
                    steps=4000, batch=32, lr=1e-3),
-    "draft": dict(dim=128, encoder_depth=2, decoder_depth=2, heads=4, head_depth=2, head_width=128,
+    "draft": dict(dim=128, encoder_depth=1, decoder_depth=1, heads=4, head_depth=2, head_width=128,
                   steps=3000, batch=32, lr=1e-3),
 }
 
