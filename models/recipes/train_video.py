@@ -75,6 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=6e-4)
     parser.add_argument("--condition-dropout", type=float, default=0.1)
+    parser.add_argument("--no-rope", action="store_true", help="learned absolute positions only")
     parser.add_argument("--save-every", type=int, default=100)
     parser.add_argument("--train-clips", type=int, default=10000)
     parser.add_argument("--difficulty", type=float, default=0.5)
@@ -108,7 +109,8 @@ def main(argv: list[str] | None = None) -> None:
     model = BlockCausalVideoTransformer(latent_channels=c, latent_size=h, patch_size=2, num_frames=args.num_frames,
                                         frames_per_block=args.frames_per_block, dim=dim, num_layers=layers,
                                         num_heads=heads, mlp_ratio=args.mlp_ratio, text_vocab_size=len(words),
-                                        text_length=args.text_length, condition_dropout=args.condition_dropout)
+                                        text_length=args.text_length, condition_dropout=args.condition_dropout,
+                                        rope=not args.no_rope)
     print(f"{args.role}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {num_clips} clips",
           flush=True)
     out = Path(args.out)
