@@ -298,7 +298,7 @@ class ContinuousARImagePipeline(DiffusionPipeline):
 
         >>> pipe = ContinuousARImagePipeline.from_pretrained("mmspec/shapes-t2i-continuous")
         >>> g = torch.Generator().manual_seed(0)
-        >>> out = pipe(["a red circle", "two blue squares"], method="cspd", draft_length=4, generator=g)
+        >>> out = pipe(["a red circle", "two blue squares"], method="cspd", draft_length=8, generator=g)
         >>> out.images[0], out.stats.acceptance_rate
     """
 
@@ -426,10 +426,10 @@ class ContinuousARImagePipeline(DiffusionPipeline):
     # -- generation -----------------------------------------------------------------------------------
     @torch.no_grad()
     def __call__(self, prompt: str | list[str] | None = None, class_labels: int | list[int] | torch.Tensor | None = None,
-                 method: str = "none", *, num_iter: int = 16, num_diffusion_steps: int | None = None,
+                 method: str = "none", *, num_iter: int | None = None, num_diffusion_steps: int | None = None,
                  temperature: float = 1.0, guidance_scale: float = 3.0, cfg_schedule: str = "linear",
                  num_images_per_prompt: int = 1, generator: torch.Generator | None = None, output_type: str = "pil",
-                 draft_length: int = 4, prefill_ratio: float = 0.05, verify_order: str = "independent",
+                 draft_length: int = 8, prefill_ratio: float = 0.05, verify_order: str = "independent",
                  verify_context: str = "round", density_temperature: float = 1.0, max_tries: int = 64,
                  callback_on_step_end: Callable[[ContinuousARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
                  ) -> ContinuousARImagePipelineOutput:
@@ -438,7 +438,7 @@ class ContinuousARImagePipeline(DiffusionPipeline):
         Args:
             prompt / class_labels: text prompt(s) (text models) or class id(s) (class models). Exactly one;
                 the batch is ``len(prompts) * num_images_per_prompt`` rows (``prompt0 x n, prompt1 x n, ...``).
-            num_iter: MAR iterations per image (1 .. L; L = one token per iteration).
+            num_iter: MAR iterations per image (1 .. L; L = one token per iteration; default min(32, L)).
             num_diffusion_steps: respaced DDPM steps of the head (default: the target's ``num_sampling_steps``).
             temperature: MAR's sampling temperature (scales every denoising step's noise).
             guidance_scale / cfg_schedule: classifier-free guidance and MAR's "linear" ramp (or "constant").
@@ -460,6 +460,8 @@ class ContinuousARImagePipeline(DiffusionPipeline):
         Returns:
             :class:`ContinuousARImagePipelineOutput`.
         """
+        if num_iter is None:
+            num_iter = min(32, self.transformer.config.grid_size ** 2)
         self.check_inputs(prompt, class_labels, method, num_iter, num_diffusion_steps, temperature, guidance_scale,
                           cfg_schedule, num_images_per_prompt, output_type, draft_length, prefill_ratio,
                           verify_order, verify_context, density_temperature, max_tries, generator)

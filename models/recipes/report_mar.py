@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--model", type=Path, default=None, help="a bare train_mar model folder instead of --pipeline")
     r.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
     r.add_argument("--prompts", type=int, default=50, help="prompts per category (6 categories)")
-    r.add_argument("--num-iter", type=int, default=16)
+    r.add_argument("--num-iter", type=int, default=32)
     r.add_argument("--num-diffusion-steps", type=int, default=None)
     r.add_argument("--guidance-scale", type=float, default=3.0)
     r.add_argument("--temperature", type=float, default=1.0)
