@@ -335,7 +335,9 @@ def test_benchmark_script_writes_its_table(tmp_path):
     assert code == 0
     table = out.read_text()
     rows = [line for line in table.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
-    assert len(rows) == 2 * len(bench_continuous.DEFAULT_CONFIGS)
+    timed = [c for c in bench_continuous.DEFAULT_CONFIGS.values() if "batches" not in c]
+    assert len(rows) == 2 * len(timed) + sum(b in (1, 2) for c in bench_continuous.DEFAULT_CONFIGS.values()
+                                             for b in c.get("batches", []))
     assert "Noise level" in table and "Command: `python -m mmspec.evaluation.bench_continuous" in table
     data = json.loads(out.with_suffix(".json").read_text())
     assert set(data["quality"]) == {*bench_continuous.DEFAULT_CONFIGS, "none, seed 2"}
