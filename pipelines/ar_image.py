@@ -42,6 +42,15 @@ from diffusers.utils import BaseOutput
 from mmspec.drafters import JacobiDrafter, TreeConfig
 from mmspec.local_speculate import local_speculative_generate
 from mmspec.models.text import WordTokenizer
+from mmspec.pipelines.conditioning import (
+    as_prompt_list,
+    check_class_labels,
+    check_text_tokenizer_size,
+    check_word_prompts,
+    images_for_output_type,
+    load_text_vocabulary,
+    save_text_vocabulary,
+)
 from mmspec.pipelines.hub import load_components, resolve_pretrained
 from mmspec.rules import AcceptanceRule, GroupedRule, LanternRule, PoolingThresholdRule
 from mmspec.runner import CausalLMRunner, GuidedRunner
@@ -51,7 +60,6 @@ from mmspec.stats import SpecStats
 
 METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
 OUTPUT_TYPES = ("pil", "np", "pt", "tokens")
-TEXT_VOCAB_FILE = "text_vocab.json"  # the word vocabulary, saved in the transformer's folder
 
 @dataclass
 class ARImagePipelineOutput(BaseOutput):
@@ -130,9 +138,7 @@ class ARImagePipeline(DiffusionPipeline):
                               mulo_upsampler=mulo_upsampler)
         if eagle_head is not None:
             eagle_head.bind_target(transformer.get_input_embeddings(), transformer.get_output_embeddings())
-        text_vocab = getattr(transformer.config, "text_vocab_size", None)
-        if text_tokenizer is not None and text_vocab is not None and len(text_tokenizer) > text_vocab:
-            raise ValueError(f"text_tokenizer has {len(text_tokenizer)} words but the transformer embeds {text_vocab}")
+        check_text_tokenizer_size(text_tokenizer, getattr(transformer.config, "text_vocab_size", None))
         self.text_tokenizer = text_tokenizer
         self._neighbors: torch.Tensor | None = None  # cached codebook_neighbors table [V, k_max]
 
@@ -142,9 +148,7 @@ class ARImagePipeline(DiffusionPipeline):
         """Load a saved pipeline folder or a zoo id (``mmspec/shapes-t2i``, offline, see
         :func:`resolve_pretrained`); the word vocabulary is read from ``transformer/text_vocab.json``."""
         path = resolve_pretrained(pretrained_model_name_or_path)
-        vocab_file = Path(path) / "transformer" / TEXT_VOCAB_FILE
-        if "text_tokenizer" not in kwargs and vocab_file.is_file():
-            kwargs["text_tokenizer"] = WordTokenizer.load(vocab_file)
+        load_text_vocabulary(path, kwargs)
         if (Path(path) / "model_index.json").is_file():
             return cls._from_local_folder(Path(path), **kwargs)
         return super().from_pretrained(path, **kwargs)
@@ -168,8 +172,7 @@ class ARImagePipeline(DiffusionPipeline):
         """diffusers' folder layout (``model_index.json`` + one folder per component) plus the word
         vocabulary in ``transformer/text_vocab.json``."""
         super().save_pretrained(save_directory, **kwargs)
-        if self.text_tokenizer is not None:
-            self.text_tokenizer.save(Path(save_directory) / "transformer" / TEXT_VOCAB_FILE)
+        save_text_vocabulary(self.text_tokenizer, save_directory)
 
     # -- helpers --------------------------------------------------------------------------------------
     @property
@@ -209,32 +212,15 @@ class ARImagePipeline(DiffusionPipeline):
         if prompt is not None:
             if config.model_type != "t2i":
                 raise ValueError("this transformer is class-conditioned (c2i): pass class_labels, not prompt")
-            prompts = [prompt] if isinstance(prompt, str) else prompt
-            if not isinstance(prompts, list) or not all(isinstance(p, str) for p in prompts):
-                raise ValueError(f"prompt must be a string or a list of strings, got {type(prompt).__name__}")
-            if not prompts:
-                raise ValueError("prompt is an empty list")
+            prompts = as_prompt_list(prompt)
             if getattr(config, "text_vocab_size", None) is None:
                 raise NotImplementedError("this t2i transformer reads caption features (no word table): the text "
                                           "encoder (T5) is not wired into ARImagePipeline yet")
-            if self.text_tokenizer is None:
-                raise ValueError(f"this pipeline has no word vocabulary (text_tokenizer; saved as "
-                                 f"transformer/{TEXT_VOCAB_FILE}), so prompts cannot be encoded")
-            for i, text in enumerate(prompts):
-                try:
-                    words = self.text_tokenizer.encode(text)
-                except ValueError as error:
-                    raise ValueError(f"prompt {i} ({text!r}): {error}") from None
-                if not words:
-                    raise ValueError(f"prompt {i} is empty (no words)")
+            check_word_prompts(prompts, self.text_tokenizer)
         else:
             if config.model_type != "c2i":
                 raise ValueError("this transformer is text-conditioned (t2i): pass prompt, not class_labels")
-            labels = torch.as_tensor(class_labels)
-            if labels.is_floating_point() or labels.dtype == torch.bool or labels.ndim > 1 or labels.numel() == 0:
-                raise ValueError(f"class_labels must be an int or a non-empty list of ints, got {class_labels!r}")
-            if labels.min() < 0 or labels.max() >= config.num_classes:
-                raise ValueError(f"class_labels must be in [0, {config.num_classes}), got {labels.tolist()}")
+            check_class_labels(class_labels, config.num_classes)
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
             raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")
         vocab = config.vocab_size
@@ -403,12 +389,7 @@ class ARImagePipeline(DiffusionPipeline):
         images: Any = None
         if output_type != "tokens":
             pixels = self.vqvae.decode(tokens).float().clamp(0.0, 1.0)  # [B, 3, H, W]
-            if output_type == "pt":
-                images = pixels
-            else:
-                images = pixels.permute(0, 2, 3, 1).cpu().numpy()
-                if output_type == "pil":
-                    images = self.numpy_to_pil(images)
+            images = images_for_output_type(pixels, output_type)
         return ARImagePipelineOutput(images=images, tokens=tokens, stats=out.stats, drafted=drafted)
 
 

@@ -52,6 +52,13 @@ from diffusers.utils import BaseOutput
 from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
 from mmspec.models.text import WordTokenizer
 from mmspec.models.video import NUM_TRAIN_TIMESTEPS, _at_least_fp32, check_timesteps
+from mmspec.pipelines.conditioning import (
+    as_prompt_list,
+    check_text_tokenizer_size,
+    check_word_prompts,
+    load_text_vocabulary,
+    save_text_vocabulary,
+)
 from mmspec.pipelines.hub import load_components, resolve_pretrained
 from mmspec.reward import RewardRouter
 from mmspec.stats import SpecStats
@@ -61,7 +68,6 @@ METHODS = ("none", "draft", "sdvg")
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 REWARDS = ("shapes", "imagereward", "clip")
 SAMPLERS = ("euler", "renoise")
-TEXT_VOCAB_FILE = "text_vocab.json"  # the word vocabulary, saved in the transformer's folder
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -296,9 +302,7 @@ class ARVideoPipeline(DiffusionPipeline):
         latent = getattr(vae.config, "latent_dim", None)
         if latent is not None and latent != transformer.config.latent_channels:
             raise ValueError(f"vae latents have {latent} channels but the transformer {transformer.config.latent_channels}")
-        if text_tokenizer is not None and len(text_tokenizer) > transformer.config.text_vocab_size:
-            raise ValueError(f"text_tokenizer has {len(text_tokenizer)} words but the transformer embeds "
-                             f"{transformer.config.text_vocab_size}")
+        check_text_tokenizer_size(text_tokenizer, transformer.config.text_vocab_size)
         self.register_modules(transformer=transformer, vae=vae, drafter=drafter)
         self.text_tokenizer = text_tokenizer
         self._reward_cache: dict[Any, Callable] = {}
@@ -312,9 +316,7 @@ class ARVideoPipeline(DiffusionPipeline):
         if not (path / "model_index.json").is_file():
             raise FileNotFoundError(f"{path} is not an ARVideoPipeline folder (no model_index.json); build one with "
                                     "save_pretrained")
-        vocab_file = path / "transformer" / TEXT_VOCAB_FILE
-        if "text_tokenizer" not in kwargs and vocab_file.is_file():
-            kwargs["text_tokenizer"] = WordTokenizer.load(vocab_file)
+        load_text_vocabulary(path, kwargs)
         torch_dtype = kwargs.pop("torch_dtype", None)
         components = load_components(cls, path, ("transformer", "vae", "drafter"), torch_dtype=torch_dtype,
                                      extra=("text_tokenizer",), **kwargs)
@@ -325,8 +327,7 @@ class ARVideoPipeline(DiffusionPipeline):
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """diffusers' folder layout plus the word vocabulary in ``transformer/text_vocab.json``."""
         super().save_pretrained(save_directory, **kwargs)
-        if self.text_tokenizer is not None:
-            self.text_tokenizer.save(Path(save_directory) / "transformer" / TEXT_VOCAB_FILE)
+        save_text_vocabulary(self.text_tokenizer, save_directory)
 
     # -- helpers --------------------------------------------------------------------------------------
     @property
@@ -369,22 +370,8 @@ class ARVideoPipeline(DiffusionPipeline):
             raise ValueError(f"output_type must be one of {list(OUTPUT_TYPES)}, got {output_type!r}")
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {list(SAMPLERS)}, got {sampler!r}")
-        prompts = [prompt] if isinstance(prompt, (str, VideoPrompt)) else prompt
-        if not isinstance(prompts, list) or not all(isinstance(p, (str, VideoPrompt)) for p in prompts):
-            raise ValueError(f"prompt must be a string, a VideoPrompt or a list of them, got {type(prompt).__name__}")
-        if not prompts:
-            raise ValueError("prompt is an empty list")
-        if self.text_tokenizer is None:
-            raise ValueError(f"this pipeline has no word vocabulary (text_tokenizer; saved as "
-                             f"transformer/{TEXT_VOCAB_FILE}), so prompts cannot be encoded")
-        for i, p in enumerate(prompts):
-            text = p.text if isinstance(p, VideoPrompt) else p
-            try:
-                words = self.text_tokenizer.encode(text)
-            except ValueError as error:
-                raise ValueError(f"prompt {i} ({text!r}): {error}") from None
-            if not words:
-                raise ValueError(f"prompt {i} is empty (no words)")
+        prompts = as_prompt_list(prompt, (str, VideoPrompt), "a string, a VideoPrompt or a list of them")
+        check_word_prompts([p.text if isinstance(p, VideoPrompt) else p for p in prompts], self.text_tokenizer)
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         if num_blocks > self.max_blocks:

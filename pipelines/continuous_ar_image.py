@@ -55,6 +55,15 @@ from diffusers.utils import BaseOutput
 
 from mmspec.continuous import cspd_log_ratio, gaussian_log_prob, verify_continuous
 from mmspec.models.text import WordTokenizer
+from mmspec.pipelines.conditioning import (
+    as_prompt_list,
+    check_class_labels,
+    check_text_tokenizer_size,
+    check_word_prompts,
+    images_for_output_type,
+    load_text_vocabulary,
+    save_text_vocabulary,
+)
 from mmspec.pipelines.hub import load_components, resolve_pretrained
 from mmspec.stats import SpecStats
 
@@ -63,7 +72,6 @@ OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 VERIFY_ORDERS = ("chain", "independent")
 VERIFY_CONTEXTS = ("round", "exact")
 CFG_SCHEDULES = ("linear", "constant")
-TEXT_VOCAB_FILE = "text_vocab.json"  # the word vocabulary, saved in the transformer's folder
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -313,9 +321,8 @@ class ContinuousARImagePipeline(DiffusionPipeline):
                              f"{config.token_dim}")
         if draft_transformer is not None:
             _check_draft(transformer, draft_transformer)
-        if text_tokenizer is not None and config.condition_type == "text" and len(text_tokenizer) > config.text_vocab_size:
-            raise ValueError(f"text_tokenizer has {len(text_tokenizer)} words but the transformer embeds "
-                             f"{config.text_vocab_size}")
+        if config.condition_type == "text":
+            check_text_tokenizer_size(text_tokenizer, config.text_vocab_size)
         self.register_modules(transformer=transformer, vae=vae, draft_transformer=draft_transformer)
         self.text_tokenizer = text_tokenizer
 
@@ -329,9 +336,7 @@ class ContinuousARImagePipeline(DiffusionPipeline):
         path = Path(resolve_pretrained(pretrained_model_name_or_path))
         if not (path / "model_index.json").is_file():
             raise FileNotFoundError(f"{path} is not a saved ContinuousARImagePipeline folder (no model_index.json)")
-        vocab_file = path / "transformer" / TEXT_VOCAB_FILE
-        if "text_tokenizer" not in kwargs and vocab_file.is_file():
-            kwargs["text_tokenizer"] = WordTokenizer.load(vocab_file)
+        load_text_vocabulary(path, kwargs)
         torch_dtype = kwargs.pop("torch_dtype", torch.float32)
         components = load_components(cls, path, ("transformer", "vae", "draft_transformer"), torch_dtype=torch_dtype,
                                      extra=("text_tokenizer",), **kwargs)
@@ -342,8 +347,7 @@ class ContinuousARImagePipeline(DiffusionPipeline):
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """diffusers' layout (``model_index.json`` + one folder per model) plus ``transformer/text_vocab.json``."""
         super().save_pretrained(save_directory, **kwargs)
-        if self.text_tokenizer is not None:
-            self.text_tokenizer.save(Path(save_directory) / "transformer" / TEXT_VOCAB_FILE)
+        save_text_vocabulary(self.text_tokenizer, save_directory)
 
     # -- inputs ---------------------------------------------------------------------------------------
     @property
@@ -369,27 +373,11 @@ class ContinuousARImagePipeline(DiffusionPipeline):
         if prompt is not None:
             if config.condition_type != "text":
                 raise ValueError("this transformer is class-conditioned: pass class_labels, not prompt")
-            prompts = [prompt] if isinstance(prompt, str) else prompt
-            if not isinstance(prompts, list) or not prompts or not all(isinstance(p, str) for p in prompts):
-                raise ValueError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}")
-            if self.text_tokenizer is None:
-                raise ValueError(f"this pipeline has no word vocabulary (text_tokenizer; saved as "
-                                 f"transformer/{TEXT_VOCAB_FILE}), so prompts cannot be encoded")
-            for i, text in enumerate(prompts):
-                try:
-                    words = self.text_tokenizer.encode(text)
-                except ValueError as error:
-                    raise ValueError(f"prompt {i} ({text!r}): {error}") from None
-                if not words:
-                    raise ValueError(f"prompt {i} is empty (no words)")
+            check_word_prompts(as_prompt_list(prompt), self.text_tokenizer)
         else:
             if config.condition_type != "class":
                 raise ValueError("this transformer is text-conditioned: pass prompt, not class_labels")
-            labels = torch.as_tensor(class_labels)
-            if labels.is_floating_point() or labels.dtype == torch.bool or labels.ndim > 1 or labels.numel() == 0:
-                raise ValueError(f"class_labels must be an int or a non-empty list of ints, got {class_labels!r}")
-            if labels.min() < 0 or labels.max() >= config.num_classes:
-                raise ValueError(f"class_labels must be in [0, {config.num_classes}), got {labels.tolist()}")
+            check_class_labels(class_labels, config.num_classes)
         seq_len = config.grid_size ** 2
         if not isinstance(num_iter, int) or isinstance(num_iter, bool) or not 1 <= num_iter <= seq_len:
             raise ValueError(f"num_iter must be an integer in [1, {seq_len}] (tokens per image), got {num_iter!r}")
@@ -522,12 +510,7 @@ class ContinuousARImagePipeline(DiffusionPipeline):
         images: Any = None
         if output_type != "latent":
             pixels = self.vae.decode(latents.float()).float().clamp(0.0, 1.0)                        # [B, 3, H, W]
-            if output_type == "pt":
-                images = pixels
-            else:
-                images = pixels.permute(0, 2, 3, 1).cpu().numpy()
-                if output_type == "pil":
-                    images = self.numpy_to_pil(images)
+            images = images_for_output_type(pixels, output_type)
         return ContinuousARImagePipelineOutput(images=images, tokens=latents, stats=state.stats,
                                                drafted=drafted.reshape(batch, side, side))
 

@@ -1,0 +1,116 @@
+"""What the generation pipelines share about their conditions: word prompts, class labels and the word
+vocabulary file.
+
+The image and video pipelines (:mod:`.ar_image`, :mod:`.continuous_ar_image`, :mod:`.ar_video`) condition
+their targets on word prompts (a :class:`~mmspec.models.text.WordTokenizer`, saved next to the target as
+``transformer/text_vocab.json``) or on class ids. The checks and the file handling live here once, so the
+three pipelines accept the same inputs and raise the same errors:
+
+* :func:`as_prompt_list`: a prompt or a non-empty list of prompts -> a list;
+* :func:`check_word_prompts`: every prompt encodes with the pipeline's word vocabulary and has words;
+* :func:`check_class_labels`: an int or a non-empty list of ints in ``[0, num_classes)``;
+* :func:`check_text_tokenizer_size`: the vocabulary fits the target's word table;
+* :func:`load_text_vocabulary` / :func:`save_text_vocabulary`: the ``transformer/text_vocab.json`` file
+  of ``from_pretrained`` / ``save_pretrained``;
+* :func:`images_for_output_type`: decoded pixels -> the ``output_type`` a caller asked for.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import PIL.Image
+import torch
+from diffusers import DiffusionPipeline
+
+from mmspec.models.text import WordTokenizer
+
+TEXT_VOCAB_FILE = "text_vocab.json"  # the word vocabulary, saved in the transformer's folder
+
+
+# -- the word vocabulary file ---------------------------------------------------------------------------------
+
+
+def text_vocabulary_path(folder: str | os.PathLike) -> Path:
+    """Where a pipeline folder keeps its word vocabulary: ``<folder>/transformer/text_vocab.json``."""
+    return Path(folder) / "transformer" / TEXT_VOCAB_FILE
+
+
+def load_text_vocabulary(folder: str | os.PathLike, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``from_pretrained``'s keyword arguments with ``text_tokenizer`` read from the folder's
+    ``transformer/text_vocab.json``, unless the caller passed one or the folder has none (then unchanged).
+    Updates ``kwargs`` in place and returns it."""
+    vocab_file = text_vocabulary_path(folder)
+    if "text_tokenizer" not in kwargs and vocab_file.is_file():
+        kwargs["text_tokenizer"] = WordTokenizer.load(vocab_file)
+    return kwargs
+
+
+def save_text_vocabulary(text_tokenizer: WordTokenizer | None, save_directory: str | os.PathLike) -> None:
+    """Write the word vocabulary (if any) into ``<save_directory>/transformer/text_vocab.json``, next to the
+    target's weights (``save_pretrained`` has written that folder already)."""
+    if text_tokenizer is not None:
+        text_tokenizer.save(text_vocabulary_path(save_directory))
+
+
+def check_text_tokenizer_size(text_tokenizer: Any, text_vocab_size: int | None) -> None:
+    """A word vocabulary must fit the target's word table (``text_vocab_size`` rows; None: nothing to check)."""
+    if text_tokenizer is not None and text_vocab_size is not None and len(text_tokenizer) > text_vocab_size:
+        raise ValueError(f"text_tokenizer has {len(text_tokenizer)} words but the transformer embeds {text_vocab_size}")
+
+
+# -- prompts and class labels ---------------------------------------------------------------------------------
+
+
+def as_prompt_list(prompt: Any, kinds: tuple[type, ...] = (str,),
+                   description: str = "a string or a list of strings") -> list[Any]:
+    """``prompt`` as a non-empty list: one item of ``kinds`` becomes ``[prompt]``; a list must hold only
+    ``kinds``. ``description`` names the accepted forms in the error message."""
+    prompts = [prompt] if isinstance(prompt, kinds) else prompt
+    if not isinstance(prompts, list) or not all(isinstance(p, kinds) for p in prompts):
+        raise ValueError(f"prompt must be {description}, got {type(prompt).__name__}")
+    if not prompts:
+        raise ValueError("prompt is an empty list")
+    return prompts
+
+
+def check_word_prompts(texts: Sequence[str], text_tokenizer: WordTokenizer | None) -> None:
+    """Every prompt must encode with the pipeline's word vocabulary and have at least one word; the
+    errors name the prompt's index (unknown words, empty prompts, or no vocabulary at all)."""
+    if text_tokenizer is None:
+        raise ValueError(f"this pipeline has no word vocabulary (text_tokenizer; saved as "
+                         f"transformer/{TEXT_VOCAB_FILE}), so prompts cannot be encoded")
+    for i, text in enumerate(texts):
+        try:
+            words = text_tokenizer.encode(text)
+        except ValueError as error:
+            raise ValueError(f"prompt {i} ({text!r}): {error}") from None
+        if not words:
+            raise ValueError(f"prompt {i} is empty (no words)")
+
+
+def check_class_labels(class_labels: Any, num_classes: int) -> None:
+    """``class_labels`` must be an int, a non-empty list of ints (or a 0-/1-D integer tensor) in
+    ``[0, num_classes)``."""
+    labels = torch.as_tensor(class_labels)
+    if labels.is_floating_point() or labels.dtype == torch.bool or labels.ndim > 1 or labels.numel() == 0:
+        raise ValueError(f"class_labels must be an int or a non-empty list of ints, got {class_labels!r}")
+    if labels.min() < 0 or labels.max() >= num_classes:
+        raise ValueError(f"class_labels must be in [0, {num_classes}), got {labels.tolist()}")
+
+
+# -- outputs --------------------------------------------------------------------------------------------------
+
+
+def images_for_output_type(pixels: torch.Tensor, output_type: str
+                           ) -> list[PIL.Image.Image] | np.ndarray | torch.Tensor:
+    """Decoded images ``[B, 3, H, W]`` in [0, 1] as the caller asked: the tensor itself ("pt"), a float32
+    array ``[B, H, W, 3]`` ("np") or a list of PIL images ("pil")."""
+    if output_type == "pt":
+        return pixels
+    images = pixels.permute(0, 2, 3, 1).cpu().numpy()
+    return DiffusionPipeline.numpy_to_pil(images) if output_type == "pil" else images
