@@ -11,8 +11,8 @@ export HF_HUB_OFFLINE=1
 [ -f $ZOO/model_index.json ] && { echo "$ZOO is already assembled (delete it to rebuild)"; exit 0; }
 $PY -m mmspec.models.recipes.train_vlm --size target --out $ZOO/target
 $PY -m mmspec.models.recipes.train_vlm --size draft --out $ZOO/draft
-for method in eagle flash vispec specvlm; do
-  $PY -m mmspec.models.recipes.train_vlm_drafter --method $method --target $ZOO/target --out $ZOO/${method}_head
-done
+# the four heads in one run: each step's teacher forward (most of a step's cost) serves all of them
+$PY -m mmspec.models.recipes.train_vlm_drafter --method eagle flash vispec specvlm --target $ZOO/target \
+    --out $ZOO --work runs/train_vlm_heads
 $PY -m mmspec.models.recipes.report_vlm --model $ZOO/target --draft $ZOO/draft --out $ZOO/report.json
 $PY -m mmspec.models.recipes.build_zoo_vlm --folder $ZOO

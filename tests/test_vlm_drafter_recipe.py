@@ -82,3 +82,33 @@ def test_jsonl_errors(tiny_target, tmp_path):
     bad.write_text(json.dumps({"images": ["x.png"], "prompt": "p"}) + "\n")
     with pytest.raises(ValueError, match="lacks"):
         recipe.main([*base, "--data", str(bad)])
+
+
+def test_several_methods_share_teacher_forwards(tiny_target, tmp_path):
+    """One run trains several heads (one teacher forward per step): each lands in its component folder,
+    loads and binds; each head's eval is logged; per-head clipping keeps the heads independent (a head
+    trained alone and in the set start from the same weights and move)."""
+    work, out = tmp_path / "work", tmp_path / "pipe"
+    recipe.main(["--method", "eagle", "specvlm", "--target", str(tiny_target), "--out", str(out), "--work", str(work),
+                 *SMALL])
+    evals = [entry["eval"] for entry in _log(work) if "eval" in entry]
+    assert len(evals) == 2 and all(set(e) == {"eagle", "specvlm"} for e in evals)
+    assert all(e[m]["mean_accepted_length"] >= 1.0 for e in evals for m in e)
+    target = sv.load_model(tiny_target)
+    for method in ("eagle", "specvlm"):
+        head = recipe.HEADS[method].from_pretrained(out / recipe.COMPONENTS[method])
+        head.bind_target(target)
+    assert not (out / "config.json").exists()  # nothing written at the pipeline folder's top level
+
+
+def test_head_set_clips_each_head_on_its_own():
+    small, large = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    heads = recipe.HeadSet({"a": small, "b": large})
+    for p in small.parameters():
+        p.grad = torch.full_like(p, 0.01)
+    for p in large.parameters():
+        p.grad = torch.full_like(p, 100.0)
+    heads.clip_gradients(1.0)
+    assert torch.allclose(small.weight.grad, torch.full_like(small.weight, 0.01))  # untouched by the other's norm
+    total = torch.sqrt(sum((p.grad ** 2).sum() for p in large.parameters()))
+    assert abs(total.item() - 1.0) < 1e-4

@@ -66,8 +66,9 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
                evaluate: Callable[[nn.Module, int], dict] | None = None, eval_every: int = 0) -> None:
     """Minimise ``loss_fn(indices)`` over random mini-batches of ``num_items`` training items.
 
-    AdamW (betas 0.9/0.95), gradient clipping at 1. Every ``save_every`` steps (and at the end) the
-    optimiser state goes to ``work/checkpoint.pt`` and ``save(model)`` writes the deliverable; a
+    AdamW (betas 0.9/0.95), gradient clipping at 1 (per part where the model has ``clip_gradients``).
+    Every ``save_every`` steps (and at the end) the optimiser state goes to ``work/checkpoint.pt`` and
+    ``save(model)`` writes the deliverable; a
     checkpoint found at start is resumed, RNG state included, so a resumed run equals an unbroken one.
     ``evaluate(model, step)`` (in eval mode, no grad; e.g. held-out acceptance) runs every ``eval_every``
     steps and at the end, its dict logged as ``{"step": ..., "eval": {...}}``; it must not draw from
@@ -93,7 +94,10 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
                 group["lr"] = warmup_cosine(step, steps, lr)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            if hasattr(model, "clip_gradients"):  # a model of independent parts clips each part on its own
+                model.clip_gradients(1.0)
+            else:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
             step += 1
             if step % log_every == 0:

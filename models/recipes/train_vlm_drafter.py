@@ -16,6 +16,14 @@ from another seed stream)::
     python -m mmspec.models.recipes.train_vlm_drafter --method eagle \\
         --target models/zoo/shapes-vlm/target --out models/zoo/shapes-vlm/eagle_head
 
+Several methods in one run share each step's teacher forward (the frozen target is most of a step's
+cost); every head still trains on its own loss with its own gradient clipping, so each is what its own
+run would give up to the random streams. ``--out`` is then the pipeline folder and head ``m`` goes to its
+component folder (``eagle_head``, ``flash_head``, ...)::
+
+    python -m mmspec.models.recipes.train_vlm_drafter --method eagle flash vispec specvlm \\
+        --target models/zoo/shapes-vlm/target --out models/zoo/shapes-vlm --work runs/train_vlm_heads
+
 A real checkpoint (local path or hub id) with image-text pairs in a JSON-lines file, one object per line
 ``{"images": ["a.jpg", ...], "prompt": "Describe the image.", "answer": "..."}`` (image paths relative to
 the file; an answer, ideally the target's own, is required), on a GPU::
@@ -36,6 +44,7 @@ from typing import Any
 
 import torch
 from PIL import Image
+from torch import nn
 
 from mmspec.models.recipes.common import cached_data, step_generator, train_loop
 from mmspec.models.vlm_drafters import (
@@ -71,6 +80,20 @@ def build_head(method: str, target: Any, args: argparse.Namespace) -> VLMDraftHe
                              "specvlm": {"stride": args.stride}}.get(method, {})
     torch.manual_seed(args.seed)
     return HEADS[method](**common, **extra).bind_target(target)
+
+
+class HeadSet(nn.Module):
+    """Several draft heads trained side by side on one teacher forward per step (``--method`` with more
+    than one name). The heads share no parameters; :meth:`clip_gradients` clips each head's gradient
+    norm on its own, so one head's large gradient never shrinks another's step."""
+
+    def __init__(self, heads: dict[str, VLMDraftHead]) -> None:
+        super().__init__()
+        self.heads = nn.ModuleDict(heads)
+
+    def clip_gradients(self, max_norm: float) -> None:
+        for head in self.heads.values():
+            torch.nn.utils.clip_grad_norm_(head.parameters(), max_norm)
 
 
 # -- data -------------------------------------------------------------------------------------------------
@@ -191,11 +214,14 @@ def _to(batch: Batch, device: torch.device) -> Batch:
 # -- main -------------------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--method", choices=tuple(HEADS), required=True)
+    parser.add_argument("--method", choices=tuple(HEADS), nargs="+", required=True,
+                        help="one method, or several trained together on shared teacher forwards")
     parser.add_argument("--target", required=True, help="the target VLM: a local folder or a hub id")
-    parser.add_argument("--out", type=Path, required=True, help="where the trained head is saved")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="where the trained head is saved (several methods: the pipeline folder; head m "
+                             "goes to its component folder, e.g. eagle_head)")
     parser.add_argument("--data", default="shapes", help="'shapes' (the zoo's world) or a JSON-lines file")
-    parser.add_argument("--work", type=Path, default=None, help="checkpoints and logs (default runs/train_vlm_<method>)")
+    parser.add_argument("--work", type=Path, default=None, help="checkpoints and logs (default runs/train_vlm_<method>[_<method>...])")
     parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
@@ -223,10 +249,11 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    methods = list(dict.fromkeys(args.method))  # unique, in the order given
     torch.set_num_threads(args.threads)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
-    work = args.work or Path(f"runs/train_vlm_{args.method}")
+    work = args.work or Path("runs/train_vlm_" + "_".join(methods))
     work.mkdir(parents=True, exist_ok=True)
     device = torch.device(args.device)
 
@@ -235,21 +262,33 @@ def main(argv: list[str] | None = None) -> None:
     processor = AutoProcessor.from_pretrained(args.target)
     data: ShapesData | JsonlData = ShapesData(work, args.train_images, args.train_videos, args.seed) \
         if args.data == "shapes" else JsonlData(Path(args.data), processor, args.held_out)
-    head = build_head(args.method, target, args).to(device)
+    heads = {method: build_head(method, target, args).to(device) for method in methods}
+    trainee: nn.Module = heads[methods[0]] if len(methods) == 1 else HeadSet(heads)
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         inputs = _to(data.batch(index.tolist()), device)
         answer_mask = inputs.pop("answer_mask")
         teacher = teacher_forward(target, answer_mask=answer_mask, **inputs)
-        return training_loss(head, teacher, feature_noise=args.feature_noise, generator=step_generator())["loss"]
+        generator = step_generator()
+        return sum(training_loss(head, teacher, feature_noise=args.feature_noise, generator=generator)["loss"]
+                   for head in heads.values())
 
-    def save(model: VLMDraftHead) -> None:
-        copy.deepcopy(model).eval().to(torch.float16).save_pretrained(args.out)  # fp16 keeps the zoo small
+    def save(_: nn.Module) -> None:
+        for method, head in heads.items():
+            folder = args.out if len(methods) == 1 else args.out / COMPONENTS[method]
+            copy.deepcopy(head).eval().to(torch.float16).save_pretrained(folder)  # fp16 keeps the zoo small
 
     teacher_batch, generate_batches = data.held_out(processor, args.held_out)
     eos = processor.tokenizer.eos_token_id
-    evaluate = make_evaluator(target, teacher_batch, generate_batches, args.eval_tokens, args.num_future, eos, device)
-    train_loop(head, loss_fn, len(data), steps=args.steps, batch=args.batch, lr=args.lr, work=work, save=save,
+    evaluate_head = make_evaluator(target, teacher_batch, generate_batches, args.eval_tokens, args.num_future, eos,
+                                   device)
+
+    def evaluate(_: nn.Module, step: int) -> dict:
+        if len(methods) == 1:
+            return evaluate_head(heads[methods[0]], step)
+        return {method: evaluate_head(head, step) for method, head in heads.items()}
+
+    train_loop(trainee, loss_fn, len(data), steps=args.steps, batch=args.batch, lr=args.lr, work=work, save=save,
                save_every=args.save_every, weight_decay=0.0, evaluate=evaluate, eval_every=args.eval_every)
 
 
