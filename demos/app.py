@@ -18,6 +18,7 @@ import html
 import logging
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -98,29 +99,86 @@ def _path_box(family: str, paths: dict[str, str], elem: str) -> gr.Textbox:
                       info="a saved pipeline folder (model_index.json) or a zoo id", elem_id=f"{elem}-path")
 
 
-def _sampling_row(elem: str, greedy: bool) -> tuple[gr.Number, gr.Checkbox, gr.Number]:
-    seed = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")
-    greedy_box = gr.Checkbox(value=greedy, label="greedy", elem_id=f"{elem}-greedy")
-    temperature = gr.Number(value=1.0, label="temperature (sampling)", elem_id=f"{elem}-temperature")
-    return seed, greedy_box, temperature
+def _prompt_box(elem: str, value: str, label: str = "prompt(s), one per line") -> gr.Textbox:
+    return gr.Textbox(value=value, lines=2, label=label, elem_id=f"{elem}-prompt")
 
 
-def _tree_row(elem: str) -> tuple[gr.Checkbox, gr.Number, gr.Number, gr.Number]:
-    use_tree = gr.Checkbox(value=False, label="EAGLE-2 dynamic tree", elem_id=f"{elem}-tree")
-    depth = gr.Number(value=5, precision=0, label="tree depth")
-    top_k = gr.Number(value=8, precision=0, label="tree top-k")
-    total = gr.Number(value=48, precision=0, label="tree total tokens")
-    return use_tree, depth, top_k, total
+def _sampling_row(elem: str, greedy: bool) -> dict[str, Any]:
+    """The seed, greedy and temperature fields (by input name)."""
+    return {"seed": gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed"),
+            "greedy": gr.Checkbox(value=greedy, label="greedy", elem_id=f"{elem}-greedy"),
+            "temperature": gr.Number(value=1.0, label="temperature (sampling)", elem_id=f"{elem}-temperature")}
 
 
-def _image_galleries(elem: str, label: str) -> tuple[gr.Image, gr.Image]:
-    """The speculative images with their acceptance maps next to the baseline's images."""
+def _tree_row(elem: str) -> dict[str, Any]:
+    """The EAGLE-2 dynamic tree fields (by input name)."""
+    return {"use_tree": gr.Checkbox(value=False, label="EAGLE-2 dynamic tree", elem_id=f"{elem}-tree"),
+            "tree_depth": gr.Number(value=5, precision=0, label="tree depth"),
+            "tree_top_k": gr.Number(value=8, precision=0, label="tree top-k"),
+            "tree_total_tokens": gr.Number(value=48, precision=0, label="tree total tokens")}
+
+
+def _image_galleries(elem: str, label: str) -> dict[str, gr.Image]:
+    """The speculative images with their acceptance maps next to the baseline's images (by result field)."""
     with gr.Row(equal_height=False):
         gallery = gr.Image(label=label, type="pil", format="png", interactive=False, elem_id=f"{elem}-gallery", scale=2)
         baseline = gr.Image(label="baseline (target only, same seed)", type="pil", format="png", interactive=False,
                             elem_id=f"{elem}-baseline", scale=1)
     gr.HTML(legend_html(MAP_LEGEND))
-    return gallery, baseline
+    return {"gallery": gallery, "baseline": baseline}
+
+
+@dataclass
+class _TabLayout:
+    """The components every tab has, plus its own: ``inputs`` (by the tab function's keyword names,
+    "path" included) and ``outputs`` (by the result's field names)."""
+
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    run: gr.Button
+    message: gr.HTML
+    stats: gr.HTML
+
+
+def _tab_layout(family: str, paths: dict[str, str], intro: str, build_inputs: Callable[[str], dict[str, Any]],
+                build_outputs: Callable[[str], dict[str, Any]]) -> _TabLayout:
+    """A tab's page: the intro, then a left column (checkpoint path, ``build_inputs(elem)``, the Run button)
+    and a right column (message area, ``build_outputs(elem)``, statistics). Element ids start with the
+    family's name (``ar_image`` -> ``ar-image-run``, ...), which the browser tests address."""
+    elem = family.replace("_", "-")
+    gr.Markdown(intro)
+    with gr.Row():
+        with gr.Column(scale=2):
+            path = _path_box(family, paths, elem)
+            inputs = {"path": path, **build_inputs(elem)}
+            run = gr.Button("Run", variant="primary", elem_id=f"{elem}-run")
+        with gr.Column(scale=3):
+            message = gr.HTML(elem_id=f"{elem}-message")
+            outputs = build_outputs(elem)
+            stats = gr.HTML(elem_id=f"{elem}-stats")
+    return _TabLayout(inputs, outputs, run, message, stats)
+
+
+def _generation_tab(family: str, cache: PipelineCache, paths: dict[str, str], intro: str,
+                    run: Callable[..., Any], input_names: Sequence[str], build_inputs: Callable[[str], dict[str, Any]],
+                    build_outputs: Callable[[str], dict[str, Any]], label: Callable[[Any], str] | None = None
+                    ) -> tuple[gr.Textbox, gr.HTML]:
+    """A tab whose Run calls ``run(cache, **inputs)`` once (:func:`_handler`) and shows the result's fields
+    named like the outputs, its statistics panel and "done: <label> <speedup>x over the baseline" (label:
+    the method's name unless ``label(comparison)`` says otherwise)."""
+    layout = _tab_layout(family, paths, intro, build_inputs, build_outputs)
+    fields = list(layout.outputs)
+
+    def show(result: Any) -> list[Any]:
+        comparison = result.comparison
+        name = label(comparison) if label is not None else comparison.method
+        return [*(getattr(result, field) for field in fields), result.stats_html,
+                message_html(f"done: {name} {comparison.speedup:.2f}x over the baseline", "ok")]
+
+    layout.run.click(_handler(run, input_names, cache, show, len(fields) + 2),
+                     [layout.inputs[name] for name in input_names], [*layout.outputs.values(), layout.stats,
+                                                                     layout.message])
+    return layout.inputs["path"], layout.message
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -129,35 +187,40 @@ def _image_galleries(elem: str, label: str) -> tuple[gr.Image, gr.Image]:
 
 
 def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, gr.HTML]:
-    elem = "vlm"
-    gr.Markdown("Upload an image (or a few video frames, in order), or pick a shapes example; the answer "
-                "streams with the **accepted draft tokens highlighted**, then the target-only baseline runs.")
-    with gr.Row():
-        with gr.Column(scale=2):
-            path = _path_box("vlm", paths, elem)
-            with gr.Row():
-                files = gr.File(file_count="multiple", label="image or video frames", elem_id=f"{elem}-files")
-                example = gr.Radio([*vlm_tab.EXAMPLES, vlm_tab.NO_EXAMPLE], value=next(iter(vlm_tab.EXAMPLES)),
-                                   label="or a shapes example", elem_id=f"{elem}-example")
-            preview = gr.Gallery(vlm_tab.example_inputs(next(iter(vlm_tab.EXAMPLES)))[0], label="input", columns=4,
-                                 height=140, format="png", elem_id=f"{elem}-preview", interactive=False)
-            prompt = gr.Textbox(value=vlm_tab.PROMPTS["image"], label="prompt", elem_id=f"{elem}-prompt")
-            with gr.Row():
-                method = gr.Dropdown(list(vlm_tab.METHODS), value="eagle", label="method", elem_id=f"{elem}-method")
-                max_new = gr.Number(value=200, precision=0, label="max new tokens", elem_id=f"{elem}-max-new-tokens")
-                k = gr.Number(value=6, precision=0, label="K (draft tokens; FLASH: per forward)", elem_id=f"{elem}-k")
-            with gr.Row():
-                seed, greedy, temperature = _sampling_row(elem, greedy=True)
-            with gr.Row():
-                use_tree, depth, top_k, total = _tree_row(elem)
-            run = gr.Button("Run", variant="primary", elem_id=f"{elem}-run")
-        with gr.Column(scale=3):
-            message = gr.HTML(elem_id=f"{elem}-message")
-            answer = gr.HighlightedText(label="speculative answer (streamed)", color_map={vlm_tab.DRAFT_LABEL: "#ec4899"},
-                                        show_legend=True, combine_adjacent=False, elem_id=f"{elem}-answer")
-            baseline = gr.Textbox(label="baseline answer (target only)", lines=4, interactive=False,
-                                  elem_id=f"{elem}-baseline")
-            stats = gr.HTML(elem_id=f"{elem}-stats")
+    def inputs(elem: str) -> dict[str, Any]:
+        with gr.Row():
+            files = gr.File(file_count="multiple", label="image or video frames", elem_id=f"{elem}-files")
+            example = gr.Radio([*vlm_tab.EXAMPLES, vlm_tab.NO_EXAMPLE], value=next(iter(vlm_tab.EXAMPLES)),
+                               label="or a shapes example", elem_id=f"{elem}-example")
+        preview = gr.Gallery(vlm_tab.example_inputs(next(iter(vlm_tab.EXAMPLES)))[0], label="input", columns=4,
+                             height=140, format="png", elem_id=f"{elem}-preview", interactive=False)
+        fields = {"files": files, "example": example, "preview": preview,
+                  "prompt": gr.Textbox(value=vlm_tab.PROMPTS["image"], label="prompt", elem_id=f"{elem}-prompt")}
+        with gr.Row():
+            fields["method"] = gr.Dropdown(list(vlm_tab.METHODS), value="eagle", label="method",
+                                           elem_id=f"{elem}-method")
+            fields["max_new_tokens"] = gr.Number(value=200, precision=0, label="max new tokens",
+                                                 elem_id=f"{elem}-max-new-tokens")
+            fields["num_draft_tokens"] = gr.Number(value=6, precision=0, label="K (draft tokens; FLASH: per forward)",
+                                                   elem_id=f"{elem}-k")
+        with gr.Row():
+            fields.update(_sampling_row(elem, greedy=True))
+        with gr.Row():
+            fields.update(_tree_row(elem))
+        return fields
+
+    def outputs(elem: str) -> dict[str, Any]:
+        answer = gr.HighlightedText(label="speculative answer (streamed)", color_map={vlm_tab.DRAFT_LABEL: "#ec4899"},
+                                    show_legend=True, combine_adjacent=False, elem_id=f"{elem}-answer")
+        baseline = gr.Textbox(label="baseline answer (target only)", lines=4, interactive=False,
+                              elem_id=f"{elem}-baseline")
+        return {"answer": answer, "baseline": baseline}
+
+    layout = _tab_layout("vlm", paths, "Upload an image (or a few video frames, in order), or pick a shapes example; "
+                         "the answer streams with the **accepted draft tokens highlighted**, then the target-only "
+                         "baseline runs.", inputs, outputs)
+    files, example, preview = layout.inputs["files"], layout.inputs["example"], layout.inputs["preview"]
+    message = layout.message
 
     def on_example(name: str, uploaded: Any) -> tuple[Any, Any]:
         if uploaded:  # uploads win over examples; keep showing them
@@ -177,7 +240,7 @@ def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, g
         kind = "image" if len(frames) == 1 else f"video of {len(frames)} frames"
         return frames, message_html(f"uploaded: {kind} (used instead of the example)", "info")
 
-    example.change(on_example, [example, files], [preview, prompt])
+    example.change(on_example, [example, files], [preview, layout.inputs["prompt"]])
     files.change(on_upload, files, [preview, message])
 
     def handle(*values: Any) -> Any:  # a generator: the status line is the progress indication
@@ -189,147 +252,118 @@ def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, g
         except Exception as error:  # noqa: BLE001 - the page shows it; the app keeps running
             yield _error_outputs(4, error)
 
-    inputs = [path, files, example, prompt, method, max_new, seed, greedy, temperature, k, use_tree, depth, top_k,
-              total]
-    run.click(handle, inputs, [answer, baseline, stats, message])
-    return path, message
+    layout.run.click(handle, [layout.inputs[name] for name in vlm_tab.INPUTS],
+                     [*layout.outputs.values(), layout.stats, message])
+    return layout.inputs["path"], message
 
 
 def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, gr.HTML]:
-    elem = "ar-image"
-    gr.Markdown("Text-to-image with a discrete AR model (LlamaGen-style). One prompt per line makes a batch. "
-                "Each speculative image is followed by its **acceptance map**.")
-    with gr.Row():
-        with gr.Column(scale=2):
-            path = _path_box("ar_image", paths, elem)
-            prompt = gr.Textbox(value=ar_image_tab.EXAMPLE_PROMPTS[2], lines=2,
-                                label="prompt(s), one per line", elem_id=f"{elem}-prompt")
+    def inputs(elem: str) -> dict[str, Any]:
+        fields = {"prompt": _prompt_box(elem, ar_image_tab.EXAMPLE_PROMPTS[2])}
+        with gr.Row():
+            fields["method"] = method = gr.Dropdown(list(ar_image_tab.METHODS), value="eagle", label="method",
+                                                    elem_id=f"{elem}-method")
+            fields["num_images"] = gr.Number(value=1, precision=0, label="images per prompt",
+                                             elem_id=f"{elem}-num-images")
+            fields["guidance_scale"] = gr.Number(value=3.0, label="guidance scale", elem_id=f"{elem}-guidance")
+        with gr.Row():
+            fields.update(_sampling_row(elem, greedy=False))
+        with gr.Group(visible=True) as eagle_group:
             with gr.Row():
-                method = gr.Dropdown(list(ar_image_tab.METHODS), value="eagle", label="method", elem_id=f"{elem}-method")
-                num_images = gr.Number(value=1, precision=0, label="images per prompt", elem_id=f"{elem}-num-images")
-                guidance = gr.Number(value=3.0, label="guidance scale", elem_id=f"{elem}-guidance")
-            with gr.Row():
-                seed, greedy, temperature = _sampling_row(elem, greedy=False)
-            with gr.Group(visible=True) as eagle_group:
-                with gr.Row():
-                    k = gr.Number(value=8, precision=0, label="K (draft tokens, chains)", elem_id=f"{elem}-k")
-                    use_tree, depth, top_k, total = _tree_row(elem)
-            with gr.Group(visible=False) as lantern_group, gr.Row():
-                lantern_k = gr.Number(value=64, precision=0, label="LANTERN k (codebook neighbours)",
-                                      elem_id=f"{elem}-lantern-k")
-                lantern_delta = gr.Number(value=0.2, label="LANTERN delta (TV budget)", elem_id=f"{elem}-lantern-delta")
-            with gr.Group(visible=False) as jacobi_group, gr.Row():
-                window = gr.Number(value=16, precision=0, label="Jacobi window (SJD/GSD)", elem_id=f"{elem}-window")
-                group_size = gr.Number(value=10, precision=0, label="GSD group size G", elem_id=f"{elem}-gsd-g")
-            with gr.Group(visible=False) as mulo_group, gr.Row():
-                mulo_tau = gr.Number(value=0.3, label="MuLo tau (pooled threshold)", elem_id=f"{elem}-mulo-tau")
-                mulo_radius = gr.Number(value=1, precision=0, label="MuLo radius l", elem_id=f"{elem}-mulo-radius")
-            run = gr.Button("Run", variant="primary", elem_id=f"{elem}-run")
-        with gr.Column(scale=3):
-            message = gr.HTML(elem_id=f"{elem}-message")
-            gallery, baseline = _image_galleries(elem, "speculative: images | acceptance maps")
-            stats = gr.HTML(elem_id=f"{elem}-stats")
+                fields["num_draft_tokens"] = gr.Number(value=8, precision=0, label="K (draft tokens, chains)",
+                                                       elem_id=f"{elem}-k")
+                fields.update(_tree_row(elem))
+        with gr.Group(visible=False) as lantern_group, gr.Row():
+            fields["lantern_k"] = gr.Number(value=64, precision=0, label="LANTERN k (codebook neighbours)",
+                                            elem_id=f"{elem}-lantern-k")
+            fields["lantern_delta"] = gr.Number(value=0.2, label="LANTERN delta (TV budget)",
+                                                elem_id=f"{elem}-lantern-delta")
+        with gr.Group(visible=False) as jacobi_group, gr.Row():
+            fields["sjd_window"] = gr.Number(value=16, precision=0, label="Jacobi window (SJD/GSD)",
+                                             elem_id=f"{elem}-window")
+            fields["gsd_group_size"] = gr.Number(value=10, precision=0, label="GSD group size G",
+                                                 elem_id=f"{elem}-gsd-g")
+        with gr.Group(visible=False) as mulo_group, gr.Row():
+            fields["mulo_tau"] = gr.Number(value=0.3, label="MuLo tau (pooled threshold)", elem_id=f"{elem}-mulo-tau")
+            fields["mulo_radius"] = gr.Number(value=1, precision=0, label="MuLo radius l", elem_id=f"{elem}-mulo-radius")
 
-    def on_method(name: str) -> list[Any]:
-        return [gr.update(visible=name in ("eagle", "lantern")), gr.update(visible=name == "lantern"),
-                gr.update(visible=name in ("sjd", "gsd")), gr.update(visible=name == "mulo")]
+        def on_method(name: str) -> list[Any]:
+            return [gr.update(visible=name in ("eagle", "lantern")), gr.update(visible=name == "lantern"),
+                    gr.update(visible=name in ("sjd", "gsd")), gr.update(visible=name == "mulo")]
 
-    method.change(on_method, method, [eagle_group, lantern_group, jacobi_group, mulo_group])
-    inputs = [path, prompt, method, num_images, seed, greedy, temperature, guidance, k, use_tree, depth, top_k, total,
-              lantern_k, lantern_delta, window, group_size, mulo_tau, mulo_radius]
+        method.change(on_method, method, [eagle_group, lantern_group, jacobi_group, mulo_group])
+        return fields
 
-    def show(result: ar_image_tab.ARImageResult) -> list[Any]:
-        speedup = result.comparison.speedup
-        return [result.gallery, result.baseline, result.stats_html,
-                message_html(f"done: {result.comparison.method} {speedup:.2f}x over the baseline", "ok")]
-
-    run.click(_handler(ar_image_tab.run_ar_image, ar_image_tab.INPUTS, cache, show, 4), inputs,
-              [gallery, baseline, stats, message])
-    return path, message
+    return _generation_tab(
+        "ar_image", cache, paths, "Text-to-image with a discrete AR model (LlamaGen-style). One prompt per line makes "
+        "a batch. Each speculative image is followed by its **acceptance map**.", ar_image_tab.run_ar_image,
+        ar_image_tab.INPUTS, inputs, lambda elem: _image_galleries(elem, "speculative: images | acceptance maps"))
 
 
 def _continuous_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, gr.HTML]:
-    elem = "continuous"
-    gr.Markdown("Text-to-image with a MAR-style model over **continuous** tokens; CSpD drafts gamma MAR "
-                "iterations with a small MAR and verifies them in one target pass.")
-    with gr.Row():
-        with gr.Column(scale=2):
-            path = _path_box("continuous", paths, elem)
-            prompt = gr.Textbox(value="a red circle", lines=2, label="prompt(s), one per line (class ids for "
-                                "class-conditioned models)", elem_id=f"{elem}-prompt")
-            with gr.Row():
-                method = gr.Dropdown(list(continuous_tab.METHODS), value="cspd", label="method",
-                                     elem_id=f"{elem}-method")
-                gamma = gr.Number(value=4, precision=0, label="CSpD gamma (draft iterations per target pass)",
-                                  elem_id=f"{elem}-gamma")
-                batch = gr.Number(value=2, precision=0, label="batch (images per prompt)", elem_id=f"{elem}-batch")
-            with gr.Row():
-                seed = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")
-                num_iter = gr.Number(value=0, precision=0, label="MAR iterations (0: one token each)",
-                                     elem_id=f"{elem}-num-iter")
-                temperature = gr.Number(value=1.0, label="temperature", elem_id=f"{elem}-temperature")
-                guidance = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
-            with gr.Row():
-                order = gr.Dropdown(list(continuous_tab.VERIFY_ORDERS), value="independent", label="verification order")
-                context = gr.Dropdown(list(continuous_tab.VERIFY_CONTEXTS), value="round", label="target context")
-            run = gr.Button("Run", variant="primary", elem_id=f"{elem}-run")
-        with gr.Column(scale=3):
-            message = gr.HTML(elem_id=f"{elem}-message")
-            gallery, baseline = _image_galleries(elem, "CSpD: images | acceptance maps")
-            stats = gr.HTML(elem_id=f"{elem}-stats")
+    def inputs(elem: str) -> dict[str, Any]:
+        fields = {"prompt": _prompt_box(elem, "a red circle", "prompt(s), one per line (class ids for "
+                                        "class-conditioned models)")}
+        with gr.Row():
+            fields["method"] = gr.Dropdown(list(continuous_tab.METHODS), value="cspd", label="method",
+                                           elem_id=f"{elem}-method")
+            fields["draft_length"] = gr.Number(value=4, precision=0, label="CSpD gamma (draft iterations per target "
+                                               "pass)", elem_id=f"{elem}-gamma")
+            fields["num_images"] = gr.Number(value=2, precision=0, label="batch (images per prompt)",
+                                             elem_id=f"{elem}-batch")
+        with gr.Row():
+            fields["seed"] = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")
+            fields["num_iter"] = gr.Number(value=0, precision=0, label="MAR iterations (0: one token each)",
+                                           elem_id=f"{elem}-num-iter")
+            fields["temperature"] = gr.Number(value=1.0, label="temperature", elem_id=f"{elem}-temperature")
+            fields["guidance_scale"] = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
+        with gr.Row():
+            fields["verify_order"] = gr.Dropdown(list(continuous_tab.VERIFY_ORDERS), value="independent",
+                                                 label="verification order")
+            fields["verify_context"] = gr.Dropdown(list(continuous_tab.VERIFY_CONTEXTS), value="round",
+                                                   label="target context")
+        return fields
 
-    def show(result: continuous_tab.ContinuousResult) -> list[Any]:
-        return [result.gallery, result.baseline, result.stats_html,
-                message_html(f"done: CSpD {result.comparison.speedup:.2f}x over the baseline", "ok")]
-
-    inputs = [path, prompt, method, batch, seed, gamma, num_iter, temperature, guidance, order, context]
-    run.click(_handler(continuous_tab.run_continuous, continuous_tab.INPUTS, cache, show, 4), inputs,
-              [gallery, baseline, stats, message])
-    return path, message
+    return _generation_tab(
+        "continuous", cache, paths, "Text-to-image with a MAR-style model over **continuous** tokens; CSpD drafts "
+        "gamma MAR iterations with a small MAR and verifies them in one target pass.", continuous_tab.run_continuous,
+        continuous_tab.INPUTS, inputs, lambda elem: _image_galleries(elem, "CSpD: images | acceptance maps"),
+        label=lambda comparison: "CSpD")
 
 
 def _video_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, gr.HTML]:
-    elem = "video"
-    gr.Markdown("Text-to-video with a block-causal AR video model. SDVG: the drafter proposes each block, a "
-                "reward model scores its frames (worst frame by default), blocks scoring >= tau are kept, the "
-                "target regenerates the others.")
-    with gr.Row():
-        with gr.Column(scale=2):
-            path = _path_box("video", paths, elem)
-            prompt = gr.Textbox(value=video_tab.EXAMPLE_PROMPTS[0], lines=2, label="prompt(s), one per line",
-                                elem_id=f"{elem}-prompt")
-            with gr.Row():
-                method = gr.Dropdown(list(video_tab.METHODS), value="sdvg", label="method", elem_id=f"{elem}-method")
-                tau = gr.Number(value=0.5, label="tau (reward threshold)", elem_id=f"{elem}-tau")
-                reward = gr.Dropdown(list(video_tab.REWARDS), value="shapes", label="reward", elem_id=f"{elem}-reward")
-            with gr.Row():
-                aggregate = gr.Dropdown(list(video_tab.AGGREGATES), value="min", label="aggregate over frames")
-                first = gr.Checkbox(value=True, label="first block always by the target", elem_id=f"{elem}-first")
-            with gr.Row():
-                seed = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")
-                videos = gr.Number(value=1, precision=0, label="videos per prompt", elem_id=f"{elem}-videos")
-                blocks = gr.Number(value=0, precision=0, label="blocks (0: all)", elem_id=f"{elem}-num-blocks")
-                steps = gr.Number(value=4, precision=0, label="denoising steps per block", elem_id=f"{elem}-steps")
-                guidance = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
-            run = gr.Button("Run", variant="primary", elem_id=f"{elem}-run")
-        with gr.Column(scale=3):
-            message = gr.HTML(elem_id=f"{elem}-message")
-            spec_strip = gr.Image(label="speculative: frames (bar under each block: who made it)", type="pil",
-                                  format="png", interactive=False, elem_id=f"{elem}-strip")
-            blocks_html = gr.HTML(elem_id=f"{elem}-block-strip")
-            base_strip = gr.Image(label="baseline (target only, same seed)", type="pil", format="png",
-                                  interactive=False, elem_id=f"{elem}-baseline")
-            stats = gr.HTML(elem_id=f"{elem}-stats")
+    def inputs(elem: str) -> dict[str, Any]:
+        fields = {"prompt": _prompt_box(elem, video_tab.EXAMPLE_PROMPTS[0])}
+        with gr.Row():
+            fields["method"] = gr.Dropdown(list(video_tab.METHODS), value="sdvg", label="method",
+                                           elem_id=f"{elem}-method")
+            fields["tau"] = gr.Number(value=0.5, label="tau (reward threshold)", elem_id=f"{elem}-tau")
+            fields["reward"] = gr.Dropdown(list(video_tab.REWARDS), value="shapes", label="reward",
+                                           elem_id=f"{elem}-reward")
+        with gr.Row():
+            fields["aggregate"] = gr.Dropdown(list(video_tab.AGGREGATES), value="min", label="aggregate over frames")
+            fields["force_reject_first"] = gr.Checkbox(value=True, label="first block always by the target",
+                                                       elem_id=f"{elem}-first")
+        with gr.Row():
+            fields["seed"] = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")
+            fields["num_videos"] = gr.Number(value=1, precision=0, label="videos per prompt", elem_id=f"{elem}-videos")
+            fields["num_blocks"] = gr.Number(value=0, precision=0, label="blocks (0: all)", elem_id=f"{elem}-num-blocks")
+            fields["num_inference_steps"] = gr.Number(value=4, precision=0, label="denoising steps per block",
+                                                      elem_id=f"{elem}-steps")
+            fields["guidance_scale"] = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
+        return fields
 
-    def show(result: video_tab.VideoResult) -> list[Any]:
-        return [result.spec_strip, result.blocks_html, result.base_strip, result.stats_html,
-                message_html(f"done: {result.comparison.method} {result.comparison.speedup:.2f}x over the baseline",
-                             "ok")]
+    def outputs(elem: str) -> dict[str, Any]:
+        return {"spec_strip": gr.Image(label="speculative: frames (bar under each block: who made it)", type="pil",
+                                       format="png", interactive=False, elem_id=f"{elem}-strip"),
+                "blocks_html": gr.HTML(elem_id=f"{elem}-block-strip"),
+                "base_strip": gr.Image(label="baseline (target only, same seed)", type="pil", format="png",
+                                       interactive=False, elem_id=f"{elem}-baseline")}
 
-    inputs = [path, prompt, method, videos, seed, tau, reward, aggregate, first, blocks, steps, guidance]
-    run.click(_handler(video_tab.run_video, video_tab.INPUTS, cache, show, 5), inputs,
-              [spec_strip, blocks_html, base_strip, stats, message])
-    return path, message
+    return _generation_tab(
+        "video", cache, paths, "Text-to-video with a block-causal AR video model. SDVG: the drafter proposes each "
+        "block, a reward model scores its frames (worst frame by default), blocks scoring >= tau are kept, the "
+        "target regenerates the others.", video_tab.run_video, video_tab.INPUTS, inputs, outputs)
 
 
 # ----------------------------------------------------------------------------------------------------

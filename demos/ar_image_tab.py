@@ -3,27 +3,21 @@ speculative method next to the target-only baseline, with per-token acceptance m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-
-import PIL.Image
 
 from mmspec.demos.common import (
     CPU_NOTE,
     LENGTH_NOTE,
-    MAX_SEED,
-    Comparison,
     DemoError,
+    ImageResult,
     PipelineCache,
     Report,
-    check_batch,
-    check_choice,
     check_float,
     check_int,
-    compare,
-    image_panels,
-    parse_prompts,
-    stats_html,
+    check_request,
+    sampling_kwargs,
+    tree_config,
+    warm_up_and_compare,
 )
 
 METHODS = ("eagle", "lantern", "sjd", "gsd", "mulo")
@@ -37,15 +31,9 @@ INPUTS = ("path", "prompt", "method", "num_images", "seed", "greedy", "temperatu
           "lantern_delta", "sjd_window", "gsd_group_size", "mulo_tau", "mulo_radius")
 
 
-@dataclass
-class ARImageResult:
+class ARImageResult(ImageResult):
     """What the tab shows: the speculative images with their acceptance maps (one row per image), the
-    baseline's images, the statistics panel, and the comparison itself."""
-
-    gallery: PIL.Image.Image
-    baseline: PIL.Image.Image
-    stats_html: str
-    comparison: Comparison
+    baseline's images, the statistics panel, and the comparison itself (:class:`ImageResult`'s fields)."""
 
 
 def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_scale: float, num_draft_tokens: int,
@@ -54,17 +42,11 @@ def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_sca
                   mulo_radius: int) -> dict[str, Any]:
     """The page's knobs, checked, as :class:`~mmspec.pipelines.ARImagePipeline` keyword arguments of
     ``method`` (knobs of other methods are ignored)."""
-    from mmspec import TreeConfig
-
-    kwargs: dict[str, Any] = {"do_sample": not greedy, "guidance_scale": check_float("guidance scale", guidance_scale, 0, 20)}
-    if not greedy:
-        kwargs["temperature"] = check_float("temperature", temperature, 0.0, 5.0, low_open=True)
+    guidance = check_float("guidance scale", guidance_scale, 0, 20)
+    kwargs: dict[str, Any] = {**sampling_kwargs(greedy, temperature), "guidance_scale": guidance}
     if method in ("eagle", "lantern"):
         if use_tree:
-            depth = check_int("tree depth", tree_depth, 1, 12)
-            top_k = check_int("tree top-k", tree_top_k, 1, 16)
-            total = check_int("tree total tokens", tree_total_tokens, 1, 128)
-            kwargs["tree"] = TreeConfig(depth=depth, top_k=top_k, total_tokens=total)
+            kwargs["tree"] = tree_config(tree_depth, tree_top_k, tree_total_tokens)
         else:
             kwargs["num_draft_tokens"] = check_int("K (draft tokens)", num_draft_tokens, 1, 32)
     if method == "lantern":
@@ -89,11 +71,9 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
     """Generate the prompts (one per line) with ``method`` and target-only with the same seed; return
     the images, their acceptance maps and the statistics. Bad input raises :class:`DemoError` (or the
     pipeline's ``ValueError``) with a message for the page."""
-    method = check_choice("method", method, METHODS)
-    prompts = parse_prompts(prompt)
-    images = check_int("images per prompt", num_images, 1, 8)
-    check_batch(len(prompts), images, "images")
-    seed = check_int("seed", seed, 0, MAX_SEED)
+    method, prompts, images, seed = check_request(method, METHODS, prompt, num_images, seed,
+                                                  per_prompt_name="images per prompt", max_per_prompt=8,
+                                                  what="images")
     kwargs = method_kwargs(method, greedy=bool(greedy), temperature=temperature, guidance_scale=guidance_scale,
                            num_draft_tokens=num_draft_tokens, use_tree=bool(use_tree), tree_depth=tree_depth,
                            tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens, lantern_k=lantern_k,
@@ -113,9 +93,8 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
         return pipe(prompts, method=name, num_images_per_prompt=images, generator=generator, output_type=output_type,
                     callback_on_step_end=on_step, **extra)
 
-    for name in (method, "none"):  # one-off costs stay out of the timed runs
-        cache.warm_up(pipe, ("ar_image", name), lambda name=name: run(name, None, lambda f: None, "tokens"))
-    comparison = compare(run, method, seed, report=report)
+    comparison = warm_up_and_compare(cache, pipe, "ar_image", run, method, seed, warm_output_type="tokens",
+                                     report=report)
     spec, base = comparison.speculative, comparison.baseline
     drafted = float(spec.drafted.float().mean())
     same = bool((spec.tokens == base.tokens).all())
@@ -129,5 +108,4 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                                 "runs follow the same distribution but use the random numbers differently.")
     else:
         comparison.notes.append(f"{method} is lossy by design (a relaxed acceptance rule): compare the images.")
-    gallery, baseline = image_panels(comparison)
-    return ARImageResult(gallery, baseline, stats_html(comparison), comparison)
+    return ARImageResult.from_comparison(comparison)

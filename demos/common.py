@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import PIL.Image
@@ -123,6 +123,46 @@ def check_batch(num_prompts: int, per_prompt: int, what: str = "images") -> int:
 def seeded(seed: int) -> torch.Generator:
     """The generator of one run: both runs of a comparison get a fresh one from the same seed."""
     return torch.Generator().manual_seed(int(seed))
+
+
+class Request(NamedTuple):
+    """The inputs every generation tab takes, checked: the method, the prompts (one per line), outputs
+    per prompt and the seed (unpacks as ``method, prompts, per_prompt, seed``)."""
+
+    method: str
+    prompts: list[str]
+    per_prompt: int
+    seed: int
+
+
+def check_request(method: Any, methods: Sequence[str], prompt: Any, per_prompt: Any, seed: Any, *,
+                  per_prompt_name: str, max_per_prompt: int, what: str) -> Request:
+    """Check the inputs every generation tab shares, in the same order in every tab: ``method`` (one of
+    ``methods``), the prompts, ``per_prompt`` (the field ``per_prompt_name``, in ``[1, max_per_prompt]``; at
+    most :data:`MAX_BATCH` ``what`` in all) and ``seed``."""
+    method = check_choice("method", method, methods)
+    prompts = parse_prompts(prompt)
+    count = check_int(per_prompt_name, per_prompt, 1, max_per_prompt)
+    check_batch(len(prompts), count, what)
+    return Request(method, prompts, count, check_int("seed", seed, 0, MAX_SEED))
+
+
+def sampling_kwargs(greedy: bool, temperature: Any) -> dict[str, Any]:
+    """The pipelines' sampling arguments from the page's greedy box and temperature field: ``do_sample``,
+    plus the checked ``temperature`` when sampling (the field is ignored for greedy runs)."""
+    kwargs: dict[str, Any] = {"do_sample": not greedy}
+    if not greedy:
+        kwargs["temperature"] = check_float("temperature", temperature, 0.0, 5.0, low_open=True)
+    return kwargs
+
+
+def tree_config(tree_depth: Any, tree_top_k: Any, tree_total_tokens: Any) -> Any:
+    """An EAGLE-2 dynamic draft tree (:class:`~mmspec.drafters.TreeConfig`) from the page's tree fields."""
+    from mmspec import TreeConfig
+
+    return TreeConfig(depth=check_int("tree depth", tree_depth, 1, 12),
+                      top_k=check_int("tree top-k", tree_top_k, 1, 16),
+                      total_tokens=check_int("tree total tokens", tree_total_tokens, 1, 128))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -269,6 +309,16 @@ def compare(run: Callable[[str, torch.Generator, Callable[[float], None]], Any],
     return Comparison(method, spec, base, spec_seconds, base_seconds)
 
 
+def warm_up_and_compare(cache: PipelineCache, pipe: Any, family: str, run: Callable[..., Any], method: str,
+                        seed: int, *, warm_output_type: str, report: Report | None = None) -> Comparison:
+    """:func:`compare` after one untimed call of ``method`` and of ``"none"`` per pipeline (``run(name, None,
+    no progress, warm_output_type)``, see :meth:`PipelineCache.warm_up`), so one-off costs stay out of the
+    timed runs. ``warm_output_type`` should skip decoding ("tokens", "latent")."""
+    for name in (method, "none"):
+        cache.warm_up(pipe, (family, name), lambda name=name: run(name, None, lambda fraction: None, warm_output_type))
+    return compare(run, method, seed, report=report)
+
+
 def _fmt(value: Any, digits: int = 2) -> str:
     if isinstance(value, float):
         return "n/a" if math.isnan(value) else f"{value:.{digits}f}"
@@ -373,3 +423,20 @@ def image_panels(comparison: Comparison, size: int = 192) -> tuple[PIL.Image.Ima
     spec_images, base_images = to_pil_list(spec.images), to_pil_list(comparison.baseline.images)
     rows = [[upscale(image, size), acceptance_overlay(image, spec.drafted[i], size)] for i, image in enumerate(spec_images)]
     return panel(rows), panel([[upscale(image, size)] for image in base_images])
+
+
+@dataclass
+class ImageResult:
+    """What an image tab shows: the speculative images with their acceptance maps (one row per image),
+    the baseline's images, the statistics panel, and the comparison itself."""
+
+    gallery: PIL.Image.Image
+    baseline: PIL.Image.Image
+    stats_html: str
+    comparison: Comparison
+
+    @classmethod
+    def from_comparison(cls, comparison: Comparison) -> ImageResult:
+        """The panels (:func:`image_panels`) and statistics (:func:`stats_html`) of ``comparison``."""
+        gallery, baseline = image_panels(comparison)
+        return cls(gallery, baseline, stats_html(comparison), comparison)

@@ -4,26 +4,19 @@ baseline, with per-token acceptance maps."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
-
-import PIL.Image
 
 from mmspec.demos.common import (
     CPU_NOTE,
-    MAX_SEED,
-    Comparison,
     DemoError,
+    ImageResult,
     PipelineCache,
     Report,
-    check_batch,
     check_choice,
     check_float,
     check_int,
-    compare,
-    image_panels,
-    parse_prompts,
-    stats_html,
+    check_request,
+    warm_up_and_compare,
 )
 
 METHODS = ("cspd",)
@@ -35,14 +28,9 @@ INPUTS = ("path", "prompt", "method", "num_images", "seed", "draft_length", "num
           "guidance_scale", "verify_order", "verify_context")
 
 
-@dataclass
-class ContinuousResult:
-    """The CSpD images with their acceptance maps (one row per image), the baseline's images, the statistics."""
-
-    gallery: PIL.Image.Image
-    baseline: PIL.Image.Image
-    stats_html: str
-    comparison: Comparison
+class ContinuousResult(ImageResult):
+    """The CSpD images with their acceptance maps (one row per image), the baseline's images, the statistics
+    (:class:`ImageResult`'s fields)."""
 
 
 def _conditions(pipe: Any, prompts: list[str]) -> dict[str, Any]:
@@ -63,11 +51,9 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
                    report: Report | None = None) -> ContinuousResult:
     """Generate with CSpD (draft MAR, gamma draft iterations per target pass) and target-only with the
     same seed; return the images, their acceptance maps and the statistics."""
-    method = check_choice("method", method, METHODS)
-    prompts = parse_prompts(prompt)
-    batch = check_int("batch (images per prompt)", num_images, 1, 16)
-    check_batch(len(prompts), batch, "images")
-    seed = check_int("seed", seed, 0, MAX_SEED)
+    method, prompts, batch, seed = check_request(method, METHODS, prompt, num_images, seed,
+                                                 per_prompt_name="batch (images per prompt)", max_per_prompt=16,
+                                                 what="images")
     gamma = check_int("CSpD gamma (draft iterations per target pass)", draft_length, 1, 64)
     temperature = check_float("temperature", temperature, 0.0, 5.0, low_open=True)
     guidance = check_float("guidance scale", guidance_scale, 0.0, 20.0)
@@ -90,9 +76,8 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
         return pipe(method=name, generator=generator, output_type=output_type, callback_on_step_end=on_step,
                     **common, **extra)
 
-    for name in (method, "none"):
-        cache.warm_up(pipe, ("continuous", name), lambda name=name: run(name, None, lambda f: None, "latent"))
-    comparison = compare(run, method, seed, report=report)
+    comparison = warm_up_and_compare(cache, pipe, "continuous", run, method, seed, warm_output_type="latent",
+                                     report=report)
     spec = comparison.speculative
     comparison.extra["acceptance rate (alpha)"] = (f"{spec.stats.acceptance_rate:.2f}", "-")
     comparison.extra["drafted / accepted tokens"] = (f"{spec.stats.drafted_tokens} / {spec.stats.accepted_tokens}",
@@ -106,5 +91,4 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
         "CSpD accepts with the paper's surrogate density ratio, so it is not exactly lossless; both runs share "
         "every token's noise (trajectory alignment), so accepted drafts land close to the baseline's tokens.",
         CPU_NOTE]
-    gallery, baseline = image_panels(comparison)
-    return ContinuousResult(gallery, baseline, stats_html(comparison), comparison)
+    return ContinuousResult.from_comparison(comparison)

@@ -15,21 +15,19 @@ import PIL.Image
 from mmspec.demos.common import (
     CPU_NOTE,
     DRAFT_COLOR,
-    MAX_SEED,
     REJECT_COLOR,
     TARGET_COLOR,
     Comparison,
     PipelineCache,
     Report,
-    check_batch,
     check_choice,
     check_float,
     check_int,
-    compare,
+    check_request,
     legend_html,
-    parse_prompts,
     stats_html,
     to_pil_list,
+    warm_up_and_compare,
 )
 
 METHODS = ("sdvg", "draft")
@@ -129,11 +127,9 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
               num_inference_steps: int = 4, guidance_scale: float = 1.0, report: Report | None = None) -> VideoResult:
     """Generate with SDVG (or drafter only) and target-only with the same seed; return the film strips,
     the per-block decisions with rewards, and the statistics."""
-    method = check_choice("method", method, METHODS)
-    prompts = parse_prompts(prompt)
-    videos = check_int("videos per prompt", num_videos, 1, 4)
-    check_batch(len(prompts), videos, "videos")
-    seed = check_int("seed", seed, 0, MAX_SEED)
+    method, prompts, videos, seed = check_request(method, METHODS, prompt, num_videos, seed,
+                                                  per_prompt_name="videos per prompt", max_per_prompt=4,
+                                                  what="videos")
     tau = check_float("tau (reward threshold)", tau, -1e6, 1e6, allow_inf=True)
     reward = check_choice("reward", reward, REWARDS)
     aggregate = check_choice("aggregate", aggregate, AGGREGATES)
@@ -151,9 +147,8 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
         return pipe(prompts, name, generator=generator, output_type=output_type,
                     callback_on_block_end=lambda _p, n, _info: progress((n + 1) / blocks), **common, **extra)
 
-    for name in (method, "none"):
-        cache.warm_up(pipe, ("video", name), lambda name=name: run(name, None, lambda f: None, "latent"))
-    comparison = compare(run, method, seed, report=report)
+    comparison = warm_up_and_compare(cache, pipe, "video", run, method, seed, warm_output_type="latent",
+                                     report=report)
     spec, base = comparison.speculative, comparison.baseline
     stats = spec.stats
     rows_prompts = [p for p in prompts for _ in range(videos)]

@@ -22,11 +22,12 @@ from mmspec.demos.common import (
     DemoError,
     PipelineCache,
     check_choice,
-    check_float,
     check_int,
+    sampling_kwargs,
     seeded,
     stats_html,
     timed,
+    tree_config,
 )
 
 METHODS = ("eagle", "flash", "vispec", "specvlm", "draft_vlm")
@@ -136,7 +137,6 @@ def run_vlm(cache: PipelineCache, *, path: str = DEFAULT_PATH, files: Any = None
 
     An empty prompt takes the example's default ("describe the image in detail." or "narrate the video.").
     """
-    from mmspec import TreeConfig
     from mmspec.pipelines.vlm import VLMPipelineOutput, VLMStreamChunk
 
     method = check_choice("method", method, METHODS)
@@ -145,13 +145,9 @@ def run_vlm(cache: PipelineCache, *, path: str = DEFAULT_PATH, files: Any = None
     text = text or PROMPTS[kind]
     limit = check_int("max new tokens", max_new_tokens, 1, 1024)
     seed = check_int("seed", seed, 0, MAX_SEED)
-    kwargs: dict[str, Any] = {"do_sample": not greedy}
-    if not greedy:
-        kwargs["temperature"] = check_float("temperature", temperature, 0.0, 5.0, low_open=True)
+    kwargs = sampling_kwargs(greedy, temperature)
     if use_tree:
-        kwargs["tree"] = TreeConfig(depth=check_int("tree depth", tree_depth, 1, 12),
-                                    top_k=check_int("tree top-k", tree_top_k, 1, 16),
-                                    total_tokens=check_int("tree total tokens", tree_total_tokens, 1, 128))
+        kwargs["tree"] = tree_config(tree_depth, tree_top_k, tree_total_tokens)
     spec_kwargs = {**kwargs, "num_draft_tokens": check_int("K (draft tokens)", num_draft_tokens, 1, 32)}
     base_kwargs = {k: v for k, v in kwargs.items() if k != "tree"}
     pipe = cache.get("vlm", path)
