@@ -23,10 +23,17 @@ import numpy as np
 import torch
 
 from mmspec.stats import SpecStats
-from mmspec.world import evaluate, make_prompt_set, render_scene, scene_for_prompt
+from mmspec.world import make_prompt_set
 
-from .bench_cli import add_common_arguments, command_line, machine_line, method_kwargs, write_report
-from .fid import compute_fid
+from .bench_cli import (
+    add_common_arguments,
+    command_line,
+    machine_line,
+    method_kwargs,
+    new_parser,
+    write_report,
+)
+from .bench_images import quality, reference_images
 from .speed import RunResult, run_benchmark
 
 DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
@@ -53,18 +60,6 @@ def generate(pipe: Any, prompts: Sequence[str], method: str, kwargs: dict, mode:
         images += list(out.images)
         stats.append(out.stats)
     return images, stats
-
-
-def reference_images(prompts: Sequence[Any], difficulty: float, size: int, seed: int) -> torch.Tensor:
-    """Ground-truth renders of the prompts ``[N, 3, H, W]`` in [0, 1] (FID's real set)."""
-    rng = np.random.default_rng(seed)
-    arrays = [render_scene(scene_for_prompt(p, rng), size, difficulty) for p in prompts]
-    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255.0
-
-
-def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor) -> dict[str, float]:
-    fake = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float()
-    return {"geneval": evaluate(images, list(prompts)).overall, "fid": compute_fid(real, fake, "shapes").fid}
 
 
 def run(pipe: Any, methods: Sequence[str], kwargs: dict[str, dict], modes: Sequence[str], batch_sizes: Sequence[int],
@@ -130,7 +125,7 @@ def to_markdown(results: dict, command: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = new_parser(__doc__)
     add_common_arguments(parser, DEFAULT_METHODS)
     parser.add_argument("--pipeline", default="mmspec/shapes-t2i", help="zoo id or pipeline folder")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))

@@ -1,6 +1,7 @@
-"""What every pipeline benchmark's command line shares: the methods list with its baseline first and
-per-method keyword overrides (JSON), the machine line, and writing the markdown table with a JSON file of
-all numbers beside it."""
+"""What every pipeline benchmark's command line shares: the run options (repeats, seed, threads, output),
+the methods list with its baseline first and per-method keyword overrides (JSON), the machine line, the
+command line quoted into the table, and writing the markdown table with a JSON file of all numbers beside
+it."""
 
 from __future__ import annotations
 
@@ -17,15 +18,27 @@ import torch
 from .files import atomic_path
 
 
-def add_common_arguments(parser: argparse.ArgumentParser, methods: Sequence[str]) -> None:
-    """``--methods`` (default ``methods``, baseline first), ``--method-kwargs``, ``--repeats``, ``--seed``,
-    ``--threads`` and ``--out``: the options every pipeline benchmark has."""
-    parser.add_argument("--methods", nargs="+", default=list(methods))
-    parser.add_argument("--method-kwargs", default="{}", help="JSON {method: {pipeline kwarg: value}} overrides")
+def new_parser(description: str | None) -> argparse.ArgumentParser:
+    """A benchmark's parser: ``description`` (the module docstring) printed as written by ``--help``."""
+    return argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser,
+                      out_help: str = "markdown table (a .json with all numbers beside it)") -> None:
+    """``--repeats``, ``--seed``, ``--threads`` and ``--out``: the options every pipeline benchmark has,
+    whatever it calls its cases."""
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per case (the median is reported)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="markdown table (a .json with all numbers beside it)")
+    parser.add_argument("--out", type=Path, default=None, help=out_help)
+
+
+def add_common_arguments(parser: argparse.ArgumentParser, methods: Sequence[str]) -> None:
+    """``--methods`` (default ``methods``, baseline first), ``--method-kwargs``, then
+    :func:`add_run_arguments`: the options of a benchmark whose cases are methods."""
+    parser.add_argument("--methods", nargs="+", default=list(methods))
+    parser.add_argument("--method-kwargs", default="{}", help="JSON {method: {pipeline kwarg: value}} overrides")
+    add_run_arguments(parser)
 
 
 def method_kwargs(methods: Sequence[str], defaults: Mapping[str, dict], overrides: str,

@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from mmspec.world import evaluate, make_prompt_set, render_scene, scene_for_prompt
+from mmspec.world import make_prompt_set
 
-from .fid import compute_fid
-from .files import atomic_path
+from .bench_cli import add_run_arguments, command_line, machine_line, new_parser, write_report
+from .bench_images import quality, reference_images
 from .speed import RunResult, run_benchmark
 
 #: name -> pipeline keyword arguments (shared settings come from --num-iter etc.)
@@ -44,6 +41,7 @@ DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     # target-only with as many target forwards as "cspd" makes (4 pre-fill + 4 rounds at 32 iterations, gamma 8)
     "none, 8 iterations": {"method": "none", "num_iter": 8},
 }
+REFERENCE_SIZE = 32  # pixels of FID's real renders (the zoo's 32x32 images)
 
 
 def generate(pipe: Any, prompts: Sequence[str], kwargs: dict, batch: int, seed: int) -> tuple[list[np.ndarray], list]:
@@ -55,17 +53,6 @@ def generate(pipe: Any, prompts: Sequence[str], kwargs: dict, batch: int, seed: 
         images += list(out.images)
         stats.append(out.stats)
     return images, stats
-
-
-def reference_images(prompts: Sequence[Any], difficulty: float, seed: int, size: int = 32) -> torch.Tensor:
-    rng = np.random.default_rng(seed)
-    arrays = [render_scene(scene_for_prompt(p, rng), size, difficulty) for p in prompts]
-    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255.0
-
-
-def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor) -> dict[str, float]:
-    fake = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float()
-    return {"geneval": evaluate(images, list(prompts)).overall, "fid": compute_fid(real, fake, "shapes").fid}
 
 
 def _call_kwargs(config: dict) -> dict:
@@ -143,22 +130,19 @@ def to_markdown(results: dict, command: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = new_parser(__doc__)
     parser.add_argument("--pipeline", default="mmspec/shapes-t2i-continuous", help="zoo id or pipeline folder")
     parser.add_argument("--configs", default=None, help="JSON {name: pipeline kwargs}; default: DEFAULT_CONFIGS")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--speed-prompts", type=int, default=32, help="timed prompts (the first of a shuffled set)")
     parser.add_argument("--quality-prompts", type=int, default=25, help="quality prompts per category")
     parser.add_argument("--quality-batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--num-iter", type=int, default=None)
     parser.add_argument("--num-diffusion-steps", type=int, default=None)
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="markdown table (a .json with all numbers beside it)")
+    add_run_arguments(parser)
     return parser
 
 
@@ -184,22 +168,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     speed_prompts = [speed_prompts[i] for i in rng.permutation(len(speed_prompts))[:args.speed_prompts]]
     quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
-    real = reference_images(quality_prompts, args.difficulty, args.seed)
+    real = reference_images(quality_prompts, args.difficulty, REFERENCE_SIZE, args.seed)
     results = run(pipe, configs, shared, args.batch_sizes, speed_prompts, quality_prompts, real, args.repeats,
                   args.quality_batch, args.seed)
-    results.update(machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-                           f"torch {torch.__version__}",
-                   speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts), repeats=args.repeats,
-                   configs=configs, shared=shared)
-    command = "python -m mmspec.evaluation.bench_continuous " + " ".join(sys.argv[1:] if argv is None else argv)
-    table = to_markdown(results, command)
-    print(table)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(args.out) as tmp:
-            Path(tmp).write_text(table)
-        with atomic_path(args.out.with_suffix(".json")) as tmp:
-            Path(tmp).write_text(json.dumps(results, indent=1, default=str))
+    results.update(machine=machine_line(), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
+                   repeats=args.repeats, configs=configs, shared=shared)
+    table = to_markdown(results, command_line("mmspec.evaluation.bench_continuous", argv))
+    write_report(args.out, table, results)
     return 0
 
 

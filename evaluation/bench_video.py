@@ -23,10 +23,7 @@ speed-quality plot beside it.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +34,7 @@ import torch
 
 from mmspec.world import evaluate_videos, make_video_prompt_set
 
+from .bench_cli import add_run_arguments, command_line, machine_line, new_parser, write_report
 from .files import atomic_path
 from .speed import RunResult, run_benchmark
 
@@ -225,7 +223,7 @@ def parse_sweep(items: Sequence[str]) -> list[tuple[str, float]]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = new_parser(__doc__)
     parser.add_argument("--pipeline", default="mmspec/shapes-video", help="zoo id or pipeline folder")
     parser.add_argument("--sweep", nargs="+", default=DEFAULT_SWEEP,
                         help="SDVG cases as reward:tau; rewards: fraction (the exact per-frame score: found "
@@ -233,15 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "template match, a finer knob), imagereward (needs the --imagereward-* files)")
     parser.add_argument("--quality-prompts", type=int, default=100)
     parser.add_argument("--speed-prompts", type=int, default=8)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per block")
     parser.add_argument("--sampler", default="euler", choices=["euler", "renoise"])
     parser.add_argument("--imagereward-weights", default=None, help="ImageReward.pt (quality column / routing)")
     parser.add_argument("--imagereward-med-config", default=None)
     parser.add_argument("--imagereward-tokenizer", default=None)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=None, help="markdown table (.json and .png beside it)")
+    add_run_arguments(parser, out_help="markdown table (.json and .png beside it)")
     return parser
 
 
@@ -275,22 +270,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     speed_prompts = make_video_prompt_set(args.speed_prompts, seed=args.seed + 1)
     results = run(pipe, cases, quality_prompts, speed_prompts, args.repeats, args.seed, scorer)
     config = pipe.transformer.config
-    results.update(machine=f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
-                           f"torch {torch.__version__}",
-                   quality_prompts=len(quality_prompts), speed_prompts=len(speed_prompts), repeats=args.repeats,
+    results.update(machine=machine_line(), quality_prompts=len(quality_prompts), speed_prompts=len(speed_prompts), repeats=args.repeats,
                    frames=config.num_frames, frames_per_block=config.frames_per_block,
                    blocks=config.num_frames // config.frames_per_block, steps=args.steps, sampler=args.sampler,
                    sweep=args.sweep, target_layers=config.num_layers,
                    drafter_layers=pipe.drafter.config.num_layers)
-    command = "python -m mmspec.evaluation.bench_video " + " ".join(sys.argv[1:] if argv is None else argv)
-    table = to_markdown(results, command)
-    print(table)
+    table = to_markdown(results, command_line("mmspec.evaluation.bench_video", argv))
+    write_report(args.out, table, results)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(args.out) as tmp:
-            Path(tmp).write_text(table)
-        with atomic_path(args.out.with_suffix(".json")) as tmp:
-            Path(tmp).write_text(json.dumps(results, indent=1, default=str))
         plot(results, args.out.with_suffix(".png"))
     return 0
 

@@ -1,0 +1,30 @@
+"""What the image benchmarks (:mod:`.bench_ar_image`, :mod:`.bench_continuous`) share: FID's real set,
+rendered from the benchmark's own prompts, and the quality pair every table reports (the exact-evaluator
+GenEval-shapes score and FID with the shapes feature network)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from mmspec.world import evaluate, render_scene, scene_for_prompt
+
+from .fid import compute_fid
+
+
+def reference_images(prompts: Sequence[Any], difficulty: float, size: int, seed: int) -> torch.Tensor:
+    """Ground-truth renders of the prompts ``[N, 3, size, size]`` in [0, 1] (FID's real set): one scene per
+    prompt drawn with ``seed``, rendered at ``difficulty``."""
+    rng = np.random.default_rng(seed)
+    arrays = [render_scene(scene_for_prompt(p, rng), size, difficulty) for p in prompts]
+    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255.0
+
+
+def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor) -> dict[str, float]:
+    """``{"geneval", "fid"}`` of generated images (float ``[H, W, 3]`` in [0, 1], one per prompt): the exact
+    evaluator's overall GenEval-shapes score and FID (shapes features) against ``real``."""
+    fake = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float()
+    return {"geneval": evaluate(images, list(prompts)).overall, "fid": compute_fid(real, fake, "shapes").fid}
