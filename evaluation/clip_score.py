@@ -30,14 +30,15 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
-from .files import load_prompt_pairs, open_rgb, write_json_atomic, write_jsonl_atomic
+from .files import load_prompt_pairs, open_rgb
+from .pair_scores import PerImageResult, add_output_arguments, check_pairs, with_progress, write_outputs
 
 
 def _import_open_clip():
@@ -123,20 +124,11 @@ class CLIPScorer:
     def score(self, images: Sequence[Image.Image], prompts: Sequence[str], batch_size: int = 32,
               progress: bool = False) -> torch.Tensor:
         """Per-pair CLIP scores [N] = 100 * max(cos, 0)."""
-        images, prompts = list(images), list(prompts)
-        if len(images) != len(prompts):
-            raise ValueError(f"images and prompts differ in length: {len(images)} vs {len(prompts)}")
-        if not images:
-            raise ValueError("images: no images given")
+        images, prompts = check_pairs(images, prompts)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         scores = []
-        starts = range(0, len(images), batch_size)
-        if progress:
-            from tqdm.auto import tqdm
-
-            starts = tqdm(starts, desc="CLIP score", unit="batch")
-        for i in starts:
+        for i in with_progress(range(0, len(images), batch_size), progress, "CLIP score", "batch"):
             img = self.embed_images(images[i : i + batch_size])
             txt = self.embed_texts(prompts[i : i + batch_size])
             scores.append(100.0 * (img * txt).sum(-1).clamp_min(0.0))
@@ -144,19 +136,13 @@ class CLIPScorer:
 
 
 @dataclass
-class ClipScoreResult:
+class ClipScoreResult(PerImageResult):
     clip_score: float  # mean over pairs
     std: float
     num_pairs: int
     model: str
     pretrained: str | None
     per_image: list[dict[str, Any]] = field(default_factory=list, repr=False)
-
-    def to_dict(self, with_per_image: bool = False) -> dict:
-        d = asdict(self)
-        if not with_per_image:
-            d.pop("per_image")
-        return d
 
 
 def compute_clip_score(
@@ -199,9 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--random-weights", action="store_true", help="allow random weights (smoke tests only)")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--output", default=None, help="write the summary as JSON here")
-    parser.add_argument("--per-image", default=None, help="write per-image scores as JSON lines here")
-    parser.add_argument("--no-progress", action="store_true")
+    add_output_arguments(parser, "write per-image scores as JSON lines here")
     return parser
 
 
@@ -214,10 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 batch_size=args.batch_size, device=args.device, progress=not args.no_progress)
     print(f"CLIP score ({result.model}, {result.pretrained or 'random weights'}): "
           f"{result.clip_score:.4f} +- {result.std:.4f} over {result.num_pairs} pairs")
-    if args.output:
-        write_json_atomic(args.output, result.to_dict())
-    if args.per_image:
-        write_jsonl_atomic(args.per_image, result.per_image)
+    write_outputs(args, result)
     return 0
 
 

@@ -39,14 +39,15 @@ import statistics
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from PIL import Image
 
-from .files import load_prompt_pairs, open_rgb, write_json_atomic, write_jsonl_atomic
+from .files import load_prompt_pairs, open_rgb
+from .pair_scores import PerImageResult, add_output_arguments, check_pairs, with_progress, write_outputs
 
 INSTALL_HINT = (
     "ImageReward scoring needs the image-reward package and its undeclared dependencies: "
@@ -293,32 +294,18 @@ class ImageRewardScorer:
     @torch.no_grad()
     def score(self, images: Sequence[Image.Image], prompts: Sequence[str], progress: bool = False) -> list[float]:
         """One standardised reward per (image, prompt) pair."""
-        images, prompts = list(images), list(prompts)
-        if len(images) != len(prompts):
-            raise ValueError(f"images and prompts differ in length: {len(images)} vs {len(prompts)}")
-        if not images:
-            raise ValueError("images: no images given")
-        pairs = list(zip(images, prompts))
-        if progress:
-            from tqdm.auto import tqdm
-
-            pairs = tqdm(pairs, desc="ImageReward", unit="img")
+        images, prompts = check_pairs(images, prompts)
+        pairs = with_progress(list(zip(images, prompts)), progress, "ImageReward", "img")
         return [float(self.model.score(prompt, image.convert("RGB"))) for image, prompt in pairs]
 
 
 @dataclass
-class ImageRewardResult:
+class ImageRewardResult(PerImageResult):
     image_reward: float  # mean over pairs
     std: float
     num_pairs: int
     weights: str
     per_image: list[dict[str, Any]] = field(default_factory=list, repr=False)
-
-    def to_dict(self, with_per_image: bool = False) -> dict:
-        d = asdict(self)
-        if not with_per_image:
-            d.pop("per_image")
-        return d
 
 
 def compute_imagereward(folder: str | os.PathLike, prompts: str | os.PathLike | None = None, *,
@@ -350,9 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vision", default="large",
                         help="vision tower: large (the released model), base, or a JSON dict of VisionTransformer "
                              "arguments for small test models")
-    parser.add_argument("--output", default=None, help="write the summary as JSON here")
-    parser.add_argument("--per-image", default=None, help="write per-image rewards as JSON lines here")
-    parser.add_argument("--no-progress", action="store_true")
+    add_output_arguments(parser, "write per-image rewards as JSON lines here")
     return parser
 
 
@@ -371,10 +356,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scorer = ImageRewardScorer(args.weights, args.med_config, args.tokenizer, device=args.device, vision=vision)
     result = compute_imagereward(args.folder, args.prompts, scorer=scorer, progress=not args.no_progress)
     print(f"ImageReward: {result.image_reward:.4f} +- {result.std:.4f} over {result.num_pairs} pairs ({result.weights})")
-    if args.output:
-        write_json_atomic(args.output, result.to_dict())
-    if args.per_image:
-        write_jsonl_atomic(args.per_image, result.per_image)
+    write_outputs(args, result)
     return 0
 
 
