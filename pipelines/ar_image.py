@@ -43,15 +43,13 @@ from mmspec.drafters import JacobiDrafter, TreeConfig
 from mmspec.local_speculate import local_speculative_generate
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines.conditioning import (
+    WordVocabularyMixin,
     as_prompt_list,
     check_class_labels,
-    check_text_tokenizer_size,
-    check_word_prompts,
     images_for_output_type,
     load_text_vocabulary,
-    save_text_vocabulary,
 )
-from mmspec.pipelines.hub import load_components, resolve_pretrained
+from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.rules import AcceptanceRule, GroupedRule, LanternRule, PoolingThresholdRule
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
@@ -103,7 +101,7 @@ def _as_numpy(images: Any) -> np.ndarray:
     return np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0 for image in images])
 
 
-class ARImagePipeline(DiffusionPipeline):
+class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
     r"""Text- or class-conditioned discrete AR image generation, speculative or not, on one core loop.
 
     Args:
@@ -138,8 +136,7 @@ class ARImagePipeline(DiffusionPipeline):
                               mulo_upsampler=mulo_upsampler)
         if eagle_head is not None:
             eagle_head.bind_target(transformer.get_input_embeddings(), transformer.get_output_embeddings())
-        check_text_tokenizer_size(text_tokenizer, getattr(transformer.config, "text_vocab_size", None))
-        self.text_tokenizer = text_tokenizer
+        self._set_text_tokenizer(text_tokenizer, getattr(transformer.config, "text_vocab_size", None))
         self._neighbors: torch.Tensor | None = None  # cached codebook_neighbors table [V, k_max]
 
     # -- loading and saving ---------------------------------------------------------------------------
@@ -150,29 +147,18 @@ class ARImagePipeline(DiffusionPipeline):
         path = resolve_pretrained(pretrained_model_name_or_path)
         load_text_vocabulary(path, kwargs)
         if (Path(path) / "model_index.json").is_file():
-            return cls._from_local_folder(Path(path), **kwargs)
+            names = ("transformer", "vqvae", "eagle_head", "mulo_drafter", "mulo_upsampler")
+            return cls._from_saved_folder(Path(path), names, **kwargs)
         return super().from_pretrained(path, **kwargs)
 
     @classmethod
-    def _from_local_folder(cls, path: Path, torch_dtype: torch.dtype | None = None, **overrides: Any
-                           ) -> ARImagePipeline:
-        """Build the pipeline from a ``save_pretrained`` folder (:func:`load_components`), then the text
-        tokenizer: the word vocabulary file, or the transformer's ``load_text_tokenizer`` hook (Janus)."""
-        names = ("transformer", "vqvae", "eagle_head", "mulo_drafter", "mulo_upsampler")
-        components = load_components(cls, path, names, torch_dtype=torch_dtype, extra=("text_tokenizer",),
-                                     **overrides)
+    def _complete_components(cls, components: dict[str, Any], path: Path) -> dict[str, Any]:
+        """Without a word vocabulary file, the text tokenizer comes from the transformer's
+        ``load_text_tokenizer`` hook when it has one (Janus: an HF tokenizer)."""
         hook = getattr(components["transformer"], "load_text_tokenizer", None)
-        if components.get("text_tokenizer") is None and callable(hook):  # e.g. Janus: an HF tokenizer
+        if components.get("text_tokenizer") is None and callable(hook):
             components["text_tokenizer"] = hook(path / "transformer")
-        pipe = cls(**components)
-        pipe.register_to_config(_name_or_path=str(path))
-        return pipe
-
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
-        """diffusers' folder layout (``model_index.json`` + one folder per component) plus the word
-        vocabulary in ``transformer/text_vocab.json``."""
-        super().save_pretrained(save_directory, **kwargs)
-        save_text_vocabulary(self.text_tokenizer, save_directory)
+        return components
 
     # -- helpers --------------------------------------------------------------------------------------
     @property
@@ -216,7 +202,7 @@ class ARImagePipeline(DiffusionPipeline):
             if getattr(config, "text_vocab_size", None) is None:
                 raise NotImplementedError("this t2i transformer reads caption features (no word table): the text "
                                           "encoder (T5) is not wired into ARImagePipeline yet")
-            check_word_prompts(prompts, self.text_tokenizer)
+            self._check_word_prompts(prompts)
         else:
             if config.model_type != "c2i":
                 raise ValueError("this transformer is text-conditioned (t2i): pass prompt, not class_labels")

@@ -52,14 +52,8 @@ from diffusers.utils import BaseOutput
 from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
 from mmspec.models.text import WordTokenizer
 from mmspec.models.video import NUM_TRAIN_TIMESTEPS, _at_least_fp32, check_timesteps
-from mmspec.pipelines.conditioning import (
-    as_prompt_list,
-    check_text_tokenizer_size,
-    check_word_prompts,
-    load_text_vocabulary,
-    save_text_vocabulary,
-)
-from mmspec.pipelines.hub import load_components, resolve_pretrained
+from mmspec.pipelines.conditioning import WordVocabularyMixin, as_prompt_list
+from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.reward import RewardRouter
 from mmspec.stats import SpecStats
 from mmspec.world.video import VideoPrompt
@@ -271,7 +265,7 @@ class _BatchReward:
 # ----------------------------------------------------------------------------------------------------
 
 
-class ARVideoPipeline(DiffusionPipeline):
+class ARVideoPipeline(WordVocabularyMixin, DiffusionPipeline):
     r"""Text-to-video with a block-causal AR video diffusion target, draft-only, or SDVG speculation.
 
     Args:
@@ -302,9 +296,8 @@ class ARVideoPipeline(DiffusionPipeline):
         latent = getattr(vae.config, "latent_dim", None)
         if latent is not None and latent != transformer.config.latent_channels:
             raise ValueError(f"vae latents have {latent} channels but the transformer {transformer.config.latent_channels}")
-        check_text_tokenizer_size(text_tokenizer, transformer.config.text_vocab_size)
         self.register_modules(transformer=transformer, vae=vae, drafter=drafter)
-        self.text_tokenizer = text_tokenizer
+        self._set_text_tokenizer(text_tokenizer, transformer.config.text_vocab_size)
         self._reward_cache: dict[Any, Callable] = {}
 
     # -- loading and saving ---------------------------------------------------------------------------
@@ -316,18 +309,7 @@ class ARVideoPipeline(DiffusionPipeline):
         if not (path / "model_index.json").is_file():
             raise FileNotFoundError(f"{path} is not an ARVideoPipeline folder (no model_index.json); build one with "
                                     "save_pretrained")
-        load_text_vocabulary(path, kwargs)
-        torch_dtype = kwargs.pop("torch_dtype", None)
-        components = load_components(cls, path, ("transformer", "vae", "drafter"), torch_dtype=torch_dtype,
-                                     extra=("text_tokenizer",), **kwargs)
-        pipe = cls(**components)
-        pipe.register_to_config(_name_or_path=str(path))
-        return pipe
-
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
-        """diffusers' folder layout plus the word vocabulary in ``transformer/text_vocab.json``."""
-        super().save_pretrained(save_directory, **kwargs)
-        save_text_vocabulary(self.text_tokenizer, save_directory)
+        return cls._from_saved_folder(path, ("transformer", "vae", "drafter"), **kwargs)
 
     # -- helpers --------------------------------------------------------------------------------------
     @property
@@ -371,7 +353,7 @@ class ARVideoPipeline(DiffusionPipeline):
         if sampler not in SAMPLERS:
             raise ValueError(f"sampler must be one of {list(SAMPLERS)}, got {sampler!r}")
         prompts = as_prompt_list(prompt, (str, VideoPrompt), "a string, a VideoPrompt or a list of them")
-        check_word_prompts([p.text if isinstance(p, VideoPrompt) else p for p in prompts], self.text_tokenizer)
+        self._check_word_prompts([p.text if isinstance(p, VideoPrompt) else p for p in prompts])
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks <= 0:
             raise ValueError(f"num_blocks must be a positive integer, got {num_blocks!r}")
         if num_blocks > self.max_blocks:

@@ -10,8 +10,9 @@ three pipelines accept the same inputs and raise the same errors:
 * :func:`check_word_prompts`: every prompt encodes with the pipeline's word vocabulary and has words;
 * :func:`check_class_labels`: an int or a non-empty list of ints in ``[0, num_classes)``;
 * :func:`check_text_tokenizer_size`: the vocabulary fits the target's word table;
-* :func:`load_text_vocabulary` / :func:`save_text_vocabulary`: the ``transformer/text_vocab.json`` file
-  of ``from_pretrained`` / ``save_pretrained``;
+* :func:`load_text_vocabulary` / :func:`save_text_vocabulary`: the ``transformer/text_vocab.json`` file;
+* :class:`WordVocabularyMixin`: a pipeline's ``text_tokenizer`` (kept after the size check, prompts
+  checked against it), its ``save_pretrained`` and the loader of a saved folder;
 * :func:`images_for_output_type`: decoded pixels -> the ``output_type`` a caller asked for.
 """
 
@@ -28,6 +29,7 @@ import torch
 from diffusers import DiffusionPipeline
 
 from mmspec.models.text import WordTokenizer
+from mmspec.pipelines.hub import load_components
 
 TEXT_VOCAB_FILE = "text_vocab.json"  # the word vocabulary, saved in the transformer's folder
 
@@ -55,6 +57,48 @@ def save_text_vocabulary(text_tokenizer: WordTokenizer | None, save_directory: s
     target's weights (``save_pretrained`` has written that folder already)."""
     if text_tokenizer is not None:
         text_tokenizer.save(text_vocabulary_path(save_directory))
+
+
+class WordVocabularyMixin:
+    """For a :class:`~diffusers.DiffusionPipeline` with a ``text_tokenizer`` attribute (a
+    :class:`~mmspec.models.text.WordTokenizer` or None) that is not a diffusers component: it is saved as
+    ``transformer/text_vocab.json`` next to the target's weights and read back from there. List the mixin
+    before ``DiffusionPipeline`` in the bases."""
+
+    text_tokenizer: WordTokenizer | None
+
+    def _set_text_tokenizer(self, text_tokenizer: WordTokenizer | None, text_vocab_size: int | None) -> None:
+        """Keep ``text_tokenizer`` after checking that it fits the target's word table (``text_vocab_size``
+        rows; None: the target has none to check against)."""
+        check_text_tokenizer_size(text_tokenizer, text_vocab_size)
+        self.text_tokenizer = text_tokenizer
+
+    def _check_word_prompts(self, texts: Sequence[str]) -> None:
+        """:func:`check_word_prompts` against this pipeline's word vocabulary."""
+        check_word_prompts(texts, self.text_tokenizer)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """diffusers' folder layout (``model_index.json`` + one folder per component) plus the word
+        vocabulary in ``transformer/text_vocab.json``."""
+        super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
+        save_text_vocabulary(self.text_tokenizer, save_directory)
+
+    @classmethod
+    def _from_saved_folder(cls, path: Path, names: Sequence[str], torch_dtype: torch.dtype | None = None,
+                           **kwargs: Any) -> Any:
+        """The pipeline of a ``save_pretrained`` folder: the word vocabulary (unless ``text_tokenizer`` is
+        given), the components ``names`` (:func:`~mmspec.pipelines.hub.load_components`; keyword arguments
+        replace components), :meth:`_complete_components`, then ``_name_or_path`` recorded in the config."""
+        load_text_vocabulary(path, kwargs)
+        components = load_components(cls, path, names, torch_dtype=torch_dtype, extra=("text_tokenizer",), **kwargs)
+        pipe = cls(**cls._complete_components(components, path))
+        pipe.register_to_config(_name_or_path=str(path))
+        return pipe
+
+    @classmethod
+    def _complete_components(cls, components: dict[str, Any], path: Path) -> dict[str, Any]:
+        """Hook between loading and construction (e.g. a text tokenizer that is not a word vocabulary)."""
+        return components
 
 
 def check_text_tokenizer_size(text_tokenizer: Any, text_vocab_size: int | None) -> None:

@@ -56,15 +56,12 @@ from diffusers.utils import BaseOutput
 from mmspec.continuous import cspd_log_ratio, gaussian_log_prob, verify_continuous
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines.conditioning import (
+    WordVocabularyMixin,
     as_prompt_list,
     check_class_labels,
-    check_text_tokenizer_size,
-    check_word_prompts,
     images_for_output_type,
-    load_text_vocabulary,
-    save_text_vocabulary,
 )
-from mmspec.pipelines.hub import load_components, resolve_pretrained
+from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.stats import SpecStats
 
 METHODS = ("none", "cspd")
@@ -291,7 +288,7 @@ class _BoundMAR:
 # ----------------------------------------------------------------------------------------------------
 
 
-class ContinuousARImagePipeline(DiffusionPipeline):
+class ContinuousARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
     r"""Class- or text-conditioned MAR generation over continuous tokens, target-only or with CSpD.
 
     Args:
@@ -321,10 +318,8 @@ class ContinuousARImagePipeline(DiffusionPipeline):
                              f"{config.token_dim}")
         if draft_transformer is not None:
             _check_draft(transformer, draft_transformer)
-        if config.condition_type == "text":
-            check_text_tokenizer_size(text_tokenizer, config.text_vocab_size)
         self.register_modules(transformer=transformer, vae=vae, draft_transformer=draft_transformer)
-        self.text_tokenizer = text_tokenizer
+        self._set_text_tokenizer(text_tokenizer, config.text_vocab_size if config.condition_type == "text" else None)
 
     # -- loading and saving ---------------------------------------------------------------------------
     @classmethod
@@ -336,18 +331,8 @@ class ContinuousARImagePipeline(DiffusionPipeline):
         path = Path(resolve_pretrained(pretrained_model_name_or_path))
         if not (path / "model_index.json").is_file():
             raise FileNotFoundError(f"{path} is not a saved ContinuousARImagePipeline folder (no model_index.json)")
-        load_text_vocabulary(path, kwargs)
-        torch_dtype = kwargs.pop("torch_dtype", torch.float32)
-        components = load_components(cls, path, ("transformer", "vae", "draft_transformer"), torch_dtype=torch_dtype,
-                                     extra=("text_tokenizer",), **kwargs)
-        pipe = cls(**components)
-        pipe.register_to_config(_name_or_path=str(path))
-        return pipe
-
-    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
-        """diffusers' layout (``model_index.json`` + one folder per model) plus ``transformer/text_vocab.json``."""
-        super().save_pretrained(save_directory, **kwargs)
-        save_text_vocabulary(self.text_tokenizer, save_directory)
+        kwargs.setdefault("torch_dtype", torch.float32)
+        return cls._from_saved_folder(path, ("transformer", "vae", "draft_transformer"), **kwargs)
 
     # -- inputs ---------------------------------------------------------------------------------------
     @property
@@ -373,7 +358,7 @@ class ContinuousARImagePipeline(DiffusionPipeline):
         if prompt is not None:
             if config.condition_type != "text":
                 raise ValueError("this transformer is class-conditioned: pass class_labels, not prompt")
-            check_word_prompts(as_prompt_list(prompt), self.text_tokenizer)
+            self._check_word_prompts(as_prompt_list(prompt))
         else:
             if config.condition_type != "class":
                 raise ValueError("this transformer is text-conditioned: pass prompt, not class_labels")
