@@ -46,6 +46,7 @@ from mmspec.pipelines.conditioning import (
     WordVocabularyMixin,
     as_prompt_list,
     check_class_labels,
+    check_condition,
     images_for_output_type,
     load_text_vocabulary,
 )
@@ -192,20 +193,15 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {list(OUTPUT_TYPES)}, got {output_type!r}")
-        if (prompt is None) == (class_labels is None):
-            raise ValueError("pass exactly one of prompt (text-to-image models) and class_labels (class-conditioned "
-                             "models)")
+        check_condition(prompt, class_labels, config.model_type == "t2i",
+                        ("text-conditioned (t2i)", "class-conditioned (c2i)"))
         if prompt is not None:
-            if config.model_type != "t2i":
-                raise ValueError("this transformer is class-conditioned (c2i): pass class_labels, not prompt")
             prompts = as_prompt_list(prompt)
             if getattr(config, "text_vocab_size", None) is None:
                 raise NotImplementedError("this t2i transformer reads caption features (no word table): the text "
                                           "encoder (T5) is not wired into ARImagePipeline yet")
             self._check_word_prompts(prompts)
         else:
-            if config.model_type != "c2i":
-                raise ValueError("this transformer is text-conditioned (t2i): pass prompt, not class_labels")
             check_class_labels(class_labels, config.num_classes)
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
             raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")

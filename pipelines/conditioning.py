@@ -6,6 +6,7 @@ their targets on word prompts (a :class:`~mmspec.models.text.WordTokenizer`, sav
 ``transformer/text_vocab.json``) or on class ids. The checks and the file handling live here once, so the
 three pipelines accept the same inputs and raise the same errors:
 
+* :func:`check_condition`: exactly one of ``prompt`` and ``class_labels``, the one the transformer reads;
 * :func:`as_prompt_list`: a prompt or a non-empty list of prompts -> a list;
 * :func:`check_word_prompts`: every prompt encodes with the pipeline's word vocabulary and has words;
 * :func:`check_class_labels`: an int or a non-empty list of ints in ``[0, num_classes)``;
@@ -108,6 +109,19 @@ def check_text_tokenizer_size(text_tokenizer: Any, text_vocab_size: int | None) 
 
 
 # -- prompts and class labels ---------------------------------------------------------------------------------
+
+
+def check_condition(prompt: Any, class_labels: Any, text_conditioned: bool,
+                    kinds: tuple[str, str] = ("text-conditioned", "class-conditioned")) -> None:
+    """Exactly one of ``prompt`` and ``class_labels`` must be given: the prompt for a text-conditioned
+    transformer, class labels for a class-conditioned one. ``kinds`` names the two kinds in the errors."""
+    if (prompt is None) == (class_labels is None):
+        raise ValueError("pass exactly one of prompt (text-conditioned models) and class_labels (class-conditioned "
+                         "models)")
+    if prompt is not None and not text_conditioned:
+        raise ValueError(f"this transformer is {kinds[1]}: pass class_labels, not prompt")
+    if class_labels is not None and text_conditioned:
+        raise ValueError(f"this transformer is {kinds[0]}: pass prompt, not class_labels")
 
 
 def as_prompt_list(prompt: Any, kinds: tuple[type, ...] = (str,),

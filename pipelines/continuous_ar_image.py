@@ -59,6 +59,7 @@ from mmspec.pipelines.conditioning import (
     WordVocabularyMixin,
     as_prompt_list,
     check_class_labels,
+    check_condition,
     images_for_output_type,
 )
 from mmspec.pipelines.hub import resolve_pretrained
@@ -353,15 +354,10 @@ class ContinuousARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
         if output_type not in OUTPUT_TYPES:
             raise ValueError(f"output_type must be one of {list(OUTPUT_TYPES)}, got {output_type!r}")
-        if (prompt is None) == (class_labels is None):
-            raise ValueError("pass exactly one of prompt (text-conditioned models) and class_labels (class-conditioned)")
+        check_condition(prompt, class_labels, config.condition_type == "text")
         if prompt is not None:
-            if config.condition_type != "text":
-                raise ValueError("this transformer is class-conditioned: pass class_labels, not prompt")
             self._check_word_prompts(as_prompt_list(prompt))
         else:
-            if config.condition_type != "class":
-                raise ValueError("this transformer is text-conditioned: pass prompt, not class_labels")
             check_class_labels(class_labels, config.num_classes)
         seq_len = config.grid_size ** 2
         if not isinstance(num_iter, int) or isinstance(num_iter, bool) or not 1 <= num_iter <= seq_len:
