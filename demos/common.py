@@ -59,16 +59,23 @@ def user_message(error: BaseException) -> str:
 # ----------------------------------------------------------------------------------------------------
 
 
+def _parse_number(name: str, value: Any, expected: str) -> float:
+    """``value`` as a float, or a :class:`DemoError` naming the field and what it takes (``expected``, e.g.
+    "an integer in [1, 8]") when it is empty or not a number."""
+    if value is None or value == "" or isinstance(value, bool):
+        raise DemoError(f"{name} is empty: enter {expected}")
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise DemoError(f"{name} must be {expected}, got {value!r}") from None
+
+
 def check_int(name: str, value: Any, low: int, high: int) -> int:
     """``value`` as an integer in ``[low, high]`` or a :class:`DemoError` naming the field."""
-    if value is None or value == "" or isinstance(value, bool):
-        raise DemoError(f"{name} is empty: enter an integer in [{low}, {high}]")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise DemoError(f"{name} must be an integer in [{low}, {high}], got {value!r}") from None
+    expected = f"an integer in [{low}, {high}]"
+    number = _parse_number(name, value, expected)
     if not math.isfinite(number) or number != int(number) or not low <= int(number) <= high:
-        raise DemoError(f"{name} must be an integer in [{low}, {high}], got {value!r}")
+        raise DemoError(f"{name} must be {expected}, got {value!r}")
     return int(number)
 
 
@@ -76,19 +83,14 @@ def check_float(name: str, value: Any, low: float, high: float, *, low_open: boo
                 allow_inf: bool = False) -> float:
     """``value`` as a number in ``[low, high]`` (``(low, high]`` with ``low_open``) or a :class:`DemoError`.
     ``allow_inf`` also accepts -inf / +inf (typed as "inf" / "-inf")."""
-    bracket = "(" if low_open else "["
-    if value is None or value == "" or isinstance(value, bool):
-        raise DemoError(f"{name} is empty: enter a number in {bracket}{low}, {high}]")
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise DemoError(f"{name} must be a number in {bracket}{low}, {high}], got {value!r}") from None
+    expected = f"a number in {'(' if low_open else '['}{low}, {high}]"
+    number = _parse_number(name, value, expected)
     if math.isnan(number):
         raise DemoError(f"{name} must be a number, got NaN")
     if math.isinf(number) and allow_inf:
         return number
     if not (low < number if low_open else low <= number) or not number <= high:
-        raise DemoError(f"{name} must be a number in {bracket}{low}, {high}], got {value!r}")
+        raise DemoError(f"{name} must be {expected}, got {value!r}")
     return number
 
 
