@@ -93,8 +93,21 @@ def load_components(pipeline_class: type, path: Path, names: Sequence[str], *, t
             components[name] = component
             continue
         component_class = getattr(importlib.import_module(library), class_name)
-        component = component_class.from_pretrained(str(Path(path) / name))
-        if torch_dtype is not None:
-            component = component.to(torch_dtype)
-        components[name] = component.eval()
+        components[name] = _load_model(component_class, Path(path) / name, torch_dtype).eval()
     return components
+
+
+def _load_model(component_class: type, folder: Path, torch_dtype: torch.dtype | None) -> Any:
+    """``component_class.from_pretrained(folder)`` in ``torch_dtype``: through the loader's own dtype
+    argument where the class has one (diffusers ``torch_dtype``, transformers ``dtype``; casting with
+    ``.to`` afterwards makes diffusers warn on every load), else by ``.to``."""
+    from diffusers import ModelMixin
+    from transformers import PreTrainedModel
+
+    if torch_dtype is None:
+        return component_class.from_pretrained(str(folder))
+    if issubclass(component_class, ModelMixin):
+        return component_class.from_pretrained(str(folder), torch_dtype=torch_dtype)
+    if issubclass(component_class, PreTrainedModel):
+        return component_class.from_pretrained(str(folder), dtype=torch_dtype)
+    return component_class.from_pretrained(str(folder)).to(torch_dtype)
