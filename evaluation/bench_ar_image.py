@@ -27,6 +27,7 @@ from mmspec.world import make_prompt_set
 
 from .bench_cli import (
     add_common_arguments,
+    call_kwargs,
     command_line,
     machine_line,
     method_kwargs,
@@ -56,7 +57,7 @@ def generate(pipe: Any, prompts: Sequence[str], method: str, kwargs: dict, mode:
     images, stats = [], []
     for start in range(0, len(prompts), batch):
         out = pipe(list(prompts[start:start + batch]), method=method, output_type="np", generator=generator,
-                   **mode, **kwargs)
+                   **mode, **call_kwargs(kwargs))
         images += list(out.images)
         stats.append(out.stats)
     return images, stats

@@ -61,6 +61,21 @@ def method_kwargs(methods: Sequence[str], defaults: Mapping[str, dict], override
     return {m: {**defaults[m], **parsed.get(m, {})} for m in methods}
 
 
+def call_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Pipeline keywords from a benchmark's JSON-able ones: a ``"tree"`` given as a dict
+    (``{"depth": 8, "top_k": 3, "total_tokens": 16}``) becomes a :class:`~mmspec.drafters.TreeConfig`, so
+    trees can be benchmarked from the command line (``--method-kwargs '{"eagle": {"tree": {...}}}'``)."""
+    from mmspec.drafters import TreeConfig
+
+    out = dict(kwargs)
+    if isinstance(out.get("tree"), Mapping):
+        try:
+            out["tree"] = TreeConfig(**out["tree"])
+        except TypeError as error:
+            raise SystemExit(f"--method-kwargs: bad tree {dict(out['tree'])}: {error}") from None
+    return out
+
+
 def machine_line() -> str:
     """``"x86_64, 2 threads, torch 2.13.0+cpu"``: where the numbers were measured."""
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"

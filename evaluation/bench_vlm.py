@@ -25,7 +25,7 @@ import torch
 
 from mmspec.stats import SpecStats
 
-from .bench_cli import add_common_arguments, command_line, machine_line, method_kwargs, write_report
+from .bench_cli import add_common_arguments, call_kwargs, command_line, machine_line, method_kwargs, write_report
 from .speed import RunResult, run_benchmark
 
 METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")
@@ -60,7 +60,7 @@ def pipeline_case(pipe: Any, examples: list[dict], method: str, kwargs: dict, mo
         for chunk in _chunks(examples, batch):
             frames = [list(e["frames"]) for e in chunk]
             out = pipe(videos=frames, prompt=[e["prompt"] for e in chunk], method=method, generator=generator,
-                       max_new_tokens=max_new_tokens, **mode, **kwargs)
+                       max_new_tokens=max_new_tokens, **mode, **call_kwargs(kwargs))
             texts += out.text
             stats.append(out.stats)
             visual += out.draft_visual_tokens or []

@@ -86,3 +86,14 @@ def test_benchmark_cases_are_lossless_at_temperature_0(zoo_folder):
     assert len({len(t.split()) for t in outputs["none"]} | {0}) > 1  # real text, not empty rows
     for method, texts in outputs.items():
         assert texts == outputs["none"], method
+
+
+def test_tree_keywords_from_the_command_line():
+    from mmspec.drafters import TreeConfig
+    from mmspec.evaluation.bench_cli import call_kwargs
+
+    kwargs = {"num_draft_tokens": 6, "tree": {"depth": 4, "top_k": 2, "total_tokens": 8}}
+    converted = call_kwargs(kwargs)
+    assert converted["tree"] == TreeConfig(depth=4, top_k=2, total_tokens=8) and kwargs["tree"]["depth"] == 4
+    with pytest.raises(SystemExit, match="bad tree"):
+        call_kwargs({"tree": {"depht": 4}})
