@@ -169,11 +169,15 @@ def test_ar_image_bad_input(tiny, cache, kwargs, message):
     assert str(error.value) in common.user_message(error.value)  # the page shows the whole message
 
 
-def test_ar_image_on_the_zoo(cache):
+def _zoo_or_skip(family: str, path: str) -> None:
     try:
-        common.resolve_checkpoint("ar_image", ar_image_tab.DEFAULT_PATH)
+        common.resolve_checkpoint(family, path)
     except DemoError as error:
         pytest.skip(f"the zoo entry is not built here: {error}")
+
+
+def test_ar_image_on_the_zoo(cache):
+    _zoo_or_skip("ar_image", ar_image_tab.DEFAULT_PATH)
     result = ar_image_tab.run_ar_image(cache, prompt="a red circle", method="eagle", greedy=True)
     summary = result.comparison.summary()
     assert result.comparison.extra["same tokens as the baseline"][0] == "yes"
@@ -238,6 +242,15 @@ def test_vlm_bad_input(tiny, cache, tmp_path):
         vlm_tab.example_inputs("a cat")
 
 
+def test_vlm_on_the_zoo(cache):
+    """The tab's defaults: the bundled captioner, a shapes example, greedy FLASH: lossless and accepted."""
+    _zoo_or_skip("vlm", vlm_tab.DEFAULT_PATH)
+    final = list(vlm_tab.run_vlm(cache, example="shapes scene 0 (image)", prompt="", method="flash",
+                                 max_new_tokens=48, greedy=True, num_draft_tokens=5))[-1]
+    assert final.done and final.comparison.extra["same text as the baseline"][0] == "yes"
+    assert final.comparison.summary()["mean_accepted_length"] > 2.0
+
+
 # ---------------------------------------------------------------------------------------------------- continuous
 
 
@@ -261,6 +274,13 @@ def test_continuous_cspd_against_the_baseline(tiny, cache):
 def test_continuous_bad_input(tiny, cache, kwargs, message):
     with pytest.raises((DemoError, ValueError), match=message):
         continuous_tab.run_continuous(cache, path=tiny["continuous"], **kwargs)
+
+
+def test_continuous_on_the_zoo(cache):
+    _zoo_or_skip("continuous", continuous_tab.DEFAULT_PATH)
+    result = continuous_tab.run_continuous(cache, prompt="a red circle", num_images=1, draft_length=8, num_iter=32)
+    summary = result.comparison.summary()
+    assert summary["target_calls"] < summary["base_target_calls"] / 2 and "speculative (cspd)" in result.stats_html
 
 
 # ---------------------------------------------------------------------------------------------------- video
@@ -301,6 +321,14 @@ def test_video_block_decisions_text():
 def test_video_bad_input(tiny, cache, kwargs, message):
     with pytest.raises(DemoError, match=message):
         video_tab.run_video(cache, **{"path": tiny["video"], **kwargs})
+
+
+def test_video_on_the_zoo(cache):
+    _zoo_or_skip("video", video_tab.DEFAULT_PATH)
+    exact = video_tab.run_video(cache, tau="inf", num_blocks=2)  # tau = +inf: exactly the baseline
+    assert torch.equal(exact.comparison.speculative.latents, exact.comparison.baseline.latents)
+    routed = video_tab.run_video(cache, tau=0.0, num_blocks=2)
+    assert routed.blocks_html.count("mmspec-block ") == 2 and "reward" in routed.blocks_html
 
 
 # ---------------------------------------------------------------------------------------------------- page and CLI
