@@ -29,6 +29,7 @@ from mmspec.demos.common import (
     MAP_LEGEND,
     DemoError,
     PipelineCache,
+    import_pipeline_modules,
     legend_html,
     resolve_checkpoint,
     user_message,
@@ -193,7 +194,7 @@ def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, g
             example = gr.Radio([*vlm_tab.EXAMPLES, vlm_tab.NO_EXAMPLE], value=next(iter(vlm_tab.EXAMPLES)),
                                label="or a shapes example", elem_id=f"{elem}-example")
         preview = gr.Gallery(vlm_tab.example_inputs(next(iter(vlm_tab.EXAMPLES)))[0], label="input", columns=4,
-                             height=140, format="png", elem_id=f"{elem}-preview", interactive=False)
+                             height=140, object_fit="contain", format="png", elem_id=f"{elem}-preview", interactive=False)
         fields = {"files": files, "example": example, "preview": preview,
                   "prompt": gr.Textbox(value=vlm_tab.PROMPTS["image"], label="prompt", elem_id=f"{elem}-prompt")}
         with gr.Row():
@@ -378,6 +379,7 @@ def build_app(paths: dict[str, str] | None = None, cache: PipelineCache | None =
     unknown = sorted(set(paths) - set(FAMILIES))
     if unknown:
         raise ValueError(f"paths has unknown families {unknown}; known: {list(FAMILIES)}")
+    import_pipeline_modules()  # before any handler thread imports them (lazy loaders are not thread-safe)
     cache = cache if cache is not None else PipelineCache()
     tabs = (("VLM", "vlm", _vlm_tab), ("AR image", "ar_image", _ar_image_tab),
             ("Continuous AR image", "continuous", _continuous_tab), ("AR video", "video", _video_tab))

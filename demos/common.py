@@ -201,6 +201,22 @@ def resolve_checkpoint(family: str, path: Any) -> str:
     return str(folder.resolve())
 
 
+def import_pipeline_modules() -> None:
+    """Import every family's pipeline module (and with them diffusers' and transformers' lazily loaded
+    parts) now, in the calling thread. The page's handlers run in worker threads, several at once when the
+    page loads (one checkpoint check per tab); transformers' and diffusers' lazy module loaders are not
+    safe against concurrent first imports and failed once with "Could not import module
+    'PreTrainedModel'". Call this from the thread that builds the app."""
+    import diffusers.pipelines.pipeline_utils  # noqa: F401
+    import transformers.modeling_utils  # noqa: F401
+    from transformers import PreTrainedModel  # noqa: F401
+
+    import mmspec.pipelines.hub  # noqa: F401
+
+    for module, _, _ in FAMILIES.values():
+        importlib.import_module(module)
+
+
 class PipelineCache:
     """Pipelines loaded once per (family, folder) and kept for the app's lifetime; thread-safe.
 
