@@ -194,7 +194,8 @@ def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, g
             example = gr.Radio([*vlm_tab.EXAMPLES, vlm_tab.NO_EXAMPLE], value=next(iter(vlm_tab.EXAMPLES)),
                                label="or a shapes example", elem_id=f"{elem}-example")
         preview = gr.Gallery(vlm_tab.example_inputs(next(iter(vlm_tab.EXAMPLES)))[0], label="input", columns=4,
-                             height=140, object_fit="contain", format="png", elem_id=f"{elem}-preview", interactive=False)
+                             height=140, object_fit="contain", fit_columns=False, format="png",
+                             elem_id=f"{elem}-preview", interactive=False)
         fields = {"files": files, "example": example, "preview": preview,
                   "prompt": gr.Textbox(value=vlm_tab.PROMPTS["image"], label="prompt", elem_id=f"{elem}-prompt")}
         with gr.Row():
