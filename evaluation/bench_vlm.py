@@ -25,7 +25,14 @@ import torch
 
 from mmspec.stats import SpecStats
 
-from .bench_cli import add_common_arguments, call_kwargs, command_line, machine_line, method_kwargs, write_report
+from .bench_cli import (
+    add_common_arguments,
+    call_kwargs,
+    command_line,
+    machine_line,
+    method_kwargs,
+    write_report,
+)
 from .speed import RunResult, run_benchmark
 
 METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")

@@ -30,8 +30,8 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from mmspec.cache import keep_valid_slots
-from mmspec.models.lean_llama import LeanLlamaDecoder
 from mmspec.drafters import TreeConfig, draft_chain
+from mmspec.models.lean_llama import LeanLlamaDecoder
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult
