@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from pipeline_utils import quiet_pipeline
 
 from mmspec.pipelines import ContinuousARImagePipeline
 from mmspec.pipelines.hub import zoo_dir
@@ -16,9 +17,7 @@ FOLDER = zoo_dir() / "shapes-t2i-continuous"
 
 @pytest.fixture(scope="module")
 def pipe() -> ContinuousARImagePipeline:
-    pipe = ContinuousARImagePipeline.from_pretrained("mmspec/shapes-t2i-continuous")
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return quiet_pipeline(ContinuousARImagePipeline, "mmspec/shapes-t2i-continuous")
 
 
 def test_zoo_entry_loads_offline(pipe):

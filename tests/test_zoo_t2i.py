@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from pipeline_utils import quiet_pipeline
 
 from mmspec import TreeConfig
 from mmspec.pipelines import ARImagePipeline
@@ -13,9 +14,7 @@ PROMPTS = ["a red circle", "a blue square above a green triangle"]
 
 @pytest.fixture(scope="module")
 def pipe() -> ARImagePipeline:
-    pipe = ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return quiet_pipeline(ARImagePipeline, "mmspec/shapes-t2i")
 
 
 def test_zoo_entry_loads_offline_with_every_component(pipe):

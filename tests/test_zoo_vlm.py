@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from pipeline_utils import quiet_pipeline
 
 from mmspec.models import shapes_vlm as sv
 from mmspec.models.recipes import report_vlm
@@ -24,9 +25,7 @@ METHODS = ("eagle", "flash", "vispec", "specvlm", "draft_vlm")
 def pipe() -> VLMPipeline:
     if not BUILT:
         pytest.fail(f"{FOLDER} is not built (bash scripts/build_zoo_vlm.sh)")
-    pipe = VLMPipeline.from_pretrained("mmspec/shapes-vlm")
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return quiet_pipeline(VLMPipeline, "mmspec/shapes-vlm")
 
 
 def _examples() -> tuple[list, list[str]]:
