@@ -202,17 +202,11 @@ def resolve_checkpoint(family: str, path: Any) -> str:
 
 
 def import_pipeline_modules() -> None:
-    """Import every family's pipeline module (and with them diffusers' and transformers' lazily loaded
-    parts) now, in the calling thread. The page's handlers run in worker threads, several at once when the
-    page loads (one checkpoint check per tab); transformers' and diffusers' lazy module loaders are not
-    safe against concurrent first imports and failed once with "Could not import module
-    'PreTrainedModel'". Call this from the thread that builds the app."""
-    import diffusers.pipelines.pipeline_utils  # noqa: F401
-    import transformers.modeling_utils  # noqa: F401
-    from transformers import PreTrainedModel  # noqa: F401
-
-    import mmspec.pipelines.hub  # noqa: F401
-
+    """Import every family's pipeline module (and with it diffusers and transformers) now, in the calling
+    thread. The page's handlers run in worker threads, several at once when the page loads (one checkpoint
+    check per tab); transformers' lazy module loader is not safe against concurrent first imports and
+    failed once with "Could not import module 'PreTrainedModel'". Call this from the thread that builds
+    the app."""
     for module, _, _ in FAMILIES.values():
         importlib.import_module(module)
 

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from diffusers import ModelMixin
+from transformers import PreTrainedModel
 
 # Zoo ids -> the command that builds the entry's weights (the pipeline folder is written by save_pretrained).
 ZOO_RECIPES = {
@@ -101,9 +103,6 @@ def _load_model(component_class: type, folder: Path, torch_dtype: torch.dtype | 
     """``component_class.from_pretrained(folder)`` in ``torch_dtype``: through the loader's own dtype
     argument where the class has one (diffusers ``torch_dtype``, transformers ``dtype``; casting with
     ``.to`` afterwards makes diffusers warn on every load), else by ``.to``."""
-    from diffusers import ModelMixin
-    from transformers import PreTrainedModel
-
     if torch_dtype is None:
         return component_class.from_pretrained(str(folder))
     if issubclass(component_class, ModelMixin):
