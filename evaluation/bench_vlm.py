@@ -37,8 +37,8 @@ from .speed import RunResult, run_benchmark
 
 METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")
 HF_CASES = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
-#: chain lengths from a short sweep on the zoo (batch 1, greedy, 6 held-out examples; K in 4-12): the
-#: trained heads are accepted so often that long chains pay; FLASH's 10 = two semi-AR forwards of 5
+#: chain lengths: the zoo's trained heads are accepted so often that long chains pay (K = 6 / 8 / 12 for
+#: EAGLE are compared in docs/pipeline_vlm.md); FLASH's 10 = two semi-AR forwards of 5
 DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
     "none": {}, "eagle": {"num_draft_tokens": 10}, "flash": {"num_draft_tokens": 10},
     "vispec": {"num_draft_tokens": 10}, "specvlm": {"num_draft_tokens": 10}, "draft_vlm": {"num_draft_tokens": 8},
