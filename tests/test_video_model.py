@@ -237,3 +237,45 @@ def test_recipe_runs_saves_and_resumes(tmp_path):
     train_video.main(args[:-6] + ["--steps", "6", "--save-every", "2", "--threads", "1"])  # resumes at step 4
     assert torch.load(tmp_path / "work" / "checkpoint.pt")["step"] == 6
     assert len((tmp_path / "work" / "log.jsonl").read_text().splitlines()) >= len(log)
+
+
+def test_recipe_second_stage_starts_from_init_and_adds_first_blocks(tmp_path):
+    from mmspec.models.recipes import train_video
+
+    small = ["--dim", "32", "--layers", "1", "--heads", "4", "--num-frames", "4", "--train-clips", "6", "--batch", "2",
+             "--save-every", "2", "--threads", "1"]
+    train_video.main(["--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa"), "--steps", "2", *small])
+    stage1 = BlockCausalVideoTransformer.from_pretrained(tmp_path / "a")
+    copied = BlockCausalVideoTransformer(**{k: v for k, v in stage1.config.items() if not k.startswith("_")})
+    train_video.init_from(copied, tmp_path / "a")
+    assert all(torch.equal(p, q) for p, q in zip(stage1.state_dict().values(), copied.state_dict().values()))
+    stage2_args = ["--init", str(tmp_path / "a"), "--first-block-batch", "3", "--first-block-clips", "5", *small]
+    train_video.main(["--out", str(tmp_path / "c"), "--work", str(tmp_path / "wc"), "--steps", "2", *stage2_args])
+    trained = BlockCausalVideoTransformer.from_pretrained(tmp_path / "c")
+    assert not all(torch.equal(p, q) for p, q in zip(stage1.state_dict().values(), trained.state_dict().values()))
+    first = torch.load(tmp_path / "wc" / "first_blocks.pt")
+    assert first["latents"].shape == (5, 2, 16, 8, 8)  # one block of 2 frames per extra clip
+    full = torch.load(tmp_path / "wc" / "data.pt")
+    assert not any(torch.equal(f, d[:2]) for f in first["latents"] for d in full["latents"])  # fresh clips
+    with pytest.raises(ValueError, match="another architecture"):
+        train_video.main(["--out", str(tmp_path / "d"), "--work", str(tmp_path / "wd"), "--steps", "1",
+                          *stage2_args[:-12], "--dim", "64", *small[2:]])
+    with pytest.raises(FileNotFoundError, match="no trained model"):
+        train_video.main(["--out", str(tmp_path / "e"), "--work", str(tmp_path / "we"), "--steps", "1",
+                          "--init", str(tmp_path / "missing"), *small])
+    with pytest.raises(SystemExit):
+        train_video.main(["--out", str(tmp_path / "f"), "--first-block-batch", "-1", *small])
+
+
+def test_recipe_stop_at_runs_a_schedule_in_pieces(tmp_path):
+    from mmspec.models.recipes import train_video
+
+    small = ["--dim", "32", "--layers", "1", "--heads", "4", "--num-frames", "4", "--train-clips", "6", "--batch", "2",
+             "--save-every", "100", "--threads", "1", "--steps", "4"]
+    train_video.main(["--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa"), *small])
+    train_video.main(["--out", str(tmp_path / "b"), "--work", str(tmp_path / "wb"), "--stop-at", "3", *small])
+    assert torch.load(tmp_path / "wb" / "checkpoint.pt")["step"] == 3  # saved at the stop although not a save step
+    train_video.main(["--out", str(tmp_path / "b"), "--work", str(tmp_path / "wb"), *small])  # the rest
+    whole = BlockCausalVideoTransformer.from_pretrained(tmp_path / "a").state_dict()
+    pieces = BlockCausalVideoTransformer.from_pretrained(tmp_path / "b").state_dict()
+    assert all(torch.equal(whole[k], pieces[k]) for k in whole)  # same schedule, same result

@@ -35,9 +35,9 @@ def start_run(args: argparse.Namespace) -> None:
     args.work.mkdir(parents=True, exist_ok=True)
 
 
-def cached_data(work: Path, build: Callable[[], dict]) -> dict:
-    """The run's training set: ``work/data.pt`` when a previous run saved it, else ``build()`` saved there."""
-    path = work / "data.pt"
+def cached_data(work: Path, build: Callable[[], dict], name: str = "data.pt") -> dict:
+    """The run's training set: ``work/<name>`` when a previous run saved it, else ``build()`` saved there."""
+    path = work / name
     if path.is_file():
         return torch.load(path)
     data = build()
@@ -63,7 +63,8 @@ def warmup_cosine(step: int, total: int, peak: float, warmup: int = 100, floor: 
 def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor], num_items: int, *, steps: int,
                batch: int, lr: float, work: Path, save: Callable[[nn.Module], None], save_every: int = 200,
                weight_decay: float = 0.05, log_every: int = 20,
-               evaluate: Callable[[nn.Module, int], dict] | None = None, eval_every: int = 0) -> None:
+               evaluate: Callable[[nn.Module, int], dict] | None = None, eval_every: int = 0,
+               stop_at: int | None = None) -> None:
     """Minimise ``loss_fn(indices)`` over random mini-batches of ``num_items`` training items.
 
     AdamW (betas 0.9/0.95), gradient clipping at 1 (per part where the model has ``clip_gradients``).
@@ -72,7 +73,8 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
     checkpoint found at start is resumed, RNG state included, so a resumed run equals an unbroken one.
     ``evaluate(model, step)`` (in eval mode, no grad; e.g. held-out acceptance) runs every ``eval_every``
     steps and at the end, its dict logged as ``{"step": ..., "eval": {...}}``; it must not draw from
-    torch's global RNG (use its own generator) so that resumed runs stay identical.
+    torch's global RNG (use its own generator) so that resumed runs stay identical. ``stop_at`` ends this
+    run after that step (saved) without changing the schedule of ``steps``: a long schedule run in pieces.
     """
     work.mkdir(parents=True, exist_ok=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
@@ -87,7 +89,7 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
     model.train()
     start = time.time()
     with (work / "log.jsonl").open("a") as log:
-        while step < steps:
+        while step < min(steps, stop_at if stop_at is not None else steps):
             index = torch.randint(0, num_items, (batch,))
             loss = loss_fn(index)
             for group in optimizer.param_groups:
@@ -111,7 +113,7 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
                 model.train()
                 log.write(json.dumps({"step": step, "eval": result}) + "\n")
                 log.flush()
-            if step % save_every == 0 or step == steps:
+            if step % save_every == 0 or step == steps or step == stop_at:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                             "rng": torch.get_rng_state()}, ckpt)
                 save(model)
