@@ -24,6 +24,7 @@ def zoo_folder(tmp_path_factory):
     target.to(torch.float16).save_pretrained(folder / "target")
     sv.build_processor().save_pretrained(folder / "target")
     sv.build_model("tiny", seed=1, text_layers=1).to(torch.float16).save_pretrained(folder / "draft")
+    sv.build_processor().save_pretrained(folder / "draft")  # as train_vlm writes it
     width, vocab = target.config.text_config.hidden_size, target.get_output_embeddings().weight.shape[0]
     torch.manual_seed(0)
     for name, head in {"eagle_head": EagleVLMHead(width, vocab), "flash_head": FlashHead(width, vocab, num_latents=8),
@@ -42,6 +43,21 @@ def test_zoo_folder_loads_with_the_training_prompt_format(zoo_folder):
                                                       "draft_model"))
     assert pipe.format_prompt("describe the image in detail.", 1) == sv.task_prompt("describe")
     assert pipe.format_prompt("narrate the video.", 4) == sv.task_prompt("narrate", num_frames=4)
+
+
+def test_rebuilding_an_assembled_folder_keeps_every_part(zoo_folder, tmp_path):
+    """Retrained heads go into an assembled folder and build_zoo_vlm runs again (scripts/build_zoo_vlm.sh,
+    docs): the draft then comes from draft_model/, whose processor files must survive the rebuild."""
+    import shutil
+
+    folder = tmp_path / "shapes-vlm"
+    shutil.copytree(zoo_folder, folder)
+    for name in ("target", "draft_model"):
+        assert sv.load_processor(folder / name).tokenizer.padding_side == "left"
+    build_zoo_vlm.main(["--folder", str(folder)])
+    for name in ("target", "draft_model"):
+        assert sv.load_processor(folder / name).tokenizer.padding_side == "left"
+    assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in zoo_folder.iterdir())
 
 
 def test_benchmark_table(zoo_folder, tmp_path):

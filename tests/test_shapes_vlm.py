@@ -260,3 +260,26 @@ def test_assisted_generation_with_the_draft_vlm_is_lossless(tiny_pair):
     assert greedy.shape[1] == inputs["input_ids"].shape[1] + n
     assert sv.decode_answers(processor, assisted, inputs["input_ids"].shape[1]) == \
         sv.decode_answers(processor, greedy, inputs["input_ids"].shape[1])
+
+
+def test_report_sentence_errors_are_order_free_and_by_kind():
+    from mmspec.models.recipes.report_vlm import sentence_errors, sentence_kind
+    from mmspec.world.captions import describe_scene
+    from mmspec.world.scene import Scene, WorldObject
+
+    scene = Scene((WorldObject("circle", "pink", "small", 0.2, 0.5), WorldObject("circle", "pink", "small", 0.5, 0.5),
+                   WorldObject("square", "blue", "large", 0.2, 0.85)))
+    reference = describe_scene(scene)
+    sentences = [s.strip() for s in reference.split(".") if s.strip()]
+    kinds = [sentence_kind(s) for s in sentences]
+    assert kinds[:5] == ["count", "object", "object", "object", "shape totals"]
+    assert kinds[5] == "shared colour" and set(kinds[6:]) == {"relation"}
+    # the output drops the shared-colour sentence and swaps one relation: only those two count as missed,
+    # although every later sentence has moved up by one place
+    wrong = sentences[6].replace("to the left of", "above")
+    output = ". ".join(sentences[:5] + [wrong] + sentences[7:]) + "."
+    errors = sentence_errors([(reference, output), (reference, reference)])
+    assert errors["shared colour"] == {"n": 2, "missed": 1} and errors["relation"] == {"n": 6, "missed": 1}
+    assert errors["object"] == {"n": 6, "missed": 0} and errors["count"] == {"n": 2, "missed": 0}
+    single = describe_scene(Scene((WorldObject("circle", "red", "small", 0.5, 0.5),)))
+    assert sentence_kind(single.split(".")[-2].strip()) == "single-object summary"

@@ -53,10 +53,12 @@ def main(argv: list[str] | None = None) -> None:
     pipe = VLMPipeline(target=target, processor=processor, draft_model=draft, **heads)
     staging = folder.with_name(folder.name + ".staging")
     pipe.save_pretrained(staging)
-    for name in ("target", "draft"):  # keep the training reports and logs beside the parts
-        for extra in (folder / name).glob("*.json"):
-            if not (staging / ("draft_model" if name == "draft" else name) / extra.name).exists():
-                shutil.copy(extra, staging / ("draft_model" if name == "draft" else name) / extra.name)
+    # keep the files save_pretrained does not write (processor and tokenizer files, training reports) beside
+    # the parts; the draft comes from draft/ (fresh from the recipe) or draft_model/ (a rebuilt folder)
+    for source, name in ((folder / "target", "target"), (draft_dir, "draft_model")):
+        for extra in source.glob("*.json") if (staging / name).is_dir() else ():
+            if not (staging / name / extra.name).exists():
+                shutil.copy(extra, staging / name / extra.name)
     for item in folder.iterdir():
         if item.is_file() and not (staging / item.name).exists():
             shutil.copy(item, staging / item.name)

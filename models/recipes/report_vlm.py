@@ -6,7 +6,8 @@ outputs are compared with the world's exact reference text (string equality), on
 
 * ``describe``: detailed descriptions of scenes drawn with the default clearance (the training
   distribution: every centre at least one pixel from a decision boundary, see
-  :func:`mmspec.models.shapes_vlm.scene_clearance`), with a breakdown by object count;
+  :func:`mmspec.models.shapes_vlm.scene_clearance`), with a breakdown by object count and by sentence
+  kind (:func:`sentence_errors`: which parts of a description are wrong);
 * ``describe_any``: detailed descriptions of unrestricted world scenes (``clearance=0``), where some
   centres lie a fraction of a pixel from a region edge, so that no model can be exact on all of them;
 * ``caption``, ``qa``, ``narrate``, ``video_caption`` (clear scenes / clips).
@@ -63,6 +64,38 @@ def generate_answers(model, processor, examples: list[dict], batch: int = 25,
     return out
 
 
+#: the sentence kinds of :func:`mmspec.world.captions.describe_scene`, recognised by how they start
+SENTENCE_KINDS = (("the image shows", "count"), ("there is", "object"), ("next, there is", "object"),
+                  ("in total", "shape totals"), ("the ", "relation"))
+
+
+def sentence_kind(sentence: str) -> str:
+    """The kind of one description sentence (``describe_scene``'s order: count, objects, shape totals,
+    shared colours, pairwise relations; a one-object scene ends with a summary instead of relations)."""
+    if " of the shapes are " in sentence:
+        return "shared colour"
+    if sentence.endswith("nothing else is in the image"):
+        return "single-object summary"
+    for start, kind in SENTENCE_KINDS:
+        if sentence.startswith(start):
+            return kind
+    return "other"
+
+
+def sentence_errors(pairs: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
+    """Per sentence kind, how many reference sentences the outputs miss: ``{kind: {"n", "missed"}}`` over
+    ``(reference, output)`` pairs. A reference sentence counts as missed when the output does not contain
+    it anywhere (order-free, so one omission does not mark every later sentence wrong)."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"n": 0, "missed": 0})
+    for reference, output in pairs:
+        said = {s.strip() for s in output.split(".") if s.strip()}
+        for sentence in (s.strip() for s in reference.split(".") if s.strip()):
+            row = out[sentence_kind(sentence)]
+            row["n"] += 1
+            row["missed"] += sentence not in said
+    return dict(out)
+
+
 def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> dict:
     """Exact accuracy, lengths and time of one report task, plus up to three mismatches."""
     examples = held_out_examples(task, num, seed)
@@ -81,6 +114,7 @@ def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> 
             by_count[len(e["scene"].objects)].append(ok)
         result["exact_by_objects"] = {str(k): round(sum(v) / len(v), 4) for k, v in sorted(by_count.items())}
         result["n_by_objects"] = {str(k): len(v) for k, v in sorted(by_count.items())}
+        result["sentence_errors"] = sentence_errors([(e["answer"], text) for (text, _), e in zip(answers, examples)])
     result["mismatches"] = [{"prompt": e["prompt"].replace(sv.IMAGE, ""), "reference": e["answer"], "output": text}
                             for (text, _), e, ok in zip(answers, examples, correct) if not ok][:3]
     return result
