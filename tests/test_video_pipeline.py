@@ -388,3 +388,31 @@ def test_zoo_entry_loads_offline_and_routes():
     assert torch.equal(base.latents, same.latents)
     spec = pipe(prompt, "sdvg", tau=0.5, num_blocks=3, generator=gen(), output_type="np")
     assert spec.frames.shape == (1, 6, 32, 32, 3) and spec.stats.reward_calls == 2
+
+
+@pytest.mark.skipif(not _zoo_built(), reason="mmspec/shapes-video is not built yet (see docs/pipeline_video.md)")
+def test_zoo_report_matches_a_fresh_measurement():
+    """report.json's target and drafter scores are what the bundled models produce: the first prompts'
+    videos (seed i for prompt i, as report_video makes them) are regenerated and scored again."""
+    from mmspec.pipelines.hub import zoo_dir
+
+    report = json.loads((zoo_dir() / "shapes-video" / "report.json").read_text())
+    pipe = ARVideoPipeline.from_pretrained("mmspec/shapes-video")
+    pipe.set_progress_bar_config(disable=True)
+    prompts = make_video_prompt_set(report["prompts"])[:4]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the report was made (--threads 1)
+    try:
+        _check_report_rows(pipe, report, prompts)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_report_rows(pipe, report: dict, prompts: list) -> None:
+    for name, method in (("target", "none"), ("drafter", "draft")):
+        stored = report[name]["per_prompt_frame_score"]
+        assert len(stored) == report["prompts"] and abs(sum(stored) / len(stored) - report[name]["frame_score"]) < 1e-5
+        for i, prompt in enumerate(prompts):
+            out = pipe(prompt.text, method, generator=torch.Generator().manual_seed(i), output_type="np")
+            frames = (np.clip(out.frames[0], 0, 1) * 255 + 0.5).astype(np.uint8)
+            assert float(np.mean(score_video(frames, prompt).frame_scores)) == pytest.approx(stored[i], abs=1e-6)
