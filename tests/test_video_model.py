@@ -297,3 +297,17 @@ def test_block_loss_report_per_block_with_and_without_prompt():
     assert set(out) == {"prompt", "null prompt"} and all(len(v) == 2 and min(v) > 0 for v in out.values())
     assert out["prompt"] != out["null prompt"]  # the prompt reaches every block's prediction
     assert block_losses(model, latents, words, 750.0) == out  # fixed noise seed: reproducible
+
+
+def test_block_loss_command_on_a_saved_model_without_its_own_vocabulary(tmp_path, capsys):
+    """A pipeline folder's drafter has no text_vocab.json: the command falls back to train_video's vocabulary."""
+    from mmspec.models.recipes import report_video
+    from mmspec.world import vocabulary
+
+    model = BlockCausalVideoTransformer(latent_channels=16, latent_size=8, patch_size=2, num_frames=4,
+                                        frames_per_block=2, dim=32, num_layers=1, num_heads=4,
+                                        text_vocab_size=len(vocabulary()), text_length=24)
+    model.save_pretrained(tmp_path / "drafter")
+    report_video.main(["block-loss", "--model", str(tmp_path / "drafter"), "--clips", "2"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(out) == {"prompt", "null prompt"} and len(out["prompt"]) == 2

@@ -32,7 +32,7 @@ from mmspec.models.recipes.train_video import TEXT_VOCAB_FILE
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.models.video import BlockCausalVideoTransformer
-from mmspec.world import evaluate_videos, make_video_prompt_set
+from mmspec.world import evaluate_videos, make_video_prompt_set, vocabulary
 
 
 def build(target: Path, drafter: Path, folder: Path, tokenizer: Path) -> None:
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
 
         torch.set_num_threads(1)
         model = BlockCausalVideoTransformer.from_pretrained(args.model).float().eval()
-        words = WordTokenizer.load(args.model / TEXT_VOCAB_FILE)
+        vocab_file = args.model / TEXT_VOCAB_FILE  # a pipeline folder's drafter has none: train_video's vocabulary
+        words = WordTokenizer.load(vocab_file) if vocab_file.is_file() else WordTokenizer(vocabulary())
         data = build_data(args.clips, 0, ContinuousTokenizer.from_pretrained(str(args.tokenizer)).eval(), words,
                           model.config.text_length, model.config.num_frames, 0.5, split="test")
         print(json.dumps(block_losses(model, data["latents"], data["words"], args.timestep)))
