@@ -342,6 +342,9 @@ def _video_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox,
             fields["tau"] = gr.Number(value=0.5, label="tau (reward threshold)", elem_id=f"{elem}-tau")
             fields["reward"] = gr.Dropdown(list(video_tab.REWARDS), value="shapes", label="reward",
                                            elem_id=f"{elem}-reward")
+        fields["reward_weights"] = gr.Textbox(
+            value="", label="reward weights (ImageReward: a folder with ImageReward.pt, med_config.json, "
+            "tokenizer/; CLIP: MODEL:FILE; shapes: none)", elem_id=f"{elem}-reward-weights")
         with gr.Row():
             fields["aggregate"] = gr.Dropdown(list(video_tab.AGGREGATES), value="min", label="aggregate over frames")
             fields["force_reject_first"] = gr.Checkbox(value=True, label="first block always by the target",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from mmspec.demos.common import (
     REJECT_COLOR,
     TARGET_COLOR,
     Comparison,
+    DemoError,
     PipelineCache,
     Report,
     check_choice,
@@ -31,13 +33,15 @@ from mmspec.demos.common import (
 )
 
 METHODS = ("sdvg", "draft")
-REWARDS = ("shapes",)  # the named rewards that need no weights files
+REWARDS = ("shapes", "imagereward", "clip")  # "shapes" needs no weights; the others read local files
+#: files of an ImageReward folder given in the reward-weights field (nothing is downloaded)
+IMAGEREWARD_FILES = {"weights": "ImageReward.pt", "med_config": "med_config.json", "tokenizer": "tokenizer"}
 AGGREGATES = ("min", "mean")
 DEFAULT_PATH = "mmspec/shapes-video"
 EXAMPLE_PROMPTS = ("a red circle moving right", "a blue square moving up and a green diamond moving down")
 
-INPUTS = ("path", "prompt", "method", "num_videos", "seed", "tau", "reward", "aggregate", "force_reject_first",
-          "num_blocks", "num_inference_steps", "guidance_scale")
+INPUTS = ("path", "prompt", "method", "num_videos", "seed", "tau", "reward", "reward_weights", "aggregate",
+          "force_reject_first", "num_blocks", "num_inference_steps", "guidance_scale")
 
 STRIP_LEGEND = ((DRAFT_COLOR, "drafted block, accepted"), (REJECT_COLOR, "drafted block rejected: target's block"),
                 (TARGET_COLOR, "target's block (not drafted)"))
@@ -121,9 +125,38 @@ def film_strip(videos: list[list[PIL.Image.Image]], kinds: list[list[str]] | Non
     return PIL.Image.fromarray(np.concatenate(rows[:-1], 0))
 
 
+def reward_kwargs_for(reward: str, weights: str | None) -> dict[str, Any]:
+    """The pipeline's ``reward_kwargs`` from the page's reward-weights field: nothing for "shapes"; for
+    "imagereward" a folder with ``ImageReward.pt``, ``med_config.json`` and a ``tokenizer/`` folder
+    (bert-base-uncased); for "clip" ``MODEL:FILE`` (an open_clip model name and its local weights)."""
+    weights = (weights or "").strip()
+    if reward == "shapes":
+        if weights:
+            raise DemoError("the shapes reward needs no weights: clear the reward-weights field")
+        return {}
+    if not weights:
+        what = ("a folder with ImageReward.pt, med_config.json and tokenizer/" if reward == "imagereward"
+                else "MODEL:FILE, an open_clip model name and its local weights file")
+        raise DemoError(f"the {reward} reward needs local weights: give {what} in the reward-weights field")
+    if reward == "imagereward":
+        folder = Path(weights).expanduser()
+        missing = [name for name in IMAGEREWARD_FILES.values() if not (folder / name).exists()]
+        if missing:
+            raise DemoError(f"{folder} lacks {', '.join(missing)} (an ImageReward folder holds ImageReward.pt, "
+                            "med_config.json and a bert-base-uncased tokenizer/ folder)")
+        return {key: str(folder / name) for key, name in IMAGEREWARD_FILES.items()}
+    model, sep, file = weights.partition(":")
+    if not sep or not model.strip() or not file.strip():
+        raise DemoError(f"the clip reward's weights must read MODEL:FILE (e.g. ViT-B-32:/models/clip.bin), got "
+                        f"{weights!r}")
+    if not Path(file.strip()).expanduser().is_file():
+        raise DemoError(f"no CLIP weights file at {file.strip()}")
+    return {"model": model.strip(), "pretrained": str(Path(file.strip()).expanduser())}
+
+
 def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = EXAMPLE_PROMPTS[0],
               method: str = "sdvg", num_videos: int = 1, seed: int = 0, tau: float = 0.5, reward: str = "shapes",
-              aggregate: str = "min", force_reject_first: bool = True, num_blocks: int | None = None,
+              reward_weights: str | None = None, aggregate: str = "min", force_reject_first: bool = True, num_blocks: int | None = None,
               num_inference_steps: int = 4, guidance_scale: float = 1.0, report: Report | None = None) -> VideoResult:
     """Generate with SDVG (or drafter only) and target-only with the same seed; return the film strips,
     the per-block decisions with rewards, and the statistics."""
@@ -132,6 +165,7 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
                                                   what="videos")
     tau = check_float("tau (reward threshold)", tau, -1e6, 1e6, allow_inf=True)
     reward = check_choice("reward", reward, REWARDS)
+    reward_kwargs = reward_kwargs_for(reward, reward_weights) if method == "sdvg" else {}
     aggregate = check_choice("aggregate", aggregate, AGGREGATES)
     steps = check_int("denoising steps per block", num_inference_steps, 1, 50)
     guidance = check_float("guidance scale", guidance_scale, 0.0, 20.0)
@@ -142,8 +176,8 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
                   num_videos_per_prompt=videos)
 
     def run(name: str, generator: Any, progress: Any, output_type: str = "pil") -> Any:
-        extra = dict(tau=tau, reward=reward, aggregate=aggregate, force_reject_first=bool(force_reject_first)) \
-            if name == "sdvg" else {}
+        extra = dict(tau=tau, reward=reward, reward_kwargs=reward_kwargs, aggregate=aggregate,
+                     force_reject_first=bool(force_reject_first)) if name == "sdvg" else {}
         return pipe(prompts, name, generator=generator, output_type=output_type,
                     callback_on_block_end=lambda _p, n, _info: progress((n + 1) / blocks), **common, **extra)
 

@@ -315,12 +315,37 @@ def test_video_block_decisions_text():
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"num_blocks": 9}, r"blocks must be an integer in \[1, 4\], got 9"),
     ({"tau": float("nan")}, "tau"),
-    ({"reward": "imagereward"}, "reward must be one of"),
+    ({"reward": "pickscore"}, "reward must be one of"),
+    ({"reward": "imagereward"}, "the imagereward reward needs local weights: give a folder"),
+    ({"reward": "imagereward", "reward_weights": "/no/such/folder"}, "lacks ImageReward.pt, med_config.json"),
+    ({"reward": "clip", "reward_weights": "clip.bin"}, "must read MODEL:FILE"),
+    ({"reward": "clip", "reward_weights": "ViT-B-32:/no/such/clip.bin"}, "no CLIP weights file at /no/such"),
+    ({"reward_weights": "/models/ImageReward"}, "the shapes reward needs no weights"),
     ({"path": "mmspec/no-such-entry"}, "unknown zoo id"),
 ])
 def test_video_bad_input(tiny, cache, kwargs, message):
     with pytest.raises(DemoError, match=message):
         video_tab.run_video(cache, **{"path": tiny["video"], **kwargs})
+
+
+def test_video_clip_reward_from_the_weights_field(tiny, cache, tmp_path):
+    """The page's reward-weights field reaches the pipeline: a CLIP reward from a local weights file
+    (random weights of a tiny registered open_clip config) scores every drafted frame."""
+    from mmspec.evaluation.clip_score import CLIPScorer, register_clip_config
+
+    name = "mmspec-test-demo-clip"
+    register_clip_config(name, {"embed_dim": 32, "vision_cfg": {"image_size": 224, "layers": 1, "width": 32,
+                                                                "head_width": 16, "patch_size": 32},
+                                "text_cfg": {"context_length": 24, "vocab_size": 49408, "width": 32, "heads": 2,
+                                             "layers": 1}})
+    torch.manual_seed(0)
+    torch.save(CLIPScorer(name, None).model.state_dict(), tmp_path / "clip.pt")
+    weights = f"{name}:{tmp_path / 'clip.pt'}"
+    result = video_tab.run_video(cache, path=tiny["video"], reward="clip", reward_weights=weights, tau=-1.0,
+                                 num_blocks=2)
+    blocks = video_tab.block_decisions(result.comparison.speculative.stats)[0]
+    assert [b["decision"] for b in blocks] == ["target", "draft accepted"]  # CLIP scores >= 0 > tau
+    assert 0.0 <= blocks[1]["reward"] <= 100.0
 
 
 def test_video_on_the_zoo(cache):
