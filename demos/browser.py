@@ -73,12 +73,19 @@ def open_tab(page: Any, family: str) -> str:
     return elem
 
 
-def set_field(page: Any, elem_id: str, value: Any) -> None:
+def set_field(page: Any, elem_id: str, value: Any, attempts: int = 10) -> None:
     """Type ``value`` into the text or number input of the component ``elem_id`` (then leave the field, so
-    the page registers it)."""
-    field = page.locator(f"#{elem_id} input, #{elem_id} textarea").first
-    field.fill(str(value))
-    field.press("Tab")
+    the page registers it). On a loaded machine the page may still be rendering the tab and replace the
+    input after the first fill, so the value is checked a moment later and typed again until it holds."""
+    text = str(value)
+    for _ in range(attempts):
+        field = page.locator(f"#{elem_id} input, #{elem_id} textarea").first
+        field.fill(text)
+        field.press("Tab")
+        page.wait_for_timeout(300)
+        if page.locator(f"#{elem_id} input, #{elem_id} textarea").first.input_value() == text:
+            return
+    raise AssertionError(f"the page did not keep {text!r} in #{elem_id}")
 
 
 def run_and_wait(page: Any, elem: str, timeout_s: float = 120.0) -> tuple[str, str]:
