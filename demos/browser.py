@@ -77,13 +77,13 @@ def set_field(page: Any, elem_id: str, value: Any, attempts: int = 10) -> None:
     """Type ``value`` into the text or number input of the component ``elem_id`` (then leave the field, so
     the page registers it). On a loaded machine the page may still be rendering the tab and replace the
     input after the first fill, so the value is checked a moment later and typed again until it holds."""
-    text = str(value)
+    text, selector = str(value), f"#{elem_id} input, #{elem_id} textarea"
     for _ in range(attempts):
-        field = page.locator(f"#{elem_id} input, #{elem_id} textarea").first
+        field = page.locator(selector).first
         field.fill(text)
         field.press("Tab")
         page.wait_for_timeout(300)
-        if page.locator(f"#{elem_id} input, #{elem_id} textarea").first.input_value() == text:
+        if page.locator(selector).first.input_value() == text:  # looked up again: the input may be new
             return
     raise AssertionError(f"the page did not keep {text!r} in #{elem_id}")
 

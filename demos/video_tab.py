@@ -145,19 +145,20 @@ def reward_kwargs_for(reward: str, weights: str | None) -> dict[str, Any]:
             raise DemoError(f"{folder} lacks {', '.join(missing)} (an ImageReward folder holds ImageReward.pt, "
                             "med_config.json and a bert-base-uncased tokenizer/ folder)")
         return {key: str(folder / name) for key, name in IMAGEREWARD_FILES.items()}
-    model, sep, file = weights.partition(":")
-    if not sep or not model.strip() or not file.strip():
+    model, sep, file = (part.strip() for part in weights.partition(":"))
+    if not sep or not model or not file:
         raise DemoError(f"the clip reward's weights must read MODEL:FILE (e.g. ViT-B-32:/models/clip.bin), got "
                         f"{weights!r}")
-    if not Path(file.strip()).expanduser().is_file():
-        raise DemoError(f"no CLIP weights file at {file.strip()}")
-    return {"model": model.strip(), "pretrained": str(Path(file.strip()).expanduser())}
+    if not Path(file).expanduser().is_file():
+        raise DemoError(f"no CLIP weights file at {file}")
+    return {"model": model, "pretrained": str(Path(file).expanduser())}
 
 
 def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = EXAMPLE_PROMPTS[0],
               method: str = "sdvg", num_videos: int = 1, seed: int = 0, tau: float = 0.5, reward: str = "shapes",
-              reward_weights: str | None = None, aggregate: str = "min", force_reject_first: bool = True, num_blocks: int | None = None,
-              num_inference_steps: int = 4, guidance_scale: float = 1.0, report: Report | None = None) -> VideoResult:
+              reward_weights: str | None = None, aggregate: str = "min", force_reject_first: bool = True,
+              num_blocks: int | None = None, num_inference_steps: int = 4, guidance_scale: float = 1.0,
+              report: Report | None = None) -> VideoResult:
     """Generate with SDVG (or drafter only) and target-only with the same seed; return the film strips,
     the per-block decisions with rewards, and the statistics."""
     method, prompts, videos, seed = check_request(method, METHODS, prompt, num_videos, seed,

@@ -56,7 +56,9 @@ def main(argv: list[str] | None = None) -> None:
     # keep the files save_pretrained does not write (processor and tokenizer files, training reports) beside
     # the parts; the draft comes from draft/ (fresh from the recipe) or draft_model/ (a rebuilt folder)
     for source, name in ((folder / "target", "target"), (draft_dir, "draft_model")):
-        for extra in source.glob("*.json") if (staging / name).is_dir() else ():
+        if not (staging / name).is_dir():  # no draft model
+            continue
+        for extra in source.glob("*.json"):
             if not (staging / name / extra.name).exists():
                 shutil.copy(extra, staging / name / extra.name)
     for item in folder.iterdir():

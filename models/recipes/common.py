@@ -88,8 +88,9 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
         torch.set_rng_state(state["rng"])
     model.train()
     start = time.time()
+    last = steps if stop_at is None else min(steps, stop_at)
     with (work / "log.jsonl").open("a") as log:
-        while step < min(steps, stop_at if stop_at is not None else steps):
+        while step < last:
             index = torch.randint(0, num_items, (batch,))
             loss = loss_fn(index)
             for group in optimizer.param_groups:
@@ -113,7 +114,7 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
                 model.train()
                 log.write(json.dumps({"step": step, "eval": result}) + "\n")
                 log.flush()
-            if step % save_every == 0 or step == steps or step == stop_at:
+            if step % save_every == 0 or step == last:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                             "rng": torch.get_rng_state()}, ckpt)
                 save(model)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmspec.models.recipes.train_video import TEXT_VOCAB_FILE
+from mmspec.models.recipes.train_video import DIFFICULTY, TEXT_VOCAB_FILE, build_data
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.models.video import BlockCausalVideoTransformer
@@ -97,6 +97,17 @@ def block_losses(model: BlockCausalVideoTransformer, latents: torch.Tensor, word
     return out
 
 
+def block_loss_report(folder: Path, num_clips: int, timestep: float, tokenizer: Path) -> dict[str, list[float]]:
+    """:func:`block_losses` of a saved model on ``num_clips`` held-out clips (test stream, seed 0)."""
+    torch.set_num_threads(1)
+    model = BlockCausalVideoTransformer.from_pretrained(folder).float().eval()
+    vocab_file = folder / TEXT_VOCAB_FILE  # a pipeline folder's drafter has none: train_video's vocabulary
+    words = WordTokenizer.load(vocab_file) if vocab_file.is_file() else WordTokenizer(vocabulary())
+    data = build_data(num_clips, 0, ContinuousTokenizer.from_pretrained(str(tokenizer)).eval(), words,
+                      model.config.text_length, model.config.num_frames, DIFFICULTY, split="test")
+    return block_losses(model, data["latents"], data["words"], timestep)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,15 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     bl.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
     args = parser.parse_args(argv)
     if args.command == "block-loss":
-        from mmspec.models.recipes.train_video import build_data
-
-        torch.set_num_threads(1)
-        model = BlockCausalVideoTransformer.from_pretrained(args.model).float().eval()
-        vocab_file = args.model / TEXT_VOCAB_FILE  # a pipeline folder's drafter has none: train_video's vocabulary
-        words = WordTokenizer.load(vocab_file) if vocab_file.is_file() else WordTokenizer(vocabulary())
-        data = build_data(args.clips, 0, ContinuousTokenizer.from_pretrained(str(args.tokenizer)).eval(), words,
-                          model.config.text_length, model.config.num_frames, 0.5, split="test")
-        print(json.dumps(block_losses(model, data["latents"], data["words"], args.timestep)))
+        print(json.dumps(block_loss_report(args.model, args.clips, args.timestep, args.tokenizer)))
     elif args.command == "build":
         build(args.target, args.drafter, args.folder, args.tokenizer)
     else:
