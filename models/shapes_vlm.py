@@ -399,6 +399,35 @@ def sample_clear_scene(rng: np.random.Generator, clearance: float = CLEARANCE, m
     raise RuntimeError(f"no scene of {num_objects} objects with clearance {clearance} in {max_tries} draws")
 
 
+def has_shared_colour(scene: Scene) -> bool:
+    """Whether two objects share a colour: the description then says so ("two of the shapes are red")."""
+    colors = [o.color for o in scene.objects]
+    return len(set(colors)) < len(colors)
+
+
+def has_twins(scene: Scene) -> bool:
+    """Whether two objects share shape and colour: their names in the relations then need the size (and,
+    for equal sizes, the region) to be unambiguous (``referring_names``)."""
+    kinds = [(o.shape, o.color) for o in scene.objects]
+    return len(set(kinds)) < len(kinds)
+
+
+def sample_duplicate_scene(rng: np.random.Generator, twins: bool, clearance: float = CLEARANCE,
+                           max_tries: int = 10000) -> Scene:
+    """A :func:`sample_clear_scene` redrawn until two objects share a colour (``twins``: and a shape).
+
+    Such scenes carry the description's hardest sentences, the ones a caption can only get right by
+    comparing the objects it has listed: the shared-colour sentence and the size- or region-qualified
+    names of look-alike objects. They are about a quarter (shared colour) and a twentieth (twins) of
+    the world's scenes; training mixes can enrich them (``build_training_set(duplicate_fraction=)``)."""
+    wanted = has_twins if twins else has_shared_colour
+    for _ in range(max_tries):
+        scene = sample_clear_scene(rng, clearance)
+        if wanted(scene):
+            return scene
+    raise RuntimeError(f"no scene with {'twins' if twins else 'a shared colour'} in {max_tries} draws")
+
+
 def sample_clear_clip(rng: np.random.Generator, max_objects: int = 2, num_frames: int = VIDEO_FRAMES,
                       clearance: float = CLEARANCE, max_tries: int = 10000) -> VideoClip:
     """A ``sample_video`` clip of 1..``max_objects`` objects redrawn until :func:`clip_clearance` >=
@@ -495,11 +524,15 @@ def encode_example(tokenizer, prompt: str, answer: str) -> tuple[list[int], int]
 
 
 def build_training_set(num_images: int, num_videos: int, seed: int = 0, split: str = "train",
-                       clearance: float = CLEARANCE, difficulty: float = DIFFICULTY, tokenizer=None) -> dict:
+                       clearance: float = CLEARANCE, difficulty: float = DIFFICULTY, tokenizer=None,
+                       duplicate_fraction: float = 0.0) -> dict:
     """Rendered frames and tokenized (prompt, answer) examples of every task, deterministic for the seed.
 
     Image scene ``i`` (``rng_for(split, seed, i)``, as :func:`image_example`) gives a "describe" example,
-    plus a "caption" example when ``i % 5 == 0`` and a "qa" example when ``i % 5`` is 1 or 3; clip ``j``
+    plus a "caption" example when ``i % 5 == 0`` and a "qa" example when ``i % 5`` is 1 or 3. With
+    ``duplicate_fraction`` f > 0, image scene ``i`` is replaced, with probability f, by a
+    :func:`sample_duplicate_scene` from the same stream (twins for half of those): a mix enriched in the
+    description's comparison sentences (f = 0 keeps the world's own distribution, bit for bit). Clip ``j``
     gives "narrate", plus "video_caption" when ``j % 3 == 0``. Returns ``images`` uint8 ``[S, 64, 64, 3]``,
     ``videos`` uint8 ``[V, T, 64, 64, 3]``, ``examples``: dicts with ``task``, ``video`` (bool), ``ref``
     (row of ``images`` or ``videos``), ``ids`` (list of token ids) and ``start`` (answer start), and the
@@ -508,6 +541,8 @@ def build_training_set(num_images: int, num_videos: int, seed: int = 0, split: s
     """
     if not isinstance(num_images, int) or not isinstance(num_videos, int) or min(num_images, num_videos) < 0:
         raise ValueError(f"num_images and num_videos must be non-negative integers, got {num_images}, {num_videos}")
+    if not isinstance(duplicate_fraction, (int, float)) or not 0 <= duplicate_fraction <= 1:
+        raise ValueError(f"duplicate_fraction must be a number in [0, 1], got {duplicate_fraction!r}")
     tokenizer = tokenizer or build_tokenizer()
     images = np.zeros((num_images, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
     videos = np.zeros((num_videos, VIDEO_FRAMES, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
@@ -522,6 +557,8 @@ def build_training_set(num_images: int, num_videos: int, seed: int = 0, split: s
     for i in range(num_images):
         rng = rng_for(split, seed, i)
         scene = sample_clear_scene(rng, clearance)
+        if duplicate_fraction and rng.random() < duplicate_fraction:
+            scene = sample_duplicate_scene(rng, twins=bool(rng.random() < 0.5), clearance=clearance)
         images[i] = render_scene(scene, IMAGE_SIZE, difficulty)
         patches[i], offsets[i] = patch_labels(scene)
         add("describe", False, i, task_prompt("describe"), describe_scene(scene))

@@ -206,6 +206,51 @@ def test_recipe_step_is_deterministic_and_resumes(tmp_path):
     assert (tmp_path / "a" / "out" / "processor_config.json").is_file()
 
 
+def test_recipe_later_stage_starts_from_a_trained_model(tmp_path):
+    _run_recipe(tmp_path / "a", 2)
+    folder = tmp_path / "a" / "out"
+    trained = {k: v.float() for k, v in sv.load_model(folder).state_dict().items()}
+    trainee = train_vlm.Trainee(sv.build_model("tiny", seed=5))
+    train_vlm.init_from(trainee, folder)
+    assert all(torch.equal(v, trained[k]) for k, v in trainee.vlm.state_dict().items())
+    stage = ["--size", "tiny", "--steps", "1", "--batch", "4", "--train-images", "12", "--train-videos", "3",
+             "--threads", "1", "--aux-weight", "0", "--duplicate-fraction", "0.5"]
+    train_vlm.main(stage + ["--init", str(folder), "--out", str(tmp_path / "b"), "--work", str(tmp_path / "wb")])
+    train_vlm.main(stage + ["--out", str(tmp_path / "c"), "--work", str(tmp_path / "wc"), "--vision-steps", "0",
+                          "--seed", "1"])
+    later, fresh = (sv.load_model(tmp_path / name).state_dict() for name in ("b", "c"))
+    # one small step from the trained weights stays near them; a fresh start (other seed) does not
+    distance = lambda a: sum(float((a[k].float() - trained[k]).abs().sum()) for k in trained)
+    assert 0 < distance(later) < distance(fresh) / 5
+    assert not (tmp_path / "wb" / "vision").exists()  # no vision stage on top of a trained tower
+    sv.build_model("tiny", seed=0, text_layers=1).save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="another architecture"):
+        train_vlm.init_from(trainee, tmp_path / "other")
+    with pytest.raises(FileNotFoundError, match="no trained model"):
+        train_vlm.init_from(trainee, tmp_path / "missing")
+
+
+def test_duplicate_fraction_enriches_comparison_scenes(processor):
+    rng = np.random.default_rng(0)
+    for twins in (False, True):
+        for _ in range(10):
+            scene = sv.sample_duplicate_scene(rng, twins=twins)
+            assert sv.has_shared_colour(scene) and (sv.has_twins(scene) or not twins)
+
+    def shared_colour_share(data) -> float:
+        texts = [processor.tokenizer.decode(e["ids"][e["start"]:]) for e in data["examples"] if e["task"] == "describe"]
+        return sum("of the shapes are" in t for t in texts) / len(texts)
+
+    plain = sv.build_training_set(60, 0, seed=3)
+    same = sv.build_training_set(60, 0, seed=3, duplicate_fraction=0.0)
+    assert torch.equal(plain["images"], same["images"]) and plain["examples"] == same["examples"]
+    rich = sv.build_training_set(60, 0, seed=3, duplicate_fraction=1.0)
+    assert shared_colour_share(rich) == 1.0 > 0.5 > shared_colour_share(plain)
+    for bad in (-0.1, 1.5, "half"):
+        with pytest.raises(ValueError, match="duplicate_fraction"):
+            sv.build_training_set(2, 0, duplicate_fraction=bad)
+
+
 def test_training_batch_masks_answers_only(processor):
     data = sv.build_training_set(5, 2, seed=0)
     tasks = [e["task"] for e in data["examples"]]

@@ -16,6 +16,12 @@ The deliverable (fp16 safetensors, generation config, processor) is written to `
     python -m mmspec.models.recipes.train_vlm --size target --out models/zoo/shapes-vlm/target
     python -m mmspec.models.recipes.train_vlm --size draft --out models/zoo/shapes-vlm/draft
 
+A later stage starts from a trained captioner (``--init FOLDER``: its weights, a fresh optimiser and
+schedule, no vision stage) in its own ``--work`` folder, typically on another training mix, e.g. one
+enriched in scenes whose descriptions compare the listed objects (``--duplicate-fraction``, see
+:func:`mmspec.models.shapes_vlm.build_training_set`); ``--aux-weight 0`` keeps the fresh patch probe from
+pushing on the trained vision tower.
+
 Run long jobs in the background (``nohup ... &``).
 """
 
@@ -138,6 +144,19 @@ def make_vision_loss_fn(trainee: Trainee, data: dict):
     return loss_fn
 
 
+def init_from(trainee: Trainee, folder: Path) -> None:
+    """Copy a trained captioner's weights into ``trainee.vlm`` (same architecture; the probe stays fresh)."""
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"--init: no trained model at {folder}")
+    trained = sv.load_model(folder).state_dict()
+    own = trainee.vlm.state_dict()
+    mismatched = sorted(k for k in own.keys() | trained.keys()
+                        if k not in own or k not in trained or own[k].shape != trained[k].shape)
+    if mismatched:
+        raise ValueError(f"--init: {folder} has another architecture; differing weights: {mismatched[:5]}")
+    trainee.vlm.load_state_dict({k: v.float() for k, v in trained.items()})
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=tuple(sv.MODEL_SIZES), default="target")
@@ -154,6 +173,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vision-batch", type=int, default=64, help="frames per stage-1 step")
     parser.add_argument("--blind-fraction", type=float, default=None,
                         help="share of length chunks trained without pixels (default per size: draft 0.3)")
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from this trained captioner (a later stage: no vision stage, fresh schedule)")
+    parser.add_argument("--duplicate-fraction", type=float, default=0.0,
+                        help="share of image scenes redrawn with a shared colour or look-alike objects")
     parser.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
                         help="model size entries to change, e.g. text_dim=192 text_layers=6")
     add_run_arguments(parser, "")
@@ -175,8 +198,13 @@ def main(argv: list[str] | None = None) -> None:
     processor = sv.build_processor()
     data = cached_data(args.work, lambda: sv.build_training_set(args.train_images, args.train_videos, args.seed,
                                                                 "train", difficulty=args.difficulty,
-                                                                tokenizer=processor.tokenizer))
+                                                                tokenizer=processor.tokenizer,
+                                                                duplicate_fraction=args.duplicate_fraction))
     trainee = Trainee(sv.build_model(args.size, seed=args.seed, **overrides))
+    if args.init is not None:
+        args.vision_steps = 0
+        if not (args.work / "checkpoint.pt").is_file():
+            init_from(trainee, args.init)  # a resumed run restores its own checkpoint instead
     out = Path(args.out)
 
     def save(trained: Trainee) -> None:
