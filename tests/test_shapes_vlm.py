@@ -308,7 +308,7 @@ def test_assisted_generation_with_the_draft_vlm_is_lossless(tiny_pair):
 
 
 def test_report_sentence_errors_are_order_free_and_by_kind():
-    from mmspec.models.recipes.report_vlm import sentence_errors, sentence_kind
+    from mmspec.models.recipes.report_vlm import relation_parts, sentence_errors, sentence_kind
     from mmspec.world.captions import describe_scene
     from mmspec.world.scene import Scene, WorldObject
 
@@ -324,7 +324,20 @@ def test_report_sentence_errors_are_order_free_and_by_kind():
     wrong = sentences[6].replace("to the left of", "above")
     output = ". ".join(sentences[:5] + [wrong] + sentences[7:]) + "."
     errors = sentence_errors([(reference, output), (reference, reference)])
-    assert errors["shared colour"] == {"n": 2, "missed": 1} and errors["relation"] == {"n": 6, "missed": 1}
-    assert errors["object"] == {"n": 6, "missed": 0} and errors["count"] == {"n": 2, "missed": 0}
+    assert errors["shared colour"] == {"n": 2, "missed": 1, "extra": 0}
+    assert errors["relation"] == {"n": 6, "missed": 1, "extra": 1}
+    assert errors["relation direction"]["missed"] == 1 and "relation names" not in errors
+    assert errors["object"] == {"n": 6, "missed": 0, "extra": 0} and errors["count"] == {"n": 2, "missed": 0, "extra": 0}
+    # a needlessly qualified name is a naming miss, not a direction one; a shared-colour sentence for a
+    # colour seen once is extra
+    renamed = sentences[8].replace("the blue square", "the large blue square")
+    assert renamed != sentences[8]
+    output = ". ".join(sentences[:6] + ["two of the shapes are blue"] + sentences[6:8] + [renamed]) + "."
+    errors = sentence_errors([(reference, output)])
+    assert errors["relation names"]["missed"] == 1 and "relation direction" not in errors
+    assert errors["shared colour"] == {"n": 1, "missed": 0, "extra": 1}
+    assert relation_parts(sentences[6]) == ("small pink circle on the left", "to the left of",
+                                            "small pink circle in the center")
+    assert relation_parts(sentences[0]) is None
     single = describe_scene(Scene((WorldObject("circle", "red", "small", 0.5, 0.5),)))
     assert sentence_kind(single.split(".")[-2].strip()) == "single-object summary"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from collections import defaultdict
@@ -82,17 +83,48 @@ def sentence_kind(sentence: str) -> str:
     return "other"
 
 
+_RELATION_RE = re.compile(r"^the (.+) is (to the left of|to the right of|above|below) the (.+)$")
+
+
+def relation_parts(sentence: str) -> tuple[str, str, str] | None:
+    """``(first name, relation phrase, second name)`` of a relation sentence ("the red circle is above the
+    small blue square"), or None for any other sentence."""
+    match = _RELATION_RE.match(sentence)
+    return match.groups() if match else None
+
+
 def sentence_errors(pairs: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
-    """Per sentence kind, how many reference sentences the outputs miss: ``{kind: {"n", "missed"}}`` over
+    """Per sentence kind, what the outputs miss and add: ``{kind: {"n", "missed", "extra"}}`` over
     ``(reference, output)`` pairs. A reference sentence counts as missed when the output does not contain
-    it anywhere (order-free, so one omission does not mark every later sentence wrong)."""
-    out: dict[str, dict[str, int]] = defaultdict(lambda: {"n": 0, "missed": 0})
+    it anywhere (order-free, so one omission does not mark every later sentence wrong); an output sentence
+    the reference does not contain counts as extra (e.g. a shared-colour sentence for a colour seen once).
+
+    A missed relation is further split by what went wrong: ``"relation"`` keeps every missed relation,
+    ``"relation direction"`` counts those whose two names the output relates with another direction (a
+    geometry error), ``"relation names"`` the rest, where the output names an object otherwise (e.g. "the
+    small red circle" where no other red circle asks for the size) or leaves the pair out."""
+    out: dict[str, dict[str, int]] = defaultdict(lambda: {"n": 0, "missed": 0, "extra": 0})
     for reference, output in pairs:
-        said = {s.strip() for s in output.split(".") if s.strip()}
-        for sentence in (s.strip() for s in reference.split(".") if s.strip()):
-            row = out[sentence_kind(sentence)]
+        expected = [s.strip() for s in reference.split(".") if s.strip()]
+        said = [s.strip() for s in output.split(".") if s.strip()]
+        said_pairs = {(p[0], p[2]) for p in map(relation_parts, said) if p is not None}
+        for sentence in expected:
+            kind = sentence_kind(sentence)
+            row = out[kind]
             row["n"] += 1
-            row["missed"] += sentence not in said
+            if sentence in said:
+                continue
+            row["missed"] += 1
+            parts = relation_parts(sentence) if kind == "relation" else None
+            if parts is not None:
+                split = "relation direction" if (parts[0], parts[2]) in said_pairs else "relation names"
+                out[split]["missed"] += 1
+        for sentence in said:
+            if sentence not in expected:
+                out[sentence_kind(sentence)]["extra"] += 1
+    for split in ("relation direction", "relation names"):
+        if split in out:
+            out[split]["n"] = out["relation"]["n"]
     return dict(out)
 
 
