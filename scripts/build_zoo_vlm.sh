@@ -12,9 +12,12 @@ export HF_HUB_OFFLINE=1
 $PY -m mmspec.models.recipes.train_vlm --size target --out runs/train_vlm_target/model
 # a second cosine schedule to step 4000 (resumes runs/train_vlm_target at step 2000): describe 65.7 % -> 77.5 %
 $PY -m mmspec.models.recipes.train_vlm --size target --steps 4000 --out runs/train_vlm_target/model
-# a third stage from that captioner on a mix enriched in shared colours and look-alike objects (docs/zoo_shapes_vlm.md)
+# a third stage from that captioner on a mix enriched in shared colours and look-alike objects, then a short
+# fourth one on a mix closer to the world's own (docs/zoo_shapes_vlm.md): describe 77.5 % -> 82.8 % -> 88.3 %
 $PY -m mmspec.models.recipes.train_vlm --size target --init runs/train_vlm_target/model --duplicate-fraction 0.5 \
-    --lr 5e-4 --seed 1 --steps 1800 --aux-weight 0 --work runs/train_vlm_target_dup --out $ZOO/target
+    --lr 5e-4 --seed 1 --steps 1800 --aux-weight 0 --work runs/train_vlm_target_dup --out runs/train_vlm_target_dup/model
+$PY -m mmspec.models.recipes.train_vlm --size target --init runs/train_vlm_target_dup/model --duplicate-fraction 0.15 \
+    --lr 2e-4 --seed 2 --steps 600 --aux-weight 0 --work runs/train_vlm_target_dup2 --out $ZOO/target
 $PY -m mmspec.models.recipes.train_vlm --size draft --out $ZOO/draft
 # the four heads in one run: each step's teacher forward (most of a step's cost) serves all of them
 $PY -m mmspec.models.recipes.train_vlm_drafter --method eagle flash vispec specvlm --target $ZOO/target \
