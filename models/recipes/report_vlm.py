@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from mmspec.models import shapes_vlm as sv
+from mmspec.world.prompts import RELATION_PHRASES
 
 MAX_NEW_TOKENS = 256
 
@@ -83,7 +84,13 @@ def sentence_kind(sentence: str) -> str:
     return "other"
 
 
-_RELATION_RE = re.compile(r"^the (.+) is (to the left of|to the right of|above|below) the (.+)$")
+_RELATION_RE = re.compile(
+    r"^the (.+) is (" + "|".join(map(re.escape, RELATION_PHRASES.values())) + r") the (.+)$")
+
+
+def sentences_of(text: str) -> list[str]:
+    """The sentences of a description, stripped, without their full stops."""
+    return [s.strip() for s in text.split(".") if s.strip()]
 
 
 def relation_parts(sentence: str) -> tuple[str, str, str] | None:
@@ -105,14 +112,14 @@ def sentence_errors(pairs: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
     small red circle" where no other red circle asks for the size) or leaves the pair out."""
     out: dict[str, dict[str, int]] = defaultdict(lambda: {"n": 0, "missed": 0, "extra": 0})
     for reference, output in pairs:
-        expected = [s.strip() for s in reference.split(".") if s.strip()]
-        said = [s.strip() for s in output.split(".") if s.strip()]
+        expected, said = sentences_of(reference), sentences_of(output)
+        expected_set, said_set = set(expected), set(said)
         said_pairs = {(p[0], p[2]) for p in map(relation_parts, said) if p is not None}
         for sentence in expected:
             kind = sentence_kind(sentence)
             row = out[kind]
             row["n"] += 1
-            if sentence in said:
+            if sentence in said_set:
                 continue
             row["missed"] += 1
             parts = relation_parts(sentence) if kind == "relation" else None
@@ -120,7 +127,7 @@ def sentence_errors(pairs: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
                 split = "relation direction" if (parts[0], parts[2]) in said_pairs else "relation names"
                 out[split]["missed"] += 1
         for sentence in said:
-            if sentence not in expected:
+            if sentence not in expected_set:
                 out[sentence_kind(sentence)]["extra"] += 1
     for split in ("relation direction", "relation names"):
         if split in out:
