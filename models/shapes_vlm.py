@@ -44,6 +44,7 @@ from PIL import Image
 from mmspec.world import (
     caption_scene,
     caption_video,
+    clip_in_reading_order,
     describe_scene,
     narrate_video,
     render_scene,
@@ -362,7 +363,9 @@ def scene_clearance(scene: Scene) -> float:
     """How far (canvas fractions) every object centre can move, along each axis, without changing
     ``describe_scene``: the distance of each centre coordinate from the region edges 1/3 and 2/3, and for
     each pair a quarter of ``| |dx| - |dy| |`` (the dominant-relation test; moving both centres by t changes
-    that difference by at most 4t). Colours, shapes, sizes and counts are discrete and never ambiguous."""
+    that difference by at most 4t) and, for a pair in the same region row, half of ``|dx|`` (the listing
+    order, ``reading_order``, sorts such a pair by x). Colours, shapes, sizes and counts are discrete and
+    never ambiguous."""
     clearance = 1.0
     for o in scene.objects:
         for v in (o.x, o.y):
@@ -372,7 +375,14 @@ def scene_clearance(scene: Scene) -> float:
         for j in range(i + 1, len(objs)):
             dx, dy = objs[i].x - objs[j].x, objs[i].y - objs[j].y
             clearance = min(clearance, abs(abs(dx) - abs(dy)) / 4)
+            if _region_row(objs[i].y) == _region_row(objs[j].y):
+                clearance = min(clearance, abs(dx) / 2)
     return clearance
+
+
+def _region_row(y: float) -> int:
+    """The 3x3 grid row of a centre's y (the first key of ``reading_order``)."""
+    return int(min(y * 3, 2.999))
 
 
 def clip_clearance(clip: VideoClip) -> float:
@@ -431,13 +441,16 @@ def sample_duplicate_scene(rng: np.random.Generator, twins: bool, clearance: flo
 def sample_clear_clip(rng: np.random.Generator, max_objects: int = 2, num_frames: int = VIDEO_FRAMES,
                       clearance: float = CLEARANCE, max_tries: int = 10000) -> VideoClip:
     """A ``sample_video`` clip of 1..``max_objects`` objects redrawn until :func:`clip_clearance` >=
-    ``clearance`` (its narration is then robust to ``clearance`` errors in the first and last frames)."""
+    ``clearance`` (its narration is then robust to ``clearance`` errors in the first and last frames),
+    with its objects in the first frame's reading order (:func:`clip_in_reading_order`): ``sample_video``
+    lists them in a random order that no frame shows, and ``caption_video`` / ``narrate_video`` name them
+    in list order, so without it the order of a caption's objects could not be read off the frames."""
     clearance = _check_clearance(clearance)
     num_objects = int(rng.integers(1, max_objects + 1))
     for _ in range(max_tries):
         clip = sample_video(rng, num_objects, num_frames)
         if clip_clearance(clip) >= clearance:
-            return clip
+            return clip_in_reading_order(clip)
     raise RuntimeError(f"no clip of {num_objects} objects with clearance {clearance} in {max_tries} draws")
 
 
@@ -611,13 +624,22 @@ def training_batch(data: dict, rows: Sequence[int], pad_id: int = 0) -> dict[str
     return batch
 
 
-def answer_loss(model, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+def answer_loss(model, batch: dict[str, torch.Tensor],
+                row_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """Summed next-token cross-entropy over the answer tokens of a :func:`training_batch`, and their count.
     A batch without ``pixel_values`` is read blind: the placeholders keep the ``<image>`` token embedding,
-    which is what a draft model sees in transformers' assisted generation (it never gets the pixels)."""
+    which is what a draft model sees in transformers' assisted generation (it never gets the pixels).
+
+    ``row_weights`` (float ``[B]``, optional) counts every answer token of row b ``row_weights[b]`` times,
+    in the sum and in the count, so ``sum / count`` stays a (weighted) mean per token."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    pixel_values=batch.get("pixel_values")).logits  # [B, L, V]
     target = batch["loss_mask"][:, 1:]  # position t predicts token t + 1
-    loss = torch.nn.functional.cross_entropy(logits[:, :-1][target].float(), batch["input_ids"][:, 1:][target],
-                                             reduction="sum")
-    return loss, int(target.sum())
+    losses = torch.nn.functional.cross_entropy(logits[:, :-1][target].float(), batch["input_ids"][:, 1:][target],
+                                               reduction="none")
+    if row_weights is None:
+        return losses.sum(), int(target.sum())
+    if row_weights.shape != (target.shape[0],):
+        raise ValueError(f"row_weights must have shape [{target.shape[0]}], got {tuple(row_weights.shape)}")
+    weights = row_weights.float()[:, None].expand_as(target)[target]
+    return (losses * weights).sum(), float(weights.sum())

@@ -15,7 +15,8 @@ from mmspec import speculative_generate
 from mmspec.models import shapes_vlm as sv
 from mmspec.models.recipes import train_vlm
 from mmspec.models.vlm_targets import VLMRunner
-from mmspec.world import caption_scene, describe_scene, qa_pairs, sample_scene, split_words
+from mmspec.world import caption_scene, caption_video, describe_scene, qa_pairs, sample_scene, split_words
+from mmspec.world.captions import article, reading_order
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -141,6 +142,46 @@ def test_clear_scenes_keep_their_description_under_small_shifts():
                for i in range(40)) < sv.CLEARANCE
 
 
+def test_clear_clips_name_their_objects_in_the_first_frame_reading_order():
+    """sample_video lists a clip's objects in random order; the captioner's clips list them in the order
+    the first frame shows (so the reference caption's order is readable), with the same pixels."""
+    from mmspec.world import clip_in_reading_order, render_video, sample_video
+
+    two_object_clips = 0
+    for i in range(30):
+        clip = sv.video_example("train", 0, i, "video_caption")["clip"]
+        assert [o for o in clip.objects] == reading_order(clip.scene_at(0))
+        two_object_clips += len(clip.objects) == 2
+    assert two_object_clips >= 5
+    # the reordering is a permutation of (object, direction, speed) triples that leaves the frames alone
+    flipped = 0
+    for seed in range(40):
+        clip = sample_video(seed, num_objects=3, num_frames=4)
+        ordered = clip_in_reading_order(clip)
+        assert list(ordered.objects) == reading_order(clip.scene_at(0))
+        assert sorted(zip(ordered.objects, ordered.directions, ordered.speeds), key=str) == \
+            sorted(zip(clip.objects, clip.directions, clip.speeds), key=str)
+        assert np.array_equal(render_video(ordered, 32), render_video(clip, 32))
+        assert caption_video(ordered).startswith(f"{article(ordered.objects[0].color)} {ordered.objects[0].phrase()}")
+        flipped += ordered.objects != clip.objects
+    assert flipped > 10  # sample_video's own order is not already the reading order
+    with pytest.raises(ValueError, match="VideoClip"):
+        clip_in_reading_order("not a clip")
+
+
+def test_scene_clearance_covers_the_listing_order():
+    """Two objects in one region row are listed by x: a pair whose x differ by less than 2 x clearance
+    could swap places in the listing under a clearance shift, so it has less clearance."""
+    from mmspec.world.scene import Scene, WorldObject
+
+    def scene(x2: float) -> Scene:
+        return Scene((WorldObject("circle", "red", "small", 0.2, 0.45), WorldObject("square", "blue", "small", x2, 0.6)))
+
+    close, apart = scene(0.205), scene(0.02 + 0.2)  # same middle row, 0.005 vs 0.02 apart in x
+    assert sv.scene_clearance(close) == pytest.approx(0.0025)
+    assert sv.scene_clearance(apart) == pytest.approx(0.01)
+
+
 def test_patch_labels_follow_the_scene():
     scene = sv.image_example("train", 0, 3, "describe")["scene"]
     classes, offsets = sv.patch_labels(scene)
@@ -251,6 +292,15 @@ def test_duplicate_fraction_enriches_comparison_scenes(processor):
             sv.build_training_set(2, 0, duplicate_fraction=bad)
 
 
+def test_task_weights_option_parses_and_rejects_bad_entries():
+    assert train_vlm.parse_task_weights(["qa=15", "narrate=2"]) == {"qa": 15.0, "narrate": 2.0}
+    assert train_vlm.parse_task_weights([]) == {}
+    for bad, message in ((["bogus=2"], "unknown task"), (["qa=x"], "TASK=NUMBER"), (["qa=0"], "finite positive"),
+                         (["qa=nan"], "finite positive"), (["qa"], "TASK=NUMBER")):
+        with pytest.raises(ValueError, match=message):
+            train_vlm.parse_task_weights(bad)
+
+
 def test_training_batch_masks_answers_only(processor):
     data = sv.build_training_set(5, 2, seed=0)
     tasks = [e["task"] for e in data["examples"]]
@@ -269,6 +319,16 @@ def test_training_batch_masks_answers_only(processor):
     seeing, n = sv.answer_loss(model, batch)
     blind, m = sv.answer_loss(model, {k: v for k, v in batch.items() if k != "pixel_values"})
     assert n == m == int(batch["loss_mask"][:, 1:].sum()) and torch.isfinite(blind) and blind != seeing
+    # row weights: all ones is the plain loss; weight w on a row counts its answer tokens w times
+    ones, k = sv.answer_loss(model, batch, torch.ones(3))
+    assert k == n and torch.allclose(ones, seeing)
+    per_row = [sv.answer_loss(model, sv.training_batch(data, [r]))[0] for r in rows]
+    weighted, w = sv.answer_loss(model, batch, torch.tensor([1.0, 1.0, 15.0]))
+    qa_tokens = int(batch["loss_mask"][2, 1:].sum())
+    assert w == pytest.approx(n + 14 * qa_tokens)
+    assert torch.allclose(weighted, per_row[0] + per_row[1] + 15 * per_row[2], rtol=1e-4)
+    with pytest.raises(ValueError, match="row_weights"):
+        sv.answer_loss(model, batch, torch.ones(2))
     chunks = train_vlm.chunks_by_length(data, list(range(len(tasks))), max_tokens=400)
     assert sorted(r for c in chunks for r in c) == list(range(len(tasks)))
     assert all(len(c) * max(len(data["examples"][r]["ids"]) for r in c) <= 400 or len(c) == 1 for c in chunks)

@@ -101,9 +101,14 @@ def _region_phrase(obj: WorldObject) -> str:
     return region_phrase(region_name(obj.x, obj.y))
 
 
+def reading_key(obj: WorldObject) -> tuple[int, float, float]:
+    """Sort key of :func:`reading_order`: region row (top to bottom), then x, then y."""
+    return int(min(obj.y * 3, 2.999)), obj.x, obj.y
+
+
 def reading_order(scene: Scene) -> list[WorldObject]:
     """Objects sorted top to bottom by region row, then left to right."""
-    return sorted(scene.objects, key=lambda o: (int(min(o.y * 3, 2.999)), o.x, o.y))
+    return sorted(scene.objects, key=reading_key)
 
 
 def referring_names(scene: Scene) -> dict[int, str]:

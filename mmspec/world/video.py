@@ -13,12 +13,12 @@ frame.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from .captions import DIRECTION_PHRASES, DIRECTIONS, article, reading_order, region_phrase, with_article
+from .captions import DIRECTION_PHRASES, DIRECTIONS, article, reading_key, reading_order, region_phrase, with_article
 from .prompts import NUMBER_WORDS, RELATION_PHRASES
 from .render import check_difficulty, check_image_size, render_scene
 from .scene import (
@@ -189,6 +189,21 @@ def sample_video(
         except ValueError:
             continue
     raise RuntimeError("could not sample a clip (should not happen)")
+
+
+def clip_in_reading_order(clip: VideoClip) -> VideoClip:
+    """The same clip with its objects (and their directions and speeds) listed in the first frame's
+    reading order (top to bottom by region row, then left to right).
+
+    ``caption_video`` and ``narrate_video`` name a clip's objects in list order. For a clip made from a
+    prompt that order is the prompt's, but ``sample_video`` draws it at random, and no frame shows it: a
+    captioner learning from those texts could not know which object to name first. This order can be
+    read off the first frame. The frames are unchanged (objects never overlap, each keeps its shade)."""
+    if not isinstance(clip, VideoClip):
+        raise ValueError(f"clip must be a VideoClip, got {type(clip).__name__}")
+    order = sorted(range(len(clip.objects)), key=lambda i: reading_key(clip.objects[i]))
+    return replace(clip, objects=tuple(clip.objects[i] for i in order),
+                   directions=tuple(clip.directions[i] for i in order), speeds=tuple(clip.speeds[i] for i in order))
 
 
 def render_video(clip: VideoClip, image_size: int = 32, difficulty: float = 1.0) -> np.ndarray:

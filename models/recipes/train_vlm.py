@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 from pathlib import Path
 
 import torch
@@ -99,13 +100,18 @@ class Trainee(nn.Module):
 
 
 def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weight: float = 1.0,
-                 blind_fraction: float = 0.0):
+                 blind_fraction: float = 0.0, task_weights: dict[str, float] | None = None):
     """``loss_fn(indices)`` for :func:`train_loop`: mean cross-entropy per answer token over the batch, plus
     ``aux_weight`` x the patch probe's loss per frame (when the data carries patch labels). Each length
     chunk is read blind (no ``pixel_values``) with probability ``blind_fraction`` (torch's RNG, which the
     checkpoints keep): the draft learns to draft from the prompt alone too, as it must in transformers'
-    assisted generation, which never passes the pixels to the assistant."""
+    assisted generation, which never passes the pixels to the assistant.
+
+    ``task_weights`` (task name -> weight, 1 for tasks not named) counts each answer token of a task's
+    examples that many times: a one-word ``qa`` answer is about 1 % of a batch's answer tokens next to
+    90-token descriptions, too little gradient for the question-answering path to be learnt well."""
     projector = trainee.vlm.model.multi_modal_projector
+    task_weights = check_task_weights(task_weights or {})
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         total, count, aux, frames = 0.0, 0, 0.0, 0
@@ -115,8 +121,11 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
                 batch.pop("pixel_values")
             captured = []
             handle = projector.register_forward_hook(lambda module, args, output, store=captured: store.append(output))
+            weights = None
+            if task_weights:
+                weights = torch.tensor([task_weights.get(data["examples"][r]["task"], 1.0) for r in rows])
             try:
-                loss, n = sv.answer_loss(trainee.vlm, batch)
+                loss, n = sv.answer_loss(trainee.vlm, batch, weights)
             finally:
                 handle.remove()
             total, count = total + loss, count + n
@@ -126,6 +135,28 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
         return total / max(count, 1) + aux_weight * aux / max(frames, 1)
 
     return loss_fn
+
+
+def check_task_weights(task_weights: dict[str, float]) -> dict[str, float]:
+    """Validate a task -> loss weight mapping (known tasks, finite positive weights)."""
+    for task, weight in task_weights.items():
+        if task not in sv.TASKS:
+            raise ValueError(f"unknown task {task!r} in task weights; tasks: {list(sv.TASKS)}")
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"the weight of task {task!r} must be a finite positive number, got {weight!r}")
+    return {task: float(weight) for task, weight in task_weights.items()}
+
+
+def parse_task_weights(items: list[str]) -> dict[str, float]:
+    """``["qa=20", ...]`` (the ``--task-weight`` option) -> ``{"qa": 20.0}``."""
+    out = {}
+    for item in items:
+        task, _, value = item.partition("=")
+        try:
+            out[task] = float(value)
+        except ValueError:
+            raise ValueError(f"--task-weight takes TASK=NUMBER entries, got {item!r}") from None
+    return check_task_weights(out)
 
 
 def make_vision_loss_fn(trainee: Trainee, data: dict):
@@ -177,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="start from this trained captioner (a later stage: no vision stage, fresh schedule)")
     parser.add_argument("--duplicate-fraction", type=float, default=0.0,
                         help="share of image scenes redrawn with a shared colour or look-alike objects")
+    parser.add_argument("--task-weight", nargs="*", default=[], metavar="TASK=W",
+                        help="loss weight per answer token of a task's examples, e.g. qa=20 (default 1 each)")
     parser.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
                         help="model size entries to change, e.g. text_dim=192 text_layers=6")
     add_run_arguments(parser, "")
@@ -193,6 +226,7 @@ def main(argv: list[str] | None = None) -> None:
         if not value.isdigit():
             raise ValueError(f"--override takes KEY=INT entries, got {item!r}")
         overrides[key] = int(value)
+    task_weights = parse_task_weights(args.task_weight)
     start_run(args)
 
     processor = sv.build_processor()
@@ -221,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             trainee.load_state_dict(torch.load(stage1 / "checkpoint.pt")["model"])
     torch.manual_seed(args.seed + 1)  # stage 2 draws the same batches whether or not stage 1 ran in this process
-    loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction)
+    loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction, task_weights)
     train_loop(trainee, loss_fn, len(data["examples"]), steps=args.steps, batch=args.batch, lr=args.lr,
                work=args.work, save=save, save_every=args.save_every)
 
