@@ -401,3 +401,34 @@ def test_report_sentence_errors_are_order_free_and_by_kind():
     assert relation_parts(sentences[0]) is None
     single = describe_scene(Scene((WorldObject("circle", "red", "small", 0.5, 0.5),)))
     assert sentence_kind(single.split(".")[-2].strip()) == "single-object summary"
+
+
+def test_report_object_parts_ignore_only_the_order_of_objects():
+    from mmspec.models.recipes.report_vlm import object_parts
+    from mmspec.world import narrate_video, sample_video
+
+    swapped_clips = 0
+    for seed in range(30):
+        clip = sample_video(seed, num_objects=2, num_frames=4)
+        swapped = with_objects_reversed(clip)
+        for task, text in (("video_caption", caption_video), ("narrate", narrate_video)):
+            a, b = text(clip), text(swapped)
+            assert object_parts(task, a) == object_parts(task, b)
+            assert len(object_parts(task, a)) >= 2
+            swapped_clips += a != b
+        # a wrong direction ("down and to the left" for "down") is not an order difference
+        caption = caption_video(clip)
+        for phrase in ("moving down and to the left", "moving up and to the right"):
+            if phrase in caption:
+                changed = caption.replace(phrase, phrase.split(" and")[0], 1)
+                assert object_parts("video_caption", changed) != object_parts("video_caption", caption)
+    assert swapped_clips == 60
+    with pytest.raises(ValueError, match="video tasks"):
+        object_parts("describe", "a red circle")
+
+
+def with_objects_reversed(clip):
+    """The clip with its two objects' list order reversed (same frames)."""
+    from dataclasses import replace
+
+    return replace(clip, objects=clip.objects[::-1], directions=clip.directions[::-1], speeds=clip.speeds[::-1])

@@ -10,7 +10,9 @@ outputs are compared with the world's exact reference text (string equality), on
   kind (:func:`sentence_errors`: which parts of a description are wrong);
 * ``describe_any``: detailed descriptions of unrestricted world scenes (``clearance=0``), where some
   centres lie a fraction of a pixel from a region edge, so that no model can be exact on all of them;
-* ``caption``, ``qa``, ``narrate``, ``video_caption`` (clear scenes / clips).
+* ``caption``, ``qa``, ``narrate``, ``video_caption`` (clear scenes / clips); the video tasks also by
+  object count and "exact up to object order" (:func:`object_parts`), which separates what a caption says
+  about each object from the order it names them in.
 
 It also gives the mean output length in tokens (generated tokens, ``</s>`` excluded), the mean
 reference length, and the CPU generation time (shared machine: indicative only).
@@ -135,6 +137,28 @@ def sentence_errors(pairs: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
     return dict(out)
 
 
+_CAPTION_PARTS_RE = re.compile(r", | and (?=an? )")  # between the objects of a video caption ("... and a blue ...")
+
+
+def object_parts(task: str, text: str) -> list[str]:
+    """The parts of a video text that name one object each, sorted: the sentences of a narration (per
+    object, plus the layout sentences), the ``a COLOUR SHAPE moving DIRECTION`` phrases of a video caption.
+    Two texts with equal parts say the same things about the same objects, possibly in another order."""
+    if task == "narrate":
+        return sorted(sentences_of(text))
+    if task == "video_caption":
+        return sorted(_CAPTION_PARTS_RE.split(text))
+    raise ValueError(f"object_parts reads video tasks {list(sv.VIDEO_TASKS)}, got {task!r}")
+
+
+def _exact_by_objects(correct: list[bool], counts: list[int]) -> dict[str, dict[str, float]]:
+    by_count = defaultdict(list)
+    for ok, k in zip(correct, counts):
+        by_count[k].append(ok)
+    return {"exact_by_objects": {str(k): round(sum(v) / len(v), 4) for k, v in sorted(by_count.items())},
+            "n_by_objects": {str(k): len(v) for k, v in sorted(by_count.items())}}
+
+
 def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> dict:
     """Exact accuracy, lengths and time of one report task, plus up to three mismatches."""
     examples = held_out_examples(task, num, seed)
@@ -148,12 +172,13 @@ def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> 
               "mean_reference_tokens": sum(ref_tokens) / len(ref_tokens),
               "generate_seconds": round(seconds, 1)}
     if task.startswith("describe"):
-        by_count = defaultdict(list)
-        for ok, e in zip(correct, examples):
-            by_count[len(e["scene"].objects)].append(ok)
-        result["exact_by_objects"] = {str(k): round(sum(v) / len(v), 4) for k, v in sorted(by_count.items())}
-        result["n_by_objects"] = {str(k): len(v) for k, v in sorted(by_count.items())}
+        result.update(_exact_by_objects(correct, [len(e["scene"].objects) for e in examples]))
         result["sentence_errors"] = sentence_errors([(e["answer"], text) for (text, _), e in zip(answers, examples)])
+    if task in sv.VIDEO_TASKS:
+        result.update(_exact_by_objects(correct, [len(e["clip"].objects) for e in examples]))
+        result["exact_up_to_object_order"] = sum(
+            object_parts(task, text) == object_parts(task, e["answer"]) for (text, _), e in zip(answers, examples)
+        ) / len(examples)
     result["mismatches"] = [{"prompt": e["prompt"].replace(sv.IMAGE, ""), "reference": e["answer"], "output": text}
                             for (text, _), e, ok in zip(answers, examples, correct) if not ok][:3]
     return result
