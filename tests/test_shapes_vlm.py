@@ -432,3 +432,24 @@ def with_objects_reversed(clip):
     from dataclasses import replace
 
     return replace(clip, objects=clip.objects[::-1], directions=clip.directions[::-1], speeds=clip.speeds[::-1])
+
+
+def test_report_name_errors_tell_added_from_dropped_qualifiers():
+    from mmspec.models.recipes.report_vlm import name_errors, relation_names
+    from mmspec.world.captions import describe_scene
+    from mmspec.world.scene import Scene, WorldObject
+
+    # two green diamonds (twins: named by region) and a white circle beside a white triangle (a shared
+    # colour only: plain names)
+    scene = Scene((WorldObject("diamond", "green", "small", 0.2, 0.2), WorldObject("diamond", "green", "small", 0.8, 0.5),
+                   WorldObject("circle", "white", "large", 0.2, 0.8), WorldObject("triangle", "white", "medium", 0.55, 0.85)))
+    reference = describe_scene(scene)
+    names = relation_names(reference)
+    assert names == {"small green diamond in the top left", "small green diamond on the right", "white circle",
+                     "white triangle"}
+    assert name_errors([(reference, reference)]) == {"names": 4, "over_qualified": 0, "under_qualified": 0, "other": 0}
+    output = (reference.replace("the white circle", "the large white circle")
+              .replace("the small green diamond in the top left", "the green diamond")
+              .replace("the white triangle", "the white square"))
+    assert name_errors([(reference, output), (reference, reference)]) == \
+        {"names": 8, "over_qualified": 1, "under_qualified": 1, "other": 1}

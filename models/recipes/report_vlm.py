@@ -7,7 +7,8 @@ outputs are compared with the world's exact reference text (string equality), on
 * ``describe``: detailed descriptions of scenes drawn with the default clearance (the training
   distribution: every centre at least one pixel from a decision boundary, see
   :func:`mmspec.models.shapes_vlm.scene_clearance`), with a breakdown by object count and by sentence
-  kind (:func:`sentence_errors`: which parts of a description are wrong);
+  kind (:func:`sentence_errors`: which parts of a description are wrong) and of how the relations name
+  the objects (:func:`name_errors`: qualifiers added where none is needed, or dropped where one is);
 * ``describe_any``: detailed descriptions of unrestricted world scenes (``clearance=0``), where some
   centres lie a fraction of a pixel from a region edge, so that no model can be exact on all of them;
 * ``caption``, ``qa``, ``narrate``, ``video_caption`` (clear scenes / clips); the video tasks also by
@@ -137,6 +138,39 @@ def sentence_errors(pairs: list[tuple[str, str]]) -> dict[str, dict[str, int]]:
     return dict(out)
 
 
+def relation_names(text: str) -> set[str]:
+    """The object names a description uses in its relation sentences ("small red circle on the left")."""
+    return {name for parts in map(relation_parts, sentences_of(text)) if parts is not None
+            for name in (parts[0], parts[2])}
+
+
+def _qualifies(longer: str, shorter: str) -> bool:
+    """Whether ``longer`` is ``shorter`` with qualifiers added: a size in front, a region behind, or both."""
+    return longer != shorter and f" {shorter} " in f" {longer} "
+
+
+def name_errors(pairs: list[tuple[str, str]]) -> dict[str, int]:
+    """How the outputs name the objects of the references' relation sentences, over ``(reference,
+    output)`` pairs: ``names`` (distinct names per reference, summed), and of those the ones the output's
+    relations never use, split into ``over_qualified`` (the output uses the name with a size or region
+    added, e.g. "small white circle" where no other white circle asks for it), ``under_qualified`` (the
+    output drops a needed qualifier: "green diamond" for one of two green diamonds) and ``other``."""
+    out = {"names": 0, "over_qualified": 0, "under_qualified": 0, "other": 0}
+    for reference, output in pairs:
+        said = relation_names(output)
+        for name in relation_names(reference):
+            out["names"] += 1
+            if name in said:
+                continue
+            if any(_qualifies(other, name) for other in said):
+                out["over_qualified"] += 1
+            elif any(_qualifies(name, other) for other in said):
+                out["under_qualified"] += 1
+            else:
+                out["other"] += 1
+    return out
+
+
 _CAPTION_PARTS_RE = re.compile(r", | and (?=an? )")  # between the objects of a video caption ("... and a blue ...")
 
 
@@ -173,7 +207,9 @@ def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> 
               "generate_seconds": round(seconds, 1)}
     if task.startswith("describe"):
         result.update(_exact_by_objects(correct, [len(e["scene"].objects) for e in examples]))
-        result["sentence_errors"] = sentence_errors([(e["answer"], text) for (text, _), e in zip(answers, examples)])
+        pairs = [(e["answer"], text) for (text, _), e in zip(answers, examples)]
+        result["sentence_errors"] = sentence_errors(pairs)
+        result["name_errors"] = name_errors(pairs)
     if task in sv.VIDEO_TASKS:
         result.update(_exact_by_objects(correct, [len(e["clip"].objects) for e in examples]))
         result["exact_up_to_object_order"] = sum(
