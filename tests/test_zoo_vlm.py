@@ -53,7 +53,7 @@ def test_greedy_methods_reproduce_target_only_text_on_the_zoo(pipe, method):
     assert spec.stats.mean_accepted_length > 2.0, method  # trained drafters are accepted: equality means something
 
 
-@pytest.mark.parametrize("task, num", [("describe", 12), ("qa", 12), ("narrate", 6)])
+@pytest.mark.parametrize("task, num", [("describe", 12), ("qa", 12), ("narrate", 6), ("video_caption", 12)])
 def test_report_matches_a_fresh_measurement(task, num):
     """The accuracy in report.json (400 / 200 held-out examples) is what the bundled target does: a fresh
     greedy run on the first ``num`` examples agrees within sampling error (3 standard errors + 1/num)."""
