@@ -60,6 +60,17 @@ def warmup_cosine(step: int, total: int, peak: float, warmup: int = 100, floor: 
     return peak * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def load_trained_weights(model: nn.Module, trained: dict[str, torch.Tensor], source: str) -> None:
+    """Copy a trained model's ``state_dict`` (any dtype) into ``model`` of the same architecture: the start
+    of a later training stage (``--init``). Raises ``ValueError`` naming the differing weights otherwise."""
+    own = model.state_dict()
+    mismatched = sorted(k for k in own.keys() | trained.keys()
+                        if k not in own or k not in trained or own[k].shape != trained[k].shape)
+    if mismatched:
+        raise ValueError(f"--init: {source} has another architecture; differing weights: {mismatched[:5]}")
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in trained.items()})
+
+
 def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor], num_items: int, *, steps: int,
                batch: int, lr: float, work: Path, save: Callable[[nn.Module], None], save_every: int = 200,
                weight_decay: float = 0.05, log_every: int = 20,

@@ -7,7 +7,12 @@ every ``--save-every`` steps under ``--work``, logs JSON lines.
 
     python -m mmspec.models.recipes.train_t2i --out models/zoo/shapes-t2i/transformer
 
-Run long jobs in the background (``nohup ... &``); rerunning the same command resumes.
+Run long jobs in the background (``nohup ... &``); rerunning the same command resumes. ``--init FOLDER``
+starts a later stage from a trained target (same architecture) with a fresh schedule, e.g. on new images
+(``--seed``):
+
+    python -m mmspec.models.recipes.train_t2i --init models/zoo/shapes-t2i/transformer --seed 1 \
+        --lr 5e-4 --work runs/train_t2i_stage2 --out runs/train_t2i_stage2/transformer
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from pathlib import Path
 import torch
 
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, train_loop
+from mmspec.models.recipes.common import (add_run_arguments, cached_data, load_trained_weights, start_run,
+                                         train_loop)
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.world import ShapesImageDataset, vocabulary
@@ -51,6 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--save-every", type=int, default=200)
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from this trained target folder (a later stage with a fresh schedule)")
     add_run_arguments(parser, "runs/train_t2i")
     args = parser.parse_args(argv)
     start_run(args)
@@ -65,6 +73,10 @@ def main(argv: list[str] | None = None) -> None:
                                 model_type="t2i", vocab_size=vq.vocab_size, block_size=grid_tokens,
                                 cls_token_num=args.cond_len, caption_dim=args.dim, text_vocab_size=len(words),
                                 class_dropout_prob=0.1, condition_rope=args.condition_rope)
+    if args.init is not None and not (args.work / "checkpoint.pt").is_file():  # a resumed run restores its own
+        if not (args.init / "config.json").is_file():
+            raise FileNotFoundError(f"--init: no trained target at {args.init}")
+        load_trained_weights(model, LlamaGenTransformer.from_pretrained(args.init).state_dict(), str(args.init))
     out = Path(args.out)
 
     def save(trained: LlamaGenTransformer) -> None:

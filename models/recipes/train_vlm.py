@@ -36,7 +36,8 @@ import torch
 from torch import nn
 
 from mmspec.models import shapes_vlm as sv
-from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, train_loop
+from mmspec.models.recipes.common import (add_run_arguments, cached_data, load_trained_weights, start_run,
+                                         train_loop)
 
 # Per size: steps, batch, peak learning rate (chosen with short prototype runs; see docs/zoo_shapes_vlm.md).
 DEFAULTS: dict[str, dict] = {
@@ -179,13 +180,7 @@ def init_from(trainee: Trainee, folder: Path) -> None:
     """Copy a trained captioner's weights into ``trainee.vlm`` (same architecture; the probe stays fresh)."""
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--init: no trained model at {folder}")
-    trained = sv.load_model(folder).state_dict()
-    own = trainee.vlm.state_dict()
-    mismatched = sorted(k for k in own.keys() | trained.keys()
-                        if k not in own or k not in trained or own[k].shape != trained[k].shape)
-    if mismatched:
-        raise ValueError(f"--init: {folder} has another architecture; differing weights: {mismatched[:5]}")
-    trainee.vlm.load_state_dict({k: v.float() for k, v in trained.items()})
+    load_trained_weights(trainee.vlm, sv.load_model(folder).state_dict(), str(folder))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,41 @@
+"""The t2i target recipe's later stages: ``train_t2i --init`` starts from a trained target's weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmspec.models.llamagen import LlamaGenTransformer
+from mmspec.models.recipes import train_t2i
+
+TINY = ["--dim", "32", "--layers", "1", "--heads", "2", "--train-images", "40", "--batch", "4", "--threads", "1"]
+
+
+def _weights(folder) -> dict[str, torch.Tensor]:
+    return LlamaGenTransformer.from_pretrained(folder).state_dict()
+
+
+def test_init_starts_a_later_stage_from_the_trained_weights(tmp_path):
+    train_t2i.main([*TINY, "--steps", "3", "--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa")])
+    # a zero learning rate leaves the initial weights as they are: stage 2's output is stage 1's model
+    train_t2i.main([*TINY, "--steps", "1", "--lr", "0", "--seed", "1", "--init", str(tmp_path / "a"),
+                    "--out", str(tmp_path / "b"), "--work", str(tmp_path / "wb")])
+    first, second = _weights(tmp_path / "a"), _weights(tmp_path / "b")
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    # without --init the same stage starts from fresh weights
+    train_t2i.main([*TINY, "--steps", "1", "--lr", "0", "--seed", "1", "--out", str(tmp_path / "c"),
+                    "--work", str(tmp_path / "wc")])
+    fresh = _weights(tmp_path / "c")
+    assert not all(torch.equal(first[k], fresh[k]) for k in first)
+
+
+def test_init_rejects_another_architecture_and_a_missing_folder(tmp_path):
+    train_t2i.main([*TINY, "--steps", "1", "--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa")])
+    wider = [*TINY[:1], "48", *TINY[2:]]
+    with pytest.raises(ValueError, match="another architecture"):
+        train_t2i.main([*wider, "--steps", "1", "--init", str(tmp_path / "a"), "--out", str(tmp_path / "b"),
+                        "--work", str(tmp_path / "wb")])
+    with pytest.raises(FileNotFoundError, match="no trained target"):
+        train_t2i.main([*TINY, "--steps", "1", "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "c"),
+                        "--work", str(tmp_path / "wc")])
