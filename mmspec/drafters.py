@@ -25,7 +25,7 @@ from mmspec.runner import CausalLMRunner
 from mmspec.sampling import SamplingConfig, sample
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
 from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
-from mmspec.validation import check_positive_int
+from mmspec.validation import check_positive_int, check_unit_interval
 
 
 def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -33,14 +33,22 @@ def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.one_hot(tokens, vocab_size).to(torch.float64)
 
 def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], num_tokens: int,
-                sampling: SamplingConfig, generator: torch.Generator | None) -> DraftChain:
+                sampling: SamplingConfig, generator: torch.Generator | None,
+                confidence_threshold: float = 0.0) -> DraftChain:
     """Autoregressive chain drafting shared by every drafter.
 
     Args:
         logits: ``[B, V]`` the drafter's logits for the first draft.
         step: ``step(token [B]) -> logits [B, V]`` feeds a drafted token and returns the next logits.
-        num_tokens: K; sampling: greedy drafts (deterministic, ``probs=None``) or sampled drafts
-            returned with the distributions they were drawn from.
+        num_tokens: K, the longest chain; sampling: greedy drafts (deterministic, ``probs=None``) or
+            sampled drafts returned with the distributions they were drawn from.
+        confidence_threshold: dynamic chain length. After each draft the chain stops early when, in
+            every row, the drafter gave its drafted token less than this probability: later drafts
+            would most likely be rejected, and each costs a drafter forward. 0 (default) always drafts
+            K. The stop depends only on the drafter's own distributions, so verification stays exact
+            (a shorter chain only moves the target's bonus token earlier).
+
+    Returns a chain of 1 to K tokens (the same length in every row).
     """
     to_probs = target_probs_fn(sampling)
     tokens, dists = [], []
@@ -49,8 +57,11 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
         token = sample(probs, generator) if sampling.do_sample else probs.argmax(-1)
         tokens.append(token)
         dists.append(probs)
-        if i < num_tokens - 1:
-            logits = step(token)
+        if i == num_tokens - 1:
+            break
+        if confidence_threshold > 0 and probs.gather(-1, token.unsqueeze(-1)).max() < confidence_threshold:
+            break
+        logits = step(token)
     return DraftChain(torch.stack(tokens, 1), torch.stack(dists, 1) if sampling.do_sample else None)
 
 
@@ -80,12 +91,18 @@ class ModelDrafter(Drafter):
         generator: random source for sampled drafts.
         share_model_inputs: give the drafter's prefill the same extra inputs as the target's (image
             pixels, condition ids); False for a text-only drafter of a multimodal target.
+        confidence_threshold: dynamic chain length (:func:`draft_chain`); 0 drafts K every round.
     """
 
     def __init__(self, model: Any, num_draft_tokens: int = 4, sampling: SamplingConfig = SamplingConfig(do_sample=False),
                  tree: TreeConfig | None = None, generator: torch.Generator | None = None,
-                 share_model_inputs: bool = True) -> None:
+                 share_model_inputs: bool = True, confidence_threshold: float = 0.0) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
+        check_unit_interval(confidence_threshold, "confidence_threshold")
+        if tree is not None and confidence_threshold > 0:
+            raise ValueError("confidence_threshold sets the length of draft chains; an EAGLE-2 tree is "
+                             "dynamic already (pass one or the other)")
+        self.confidence_threshold = confidence_threshold
         self.runner = model if hasattr(model, "begin_round") else CausalLMRunner(model)
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
         self.share_model_inputs = share_model_inputs
@@ -114,8 +131,10 @@ class ModelDrafter(Drafter):
         logits = self._feed_pending(pending)
         if self.tree is not None:
             return self._propose_tree(logits)
-        return draft_chain(logits, lambda token: self.runner.forward(token.unsqueeze(1)).logits[:, 0],
-                           self.num_draft_tokens, self.sampling, self.generator)
+        chain = draft_chain(logits, lambda token: self.runner.forward(token.unsqueeze(1)).logits[:, 0],
+                            self.num_draft_tokens, self.sampling, self.generator, self.confidence_threshold)
+        self._drafted = chain.tokens.shape[1]  # K, or fewer when the chain stopped early
+        return chain
 
     def _propose_tree(self, root_logits: torch.Tensor) -> DraftTree:
         batch = root_logits.shape[0]
@@ -139,12 +158,13 @@ class ModelDrafter(Drafter):
             self.runner.commit(prefix_keep)
             self._backlog = accepted
             return
-        fed = self.num_draft_tokens - 1  # drafts 1..K-1 are in the cache, draft K never was
+        drafted = self._drafted
+        fed = drafted - 1  # drafts 1..k-1 of the round's k are in the cache, draft k never was
         steps = torch.arange(fed, device=accepted.device)
         drafts_keep = torch.where(steps < result.num_accepted.unsqueeze(-1), prefix + steps, -1)
         self.runner.commit(torch.cat([prefix_keep, drafts_keep], 1))
-        last_draft = accepted[:, -1:] if accepted.shape[1] == self.num_draft_tokens else accepted[:, :0]
-        self._backlog = torch.where(result.num_accepted.unsqueeze(-1) == self.num_draft_tokens, last_draft, -1) \
+        last_draft = accepted[:, -1:] if accepted.shape[1] == drafted else accepted[:, :0]
+        self._backlog = torch.where(result.num_accepted.unsqueeze(-1) == drafted, last_draft, -1) \
             if last_draft.shape[1] else last_draft
 
 

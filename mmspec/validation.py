@@ -36,6 +36,12 @@ def check_positive_int(value: int, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def check_unit_interval(value: float, name: str) -> None:
+    """``value`` is a real number in [0, 1) (NaN and booleans rejected)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+
+
 def check_ndim(tensor: torch.Tensor, ndim: int, name: str, layout: str) -> None:
     if not isinstance(tensor, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor {layout}, got {type(tensor).__name__}")

@@ -36,7 +36,7 @@ from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult
 from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
-from mmspec.validation import check_positive_int
+from mmspec.validation import check_positive_int, check_unit_interval
 
 
 @dataclass
@@ -207,14 +207,22 @@ class EagleDrafter(Drafter):
             like the target) and its logits are combined as ``uncond + s (cond - uncond)``, so the draft
             distribution matches the guided target's. The target must then return the features of both
             halves: ``GuidedRunner(CausalLMRunner(model, return_hidden=True), s, hidden="both")``.
+        confidence_threshold: dynamic chain length (:func:`~mmspec.drafters.draft_chain`): a chain stops
+            once every row's drafted token had less than this probability under the head; 0 drafts K.
     """
 
     needs_target_hidden = True
 
     def __init__(self, head: EagleHead, num_draft_tokens: int = 4,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
-                 generator: torch.Generator | None = None, guidance_scale: float = 1.0) -> None:
+                 generator: torch.Generator | None = None, guidance_scale: float = 1.0,
+                 confidence_threshold: float = 0.0) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
+        check_unit_interval(confidence_threshold, "confidence_threshold")
+        if tree is not None and confidence_threshold > 0:
+            raise ValueError("confidence_threshold sets the length of draft chains; an EAGLE-2 tree is "
+                             "dynamic already (pass one or the other)")
+        self.confidence_threshold = confidence_threshold
         head._bound()
         self.head = head
         self.halves = 1 if guidance_scale == 1.0 else 2  # feature rows per token row
@@ -280,7 +288,8 @@ class EagleDrafter(Drafter):
             state["feature"] = out.hidden[:, 0]
             return out.logits[:, 0]
 
-        return draft_chain(logits, step, self.num_draft_tokens, self.sampling, self.generator)
+        return draft_chain(logits, step, self.num_draft_tokens, self.sampling, self.generator,
+                           self.confidence_threshold)
 
     def _propose_tree(self, root_logits: torch.Tensor, root_feature: torch.Tensor) -> DraftTree:
         batch = root_logits.shape[0]

@@ -230,17 +230,22 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                       num_draft_tokens: int, tree: TreeConfig | None, lantern_k: int | None, lantern_delta: float,
                       lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
                       gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
-                      guidance_scale: float, eagle_guided: bool) -> tuple[Any, AcceptanceRule | None]:
+                      guidance_scale: float, eagle_guided: bool, draft_confidence_threshold: float
+                      ) -> tuple[Any, AcceptanceRule | None]:
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
         vocab = self.transformer.config.vocab_size
+        if draft_confidence_threshold and method not in ("eagle", "lantern"):
+            raise ValueError(f"draft_confidence_threshold sets EAGLE chain lengths ('eagle', 'lantern'); "
+                             f"method={method!r} drafts no chain")
         if method == "none":
             return None, None
         if method in ("eagle", "lantern"):
             from mmspec.models.eagle import EagleDrafter
 
             drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
-                                   guidance_scale=guidance_scale if eagle_guided else 1.0)
+                                   guidance_scale=guidance_scale if eagle_guided else 1.0,
+                                   confidence_threshold=draft_confidence_threshold)
             if method == "eagle":
                 return drafter, None
             k = min(1000, vocab - 1) if lantern_k is None else lantern_k
@@ -274,7 +279,8 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                  lantern_lam: float | None = None, sjd_window: int = 16, sjd_init: str = "random",
                  gsd_group_size: int = 10, gsd_prob_threshold: float = 0.15,
                  gsd_distance_threshold: float = float("inf"), mulo_k: int = 16, mulo_tau: float = 0.3,
-                 mulo_radius: int = 1, eagle_guided: bool = True, rule: AcceptanceRule | None = None,
+                 mulo_radius: int = 1, eagle_guided: bool = True, draft_confidence_threshold: float = 0.0,
+                 rule: AcceptanceRule | None = None,
                  callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
                  ) -> ARImagePipelineOutput:
         """Generate images token by token, speculatively unless ``method="none"``.
@@ -291,6 +297,10 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             num_draft_tokens / tree: EAGLE chain length, or an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`.
             eagle_guided: under guidance, run the EAGLE head on both halves and draft from the guided
                 combination of its logits (False: draft from the conditional half only).
+            draft_confidence_threshold: dynamic EAGLE chain length: a round's chain stops before K once
+                every row's drafted token had less than this probability under the head (0: always K).
+                Lossless like any chain length; it saves head forwards whose drafts would mostly be
+                rejected (docs/pipeline_ar_image.md).
             lantern_k / lantern_delta / lantern_lam: LANTERN neighbourhood size (default min(1000, V - 1)),
                 TV budget, LANTERN++ bound (when given, delta is ignored).
             sjd_window / sjd_init: Jacobi window length and initialisation ("random" or "left").
@@ -313,7 +323,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         drafter, method_rule = self._build_method(method, sampling, generator, num_draft_tokens, tree, lantern_k,
                                                   lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
                                                   gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
-                                                  guidance_scale, eagle_guided)
+                                                  guidance_scale, eagle_guided, draft_confidence_threshold)
         rule = rule if rule is not None else method_rule
 
         # 1. Condition rows: [B, C] word ids (t2i) or [B] class ids (c2i), repeated per image.

@@ -85,6 +85,7 @@ def _tokens(pipe, method, **kwargs):
 GREEDY_CASES = {
     "eagle-chain": ("eagle", {}),
     "eagle-tree": ("eagle", {"tree": TreeConfig(depth=3, top_k=2, total_tokens=6)}),
+    "eagle-dynamic-chain": ("eagle", {"num_draft_tokens": 6, "draft_confidence_threshold": 0.5}),
     "lantern-delta0": ("lantern", {"lantern_delta": 0.0, "lantern_k": 8}),
     "sjd": ("sjd", {"sjd_window": 5}),
     "gsd-G1": ("gsd", {"gsd_group_size": 1, "sjd_window": 5}),
@@ -102,6 +103,14 @@ def test_greedy_methods_reproduce_target_only_tokens(pipe, case, guidance_scale)
     assert out.stats.mean_accepted_length > 1.2  # drafts were accepted, so the comparison means something
     assert out.stats.target_calls < baseline.stats.target_calls
     assert out.drafted.any()
+
+
+def test_dynamic_eagle_chains_stop_early_and_keep_the_output(pipe):
+    fixed = _tokens(pipe, "eagle", num_draft_tokens=6)
+    dynamic = _tokens(pipe, "eagle", num_draft_tokens=6, draft_confidence_threshold=0.9)
+    assert torch.equal(dynamic.tokens, fixed.tokens)
+    assert dynamic.stats.draft_calls < fixed.stats.draft_calls  # head forwards saved
+    assert dynamic.stats.mean_accepted_length > 1.2
 
 
 def test_class_conditioned_model_with_guidance():
@@ -147,7 +156,9 @@ def _exact_first_two_marginals(model: LlamaGenTransformer, words: torch.Tensor, 
 
 @pytest.mark.parametrize("method,kwargs", [("none", {}), ("eagle", {}),
                                            ("eagle", {"tree": TreeConfig(depth=2, top_k=2, total_tokens=4)}),
-                                           ("sjd", {"sjd_window": 4})], ids=["none", "eagle", "eagle-tree", "sjd"])
+                                           ("eagle", {"num_draft_tokens": 3, "draft_confidence_threshold": 0.3}),
+                                           ("sjd", {"sjd_window": 4})],
+                         ids=["none", "eagle", "eagle-tree", "eagle-dynamic-chain", "sjd"])
 def test_sampling_matches_the_exact_target_marginals(method, kwargs):
     """2000 rows of one prompt at temperature 1 with CFG: tokens 0 and 1 follow the exact guided marginals."""
     pipe = make_pipe(sharpness=3.0)
@@ -315,6 +326,10 @@ BAD_INPUTS = {
     "lantern_k too large": (dict(prompt="a circle", method="lantern", lantern_k=V), ValueError, "lantern_k"),
     "mulo without its drafter": (dict(prompt="a circle", method="mulo"), ValueError, "needs mulo_drafter"),
     "bad num_images": (dict(prompt="a circle", num_images_per_prompt=0), ValueError, "num_images_per_prompt"),
+    "confidence threshold without a chain": (dict(prompt="a circle", method="sjd", draft_confidence_threshold=0.5),
+                                             ValueError, "drafts no chain"),
+    "confidence threshold above 1": (dict(prompt="a circle", method="eagle", draft_confidence_threshold=1.5),
+                                     ValueError, "confidence_threshold must be a number in"),
 }
 
 

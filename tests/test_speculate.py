@@ -15,6 +15,7 @@ from mmspec import (
     TreeConfig,
     speculative_generate,
 )
+from mmspec.drafters import draft_chain
 
 
 def _prompt():
@@ -29,6 +30,7 @@ def _prompt():
 DRAFTERS = {
     "chain-self": lambda t, d: ModelDrafter(t, 4),
     "chain-small": lambda t, d: ModelDrafter(d, 3),
+    "chain-small-dynamic": lambda t, d: ModelDrafter(d, 6, confidence_threshold=0.5),
     "tree-self": lambda t, d: ModelDrafter(t, tree=TreeConfig(depth=4, top_k=3, total_tokens=30)),
     "tree-small": lambda t, d: ModelDrafter(d, tree=TreeConfig(depth=3, top_k=2, total_tokens=6)),
     "jacobi": lambda t, d: JacobiDrafter(32, window=5),
@@ -91,7 +93,7 @@ def _exact_marginals(target, prompt: torch.Tensor, steps: int) -> list[torch.Ten
     return marginals
 
 
-@pytest.mark.parametrize("mode", ["chain", "tree", "jacobi-random", "jacobi-left"])
+@pytest.mark.parametrize("mode", ["chain", "chain-dynamic", "tree", "jacobi-random", "jacobi-left"])
 def test_sampling_preserves_the_target_distribution(mode):
     """4000 rows of one prompt, temperature 1: each of the first three tokens follows the exact target
     marginal (chi-square p > 1e-4), with a drafter that disagrees often."""
@@ -110,13 +112,71 @@ def test_sampling_preserves_the_target_distribution(mode):
         drafter = JacobiDrafter(vocab, window=3, sampling=sampling, init=mode.split("-")[1],
                                 generator=torch.Generator().manual_seed(1))
     else:
-        drafter = ModelDrafter(draft, 2, sampling=sampling, tree=tree, generator=torch.Generator().manual_seed(1))
+        threshold = 0.2 if mode == "chain-dynamic" else 0.0  # the softened drafter is often below it
+        drafter = ModelDrafter(draft, 2, sampling=sampling, tree=tree, generator=torch.Generator().manual_seed(1),
+                               confidence_threshold=threshold)
     out = speculative_generate(CausalLMRunner(target), drafter, ids, max_new_tokens=3, sampling=sampling,
                                generator=torch.Generator().manual_seed(2))
     longest = 4.0 if mode.startswith("jacobi") else 3.0  # window 3 / two drafts, plus one token
     assert 1.05 < out.stats.mean_accepted_length < longest  # drafts are both accepted and rejected
     for j, marginal in enumerate(_exact_marginals(target, prompt, 3)):
         assert chi_square_pvalue(empirical(out.sequences[:, j], vocab), marginal) > P_VALUE_FLOOR, f"token {j}"
+
+
+def _scripted_step(rows_peaked_until: list[int], vocab: int = 4):
+    """A ``step`` for :func:`draft_chain` whose row r is sure of token 1 (prob ~1) for its first
+    ``rows_peaked_until[r]`` drafts and undecided (uniform) after; counts its calls."""
+    calls = []
+
+    def logits_at(position: int) -> torch.Tensor:
+        out = torch.zeros(len(rows_peaked_until), vocab)
+        for r, until in enumerate(rows_peaked_until):
+            if position < until:
+                out[r, 1] = 20.0
+        return out
+
+    def step(token: torch.Tensor) -> torch.Tensor:
+        calls.append(token)
+        return logits_at(len(calls))
+
+    return logits_at(0), step, calls
+
+
+def test_dynamic_chain_length_stops_once_every_row_is_unsure():
+    greedy = SamplingConfig(do_sample=False)
+    first, step, calls = _scripted_step([2])
+    chain = draft_chain(first, step, 5, greedy, None, confidence_threshold=0.5)
+    # drafts 0 and 1 are sure; draft 2 (probability 1/4) is kept, and no forward is spent after it
+    assert chain.tokens.shape == (1, 3) and len(calls) == 2
+    first, step, calls = _scripted_step([2])
+    assert draft_chain(first, step, 5, greedy, None).tokens.shape == (1, 5) and len(calls) == 4  # 0: fixed K
+    first, step, calls = _scripted_step([2, 4])  # the batch goes on while any row is sure
+    assert draft_chain(first, step, 8, greedy, None, confidence_threshold=0.5).tokens.shape == (2, 5)
+    first, step, calls = _scripted_step([9])  # never below the threshold: K drafts
+    assert draft_chain(first, step, 4, greedy, None, confidence_threshold=0.9).tokens.shape == (1, 4)
+
+
+def test_dynamic_chains_spend_fewer_drafter_forwards_for_the_same_output(llama_pair):
+    target, draft = llama_pair
+    ids, mask = _prompt()
+    fixed = speculative_generate(CausalLMRunner(target), ModelDrafter(draft, 6), ids, mask, max_new_tokens=24)
+    dynamic = speculative_generate(CausalLMRunner(target), ModelDrafter(draft, 6, confidence_threshold=0.5), ids,
+                                   mask, max_new_tokens=24)
+    assert torch.equal(dynamic.sequences, fixed.sequences)
+    assert dynamic.stats.draft_calls < fixed.stats.draft_calls
+
+
+@pytest.mark.parametrize("value", [1.0, -0.1, float("nan"), True, "0.5"])
+def test_confidence_threshold_outside_the_unit_interval_is_rejected(llama_pair, value):
+    _, draft = llama_pair
+    with pytest.raises(ValueError, match="confidence_threshold must be a number in"):
+        ModelDrafter(draft, 4, confidence_threshold=value)
+
+
+def test_confidence_threshold_is_for_chains_not_trees(llama_pair):
+    _, draft = llama_pair
+    with pytest.raises(ValueError, match="dynamic already"):
+        ModelDrafter(draft, tree=TreeConfig(depth=2, top_k=2, total_tokens=4), confidence_threshold=0.3)
 
 
 def test_vocab_mismatch_is_a_clear_error():
