@@ -216,23 +216,30 @@ class VLMPipeline(DiffusionPipeline):
             raise ValueError(f"method={method!r} needs a {component}; this pipeline has none")
 
     def make_drafter(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
-                     num_draft_tokens: int, tree: TreeConfig | None) -> Any:
-        """The drafter of ``method`` (None for "none")."""
+                     num_draft_tokens: int, tree: TreeConfig | None, confidence_threshold: float = 0.0) -> Any:
+        """The drafter of ``method`` (None for "none"); ``confidence_threshold`` > 0 gives it dynamic
+        chain lengths (every method that drafts token by token: not "flash", whose head proposes its K
+        tokens in one forward)."""
         self.check_method(method)
+        if confidence_threshold and method in ("none", "flash"):
+            raise ValueError(f"draft_confidence_threshold stops token-by-token draft chains; method={method!r} "
+                             "has none (FLASH drafts its K tokens in one forward)")
         if method == "none":
             return None
         if method == "draft_vlm":
             return ModelDrafter(VLMRunner(self.draft_model), num_draft_tokens, sampling=sampling, tree=tree,
-                                generator=generator)
+                                generator=generator, confidence_threshold=confidence_threshold)
         head = getattr(self, METHOD_COMPONENTS[method])
         from mmspec.models.eagle import EagleDrafter, EagleHead
         from mmspec.models.vlm_drafters import VLMDraftHead, drafter_for
 
         if isinstance(head, VLMDraftHead):
+            threshold = {"confidence_threshold": confidence_threshold} if confidence_threshold else {}
             return drafter_for(head, sampling=sampling, num_draft_tokens=num_draft_tokens, tree=tree,
-                               generator=generator)
+                               generator=generator, **threshold)
         if isinstance(head, EagleHead):
-            return EagleDrafter(head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator)
+            return EagleDrafter(head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
+                                confidence_threshold=confidence_threshold)
         raise ValueError(f"{METHOD_COMPONENTS[method]} is a {type(head).__name__}, not a draft head "
                          "(mmspec.models.vlm_drafters or EagleHead)")
 
@@ -241,7 +248,7 @@ class VLMPipeline(DiffusionPipeline):
     def __call__(self, images: Any = None, prompt: str | Sequence[str] = "", method: str = "none", *,
                  videos: Any = None, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float = 1.0, max_new_tokens: int = 256, generator: torch.Generator | None = None,
-                 num_draft_tokens: int = 6, tree: TreeConfig | None = None,
+                 num_draft_tokens: int = 6, tree: TreeConfig | None = None, draft_confidence_threshold: float = 0.0,
                  callback_on_step_end: Callable[[VLMPipeline, int, dict[str, Any]], Any] | None = None,
                  streamer: Any = None) -> VLMPipelineOutput:
         """Answer each (images or video frames, prompt) pair, speculatively unless ``method="none"``.
@@ -258,6 +265,9 @@ class VLMPipeline(DiffusionPipeline):
             generator: one ``torch.Generator`` for every random draw.
             num_draft_tokens: draft chain length K (FLASH: tokens per semi-autoregressive forward).
             tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig` instead of a chain (heads that support it).
+            draft_confidence_threshold: dynamic chain length for "eagle", "vispec", "specvlm" and
+                "draft_vlm": a round's chain stops before K once every row's last draft had less than this
+                probability under the drafter (0: always K). Lossless like any chain length.
             callback_on_step_end: called after every round as ``fn(pipeline, round_index,
                 {"new_tokens": [B, M] (-1 pad), "drafted": [B, M]})``.
             streamer: a transformers streamer (``put(ids)``, ``end()``), batch 1 only.
@@ -277,7 +287,7 @@ class VLMPipeline(DiffusionPipeline):
         if streamer is not None and rows != 1:
             raise ValueError(f"streamer= works for one prompt at a time (got {rows}); use stream() for batches")
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-        drafter = self.make_drafter(method, sampling, generator, num_draft_tokens, tree)
+        drafter = self.make_drafter(method, sampling, generator, num_draft_tokens, tree, draft_confidence_threshold)
         needs_hidden = bool(getattr(drafter, "needs_target_hidden", False))
         target = VLMRunner(self.target, return_hidden=needs_hidden, return_penultimate=method == "specvlm")
         rounds = [0]

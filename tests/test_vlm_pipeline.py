@@ -109,6 +109,19 @@ def test_greedy_equals_target_only(pipe, method, tree):
     assert base.draft_visual_tokens is None
 
 
+@pytest.mark.parametrize("method", ["eagle", "vispec", "specvlm", "draft_vlm"])
+def test_dynamic_chains_keep_the_output_with_fewer_draft_forwards(pipe, method):
+    """draft_confidence_threshold stops chains early (fewer draft calls) and greedy text stays exact."""
+    images = _images(2, seed=7)
+    base = pipe(images, PROMPTS, "none", max_new_tokens=24)
+    fixed = pipe(images, PROMPTS, method, max_new_tokens=24, num_draft_tokens=6)
+    dynamic = pipe(images, PROMPTS, method, max_new_tokens=24, num_draft_tokens=6, draft_confidence_threshold=0.95)
+    assert dynamic.text == base.text == fixed.text
+    for a, b in zip(dynamic.tokens, base.tokens):
+        assert torch.equal(a, b)
+    assert dynamic.stats.draft_calls < fixed.stats.draft_calls
+
+
 def test_none_matches_transformers_generate(pipe):
     image = _images(1, seed=3)[0]
     ours = pipe(image, "w5 w6", "none", max_new_tokens=12)
@@ -180,6 +193,12 @@ def test_bad_input(pipe):
         pipe(image, "w1", "none", do_sample=True, top_k=VOCAB + 1)
     with pytest.raises(NotImplementedError, match="chains only"):
         pipe(image, "w1", "flash", tree=TREE)
+    with pytest.raises(ValueError, match="one forward"):
+        pipe(image, "w1", "flash", draft_confidence_threshold=0.5)
+    with pytest.raises(ValueError, match="confidence_threshold must be a number"):
+        pipe(image, "w1", "eagle", draft_confidence_threshold=1.5)
+    with pytest.raises(ValueError, match="dynamic already"):
+        pipe(image, "w1", "vispec", tree=TREE, draft_confidence_threshold=0.5)
     bare = VLMPipeline(pipe.target, pipe.processor)
     with pytest.raises(ValueError, match="needs a flash_head"):
         bare(image, "w1", "flash")

@@ -445,6 +445,9 @@ class VLMHeadDrafter(EagleDrafter):
         sampling: the target's sampling config (greedy, or sampled drafts with their distributions).
         tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig` (deterministic top-k expansion) or None.
         generator: random source of sampled drafts.
+        confidence_threshold: dynamic chain length (:func:`~mmspec.drafters.draft_chain`): a chain stops
+            before K once every row's last draft had less than this probability under the head; 0
+            drafts K. Lossless like any chain length; not with ``tree``.
 
     Attributes (after each prefill):
         draft_visual_tokens: LongTensor ``[B]`` visual units the head attends to per row.
@@ -457,13 +460,14 @@ class VLMHeadDrafter(EagleDrafter):
 
     def __init__(self, model: VLMDraftHead, num_draft_tokens: int = 4,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, confidence_threshold: float = 0.0) -> None:
         if not isinstance(model, self.model_class):
             raise ValueError(f"{type(self).__name__} needs a {self.model_class.__name__}, got {type(model).__name__}")
         if tree is not None and not isinstance(tree, TreeConfig):
             raise ValueError(f"tree must be a TreeConfig or None, got {type(tree).__name__}")
         model._bound()  # clear error for an unbound model
-        super().__init__(model.head, num_draft_tokens, sampling, tree, generator)
+        super().__init__(model.head, num_draft_tokens, sampling, tree, generator,
+                         confidence_threshold=confidence_threshold)
         self.model = model
         self.runner = HeadRunner(model)
         self.draft_visual_tokens: torch.Tensor | None = None

@@ -201,7 +201,7 @@ class SpecVLMDrafter(VLMHeadDrafter):
     """Chains or EAGLE-2 trees with a :class:`SpecVLMHead`; the gate picks a primitive per row (argmax).
 
     ``SpecVLMDrafter(model, num_draft_tokens=4, sampling=..., tree=TreeConfig(...) | None, generator=None,
-    primitive=None)``: ``primitive`` forces one of ``PRIMITIVES`` for every row (ablations, benchmarks).
+    confidence_threshold=0.0, primitive=None)``: ``primitive`` forces one of ``PRIMITIVES`` for every row (ablations, benchmarks).
     The chosen primitives are in ``view_info["primitive"]`` after each prefill. Needs
     ``VLMRunner(model, return_hidden=True, return_penultimate=True)``.
     """
@@ -210,10 +210,11 @@ class SpecVLMDrafter(VLMHeadDrafter):
 
     def __init__(self, model: SpecVLMHead, num_draft_tokens: int = 4,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
-                 generator: torch.Generator | None = None, primitive: str | None = None) -> None:
+                 generator: torch.Generator | None = None, confidence_threshold: float = 0.0,
+                 primitive: str | None = None) -> None:
         if primitive is not None and primitive not in PRIMITIVES:
             raise ValueError(f"primitive must be one of {PRIMITIVES} or None, got {primitive!r}")
-        super().__init__(model, num_draft_tokens, sampling, tree, generator)
+        super().__init__(model, num_draft_tokens, sampling, tree, generator, confidence_threshold)
         self.primitive = primitive
 
     def visual_view(self, features: VLMFeatures) -> VisualView:
