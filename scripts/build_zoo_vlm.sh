@@ -22,7 +22,12 @@ $PY -m mmspec.models.recipes.train_vlm --size target --init runs/train_vlm_targe
 # weighted 15x (docs/zoo_shapes_vlm.md): describe 88.3 % -> 90.5 %, narrate 57.5 % -> 87.5 %, qa 76.8 % -> 84.0 %
 $PY -m mmspec.models.recipes.train_vlm --size target --init runs/train_vlm_target_dup2/model --duplicate-fraction 0.15 \
     --lr 3e-4 --seed 3 --steps 1200 --aux-weight 0 --train-videos 8000 --task-weight qa=15 \
-    --work runs/train_vlm_target_stage5 --out $ZOO/target
+    --work runs/train_vlm_target_stage5 --out runs/train_vlm_target_stage5/model
+# a sixth, the same recipe on new images and half again as many clips: describe 90.5 % -> 91.0 %, video
+# caption 80.5 % -> 86.0 %
+$PY -m mmspec.models.recipes.train_vlm --size target --init runs/train_vlm_target_stage5/model --duplicate-fraction 0.15 \
+    --lr 3e-4 --seed 5 --steps 1200 --aux-weight 0 --train-videos 12000 --task-weight qa=15 \
+    --work runs/train_vlm_target_stage6 --out $ZOO/target
 $PY -m mmspec.models.recipes.train_vlm --size draft --out runs/train_vlm_draft/model
 # the draft VLM (the assisted-generation baseline) on the fifth stage's data too, so that it names a clip's
 # objects in the order the target does
