@@ -39,3 +39,26 @@ def test_init_rejects_another_architecture_and_a_missing_folder(tmp_path):
     with pytest.raises(FileNotFoundError, match="no trained target"):
         train_t2i.main([*TINY, "--steps", "1", "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "c"),
                         "--work", str(tmp_path / "wc")])
+
+
+def test_eagle_self_distillation_adds_the_targets_own_samples(tmp_path):
+    """``train_eagle --self-distill N``: N extra rows whose tokens are the target's own guided samples for
+    the first N training captions (cached in the work folder), and the head trains on them."""
+    from mmspec.models.recipes import train_eagle
+    from mmspec.models.recipes.report_t2i import generate_tokens
+    from mmspec.sampling import SamplingConfig
+
+    train_t2i.main([*TINY, "--steps", "2", "--out", str(tmp_path / "target"), "--work", str(tmp_path / "wt")])
+    common = ["--target", str(tmp_path / "target"), "--heads", "2", "--train-images", "40", "--batch", "4",
+              "--threads", "1", "--steps", "2"]
+    train_eagle.main([*common, "--self-distill", "6", "--out", str(tmp_path / "head"), "--work", str(tmp_path / "we")])
+    own = torch.load(tmp_path / "we" / "self_distill.pt")
+    data = torch.load(tmp_path / "we" / "data.pt")
+    assert torch.equal(own["words"], data["words"][:6])
+    target = LlamaGenTransformer.from_pretrained(tmp_path / "target").float().eval()
+    expected = generate_tokens(target, data["words"][:6], 3.0, SamplingConfig(), torch.Generator().manual_seed(0))
+    assert torch.equal(own["tokens"], expected)
+    assert not torch.equal(own["tokens"], data["tokens"][:6])  # the target's samples, not the rendered images
+    assert (tmp_path / "head" / "config.json").is_file()
+    with pytest.raises(SystemExit):
+        train_eagle.main([*common, "--self-distill", "41", "--out", str(tmp_path / "h2"), "--work", str(tmp_path / "w2")])

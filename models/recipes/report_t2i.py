@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     words = WordTokenizer.load(args.model / "text_vocab.json")
     prompts = make_prompt_set()[: args.prompts]
     grid = int(model.config.block_size ** 0.5)
-    report: dict = {"command": "python -m mmspec.models.recipes.report_t2i " + " ".join(argv or []),
+    report: dict = {"command": "python -m mmspec.models.recipes.report_t2i " + " ".join(sys.argv[1:] if argv is None else argv),
                     "model": str(args.model), "guidance_scale": args.guidance_scale, "prompts": len(prompts)}
     for name, sampling in (("greedy", SamplingConfig(do_sample=False)), ("temperature_1", SamplingConfig())):
         generator = torch.Generator().manual_seed(args.seed)

@@ -8,6 +8,13 @@ rows use the unconditional (dropped) condition, so the head also predicts the un
 classifier-free guidance: the pipeline drafts under guidance by running the head on both halves and
 combining its logits like the target's. Deterministic; resumable.
 
+``--self-distill N`` adds N rows whose image tokens the target itself sampled (temperature 1, guidance
+``--self-distill-guidance``) for the first N training captions, generated once and cached in the work
+folder. Teacher forcing on rendered images shows the head the data's token sequences, but at inference
+it drafts continuations of the target's own guided samples, whose statistics differ (guidance sharpens
+them); rows of the target's own samples train the head on the sequences it will be asked to continue
+(the self-distillation of Medusa-2, EAGLE's regenerated data).
+
     python -m mmspec.models.recipes.train_eagle --target models/zoo/shapes-t2i/transformer \\
         --out models/zoo/shapes-t2i/eagle_head
 """
@@ -42,6 +49,19 @@ def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.
     return ids, hidden.float(), valid
 
 
+def self_distill_data(target: LlamaGenTransformer, words: torch.Tensor, guidance_scale: float, seed: int,
+                      batch: int = 100) -> dict[str, torch.Tensor]:
+    """The target's own guided temperature-1 samples for the conditions ``words`` ``[N, C]``:
+    ``{"words": words, "tokens": [N, block_size]}`` (deterministic for a seed)."""
+    from mmspec.models.recipes.report_t2i import generate_tokens
+    from mmspec.sampling import SamplingConfig
+
+    generator = torch.Generator().manual_seed(seed)
+    tokens = [generate_tokens(target, words[lo:lo + batch], guidance_scale, SamplingConfig(), generator)
+              for lo in range(0, words.shape[0], batch)]
+    return {"words": words, "tokens": torch.cat(tokens)}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=Path, required=True, help="the trained target transformer folder")
@@ -52,8 +72,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--feature-noise", type=float, default=0.2)
     parser.add_argument("--uncond-prob", type=float, default=0.3)
+    parser.add_argument("--self-distill", type=int, default=0,
+                        help="extra rows of the target's own samples for the first N training captions")
+    parser.add_argument("--self-distill-guidance", type=float, default=3.0)
     add_run_arguments(parser, "runs/train_eagle")
     args = parser.parse_args(argv)
+    if not 0 <= args.self_distill <= args.train_images:
+        parser.error(f"--self-distill must be in [0, --train-images={args.train_images}], got {args.self_distill}")
     start_run(args)
 
     target = LlamaGenTransformer.from_pretrained(args.target).float().eval().requires_grad_(False)
@@ -62,6 +87,11 @@ def main(argv: list[str] | None = None) -> None:
     cond_len = target.config.cls_token_num
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, cond_len,
                                                      args.difficulty))
+    if args.self_distill:
+        own = cached_data(args.work, lambda: self_distill_data(target, data["words"][: args.self_distill],
+                                                               args.self_distill_guidance, args.seed),
+                          name="self_distill.pt")
+        data = {"words": torch.cat([data["words"], own["words"]]), "tokens": torch.cat([data["tokens"], own["tokens"]])}
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,
                      num_attention_heads=args.heads)
