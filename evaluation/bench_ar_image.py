@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmspec.pipelines.ar_image import FAST_EAGLE_CHAIN
 from mmspec.stats import SpecStats
 from mmspec.world import make_prompt_set
 
@@ -41,8 +42,8 @@ DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
 #: per-method keyword arguments of the pipeline call (overridable with --method-kwargs)
 DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
     "none": {},
-    "eagle": {"num_draft_tokens": 8, "draft_confidence_threshold": 0.5},
-    "lantern": {"num_draft_tokens": 8, "draft_confidence_threshold": 0.5, "lantern_k": 64, "lantern_delta": 0.2},
+    "eagle": dict(FAST_EAGLE_CHAIN),
+    "lantern": {**FAST_EAGLE_CHAIN, "lantern_k": 64, "lantern_delta": 0.2},
     "sjd": {"sjd_window": 16},
     "gsd": {"sjd_window": 16, "gsd_group_size": 10},
     "mulo": {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1},

@@ -102,6 +102,12 @@ def _as_numpy(images: Any) -> np.ndarray:
     return np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0 for image in images])
 
 
+#: The fastest EAGLE / LANTERN chain measured on the shapes zoo (docs/pipeline_ar_image.md): chains of up to
+#: 8 drafts that stop once the head's confidence falls below 0.5. ``mmspec generate`` and the benchmark use
+#: it; the pipeline's own defaults stay the conservative fixed K=4.
+FAST_EAGLE_CHAIN: dict[str, Any] = {"num_draft_tokens": 8, "draft_confidence_threshold": 0.5}
+
+
 class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
     r"""Text- or class-conditioned discrete AR image generation, speculative or not, on one core loop.
 
@@ -235,7 +241,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
         vocab = self.transformer.config.vocab_size
-        if draft_confidence_threshold and method not in ("eagle", "lantern"):
+        if draft_confidence_threshold and method not in ("none", "eagle", "lantern"):  # "none" ignores drafting options
             raise ValueError(f"draft_confidence_threshold sets EAGLE chain lengths ('eagle', 'lantern'); "
                              f"method={method!r} drafts no chain")
         if method == "none":

@@ -221,8 +221,8 @@ class VLMPipeline(DiffusionPipeline):
         chain lengths (every method that drafts token by token: not "flash", whose head proposes its K
         tokens in one forward)."""
         self.check_method(method)
-        if confidence_threshold and method in ("none", "flash"):
-            raise ValueError(f"draft_confidence_threshold stops token-by-token draft chains; method={method!r} "
+        if confidence_threshold and method == "flash":  # "none" ignores drafting options
+            raise ValueError("draft_confidence_threshold stops token-by-token draft chains; method='flash' "
                              "has none (FLASH drafts its K tokens in one forward)")
         if method == "none":
             return None

@@ -32,6 +32,29 @@ def test_generate_writes_pngs_and_reports_speedup(folder, tmp_path, capsys):
     assert "speedup:" in text and "mean accepted length" in text and "none (baseline" in text
 
 
+def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(folder, tmp_path, capsys):
+    """eagle runs with FAST_EAGLE_CHAIN unless overridden; the target-only comparison run gets the same
+    keywords and ignores the drafting ones (a threshold once made the baseline raise)."""
+    from mmspec.pipelines.ar_image import ARImagePipeline
+
+    calls = []
+    original = ARImagePipeline.__call__
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs)
+        return original(self, *args, **kwargs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ARImagePipeline, "__call__", spy)
+        assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "a"),
+                         "--greedy"]) == 0
+        assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "b"),
+                         "--greedy", "--method-kwargs", '{"draft_confidence_threshold": 0.2}']) == 0
+    eagle = [c for c in calls if c["method"] == "eagle"]
+    assert eagle[0]["num_draft_tokens"] == 8 and eagle[0]["draft_confidence_threshold"] == 0.5
+    assert eagle[-1]["draft_confidence_threshold"] == 0.2 and eagle[-1]["num_draft_tokens"] == 8
+    assert any(c["method"] == "none" and c.get("draft_confidence_threshold") == 0.2 for c in calls)
+    assert capsys.readouterr().out.count("speedup:") == 2
+
+
 @pytest.mark.parametrize("args,match", [
     (["--method", "medusa"], "invalid choice"),
     (["--method-kwargs", "{oops"], "not valid JSON"),
