@@ -32,6 +32,14 @@ def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Point-mass distributions ``[..., V]`` (float64) at ``tokens``."""
     return torch.nn.functional.one_hot(tokens, vocab_size).to(torch.float64)
 
+def check_chain_confidence(confidence_threshold: float, tree: TreeConfig | None) -> None:
+    """A drafter's ``confidence_threshold`` (:func:`draft_chain`) is in [0, 1) and not set with a tree."""
+    check_unit_interval(confidence_threshold, "confidence_threshold")
+    if tree is not None and confidence_threshold > 0:
+        raise ValueError("confidence_threshold sets the length of draft chains; an EAGLE-2 tree is "
+                         "dynamic already (pass one or the other)")
+
+
 def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], num_tokens: int,
                 sampling: SamplingConfig, generator: torch.Generator | None,
                 confidence_threshold: float = 0.0) -> DraftChain:
@@ -98,10 +106,7 @@ class ModelDrafter(Drafter):
                  tree: TreeConfig | None = None, generator: torch.Generator | None = None,
                  share_model_inputs: bool = True, confidence_threshold: float = 0.0) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
-        check_unit_interval(confidence_threshold, "confidence_threshold")
-        if tree is not None and confidence_threshold > 0:
-            raise ValueError("confidence_threshold sets the length of draft chains; an EAGLE-2 tree is "
-                             "dynamic already (pass one or the other)")
+        check_chain_confidence(confidence_threshold, tree)
         self.confidence_threshold = confidence_threshold
         self.runner = model if hasattr(model, "begin_round") else CausalLMRunner(model)
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator

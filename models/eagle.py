@@ -30,13 +30,13 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from mmspec.cache import keep_valid_slots
-from mmspec.drafters import TreeConfig, draft_chain
+from mmspec.drafters import TreeConfig, check_chain_confidence, draft_chain
 from mmspec.models.lean_llama import LeanLlamaDecoder
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult
 from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
-from mmspec.validation import check_positive_int, check_unit_interval
+from mmspec.validation import check_positive_int
 
 
 @dataclass
@@ -218,10 +218,7 @@ class EagleDrafter(Drafter):
                  generator: torch.Generator | None = None, guidance_scale: float = 1.0,
                  confidence_threshold: float = 0.0) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
-        check_unit_interval(confidence_threshold, "confidence_threshold")
-        if tree is not None and confidence_threshold > 0:
-            raise ValueError("confidence_threshold sets the length of draft chains; an EAGLE-2 tree is "
-                             "dynamic already (pass one or the other)")
+        check_chain_confidence(confidence_threshold, tree)
         self.confidence_threshold = confidence_threshold
         head._bound()
         self.head = head

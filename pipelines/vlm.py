@@ -217,13 +217,10 @@ class VLMPipeline(DiffusionPipeline):
 
     def make_drafter(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
                      num_draft_tokens: int, tree: TreeConfig | None, confidence_threshold: float = 0.0) -> Any:
-        """The drafter of ``method`` (None for "none"); ``confidence_threshold`` > 0 gives it dynamic
-        chain lengths (every method that drafts token by token: not "flash", whose head proposes its K
-        tokens in one forward)."""
+        """The drafter of ``method`` (None for "none", which ignores every drafting option);
+        ``confidence_threshold`` > 0 gives it dynamic chain lengths (the drafters that cannot use one,
+        FLASH's, say so)."""
         self.check_method(method)
-        if confidence_threshold and method == "flash":  # "none" ignores drafting options
-            raise ValueError("draft_confidence_threshold stops token-by-token draft chains; method='flash' "
-                             "has none (FLASH drafts its K tokens in one forward)")
         if method == "none":
             return None
         if method == "draft_vlm":
@@ -234,9 +231,8 @@ class VLMPipeline(DiffusionPipeline):
         from mmspec.models.vlm_drafters import VLMDraftHead, drafter_for
 
         if isinstance(head, VLMDraftHead):
-            threshold = {"confidence_threshold": confidence_threshold} if confidence_threshold else {}
             return drafter_for(head, sampling=sampling, num_draft_tokens=num_draft_tokens, tree=tree,
-                               generator=generator, **threshold)
+                               generator=generator, confidence_threshold=confidence_threshold)
         if isinstance(head, EagleHead):
             return EagleDrafter(head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
                                 confidence_threshold=confidence_threshold)

@@ -120,13 +120,18 @@ class FlashDrafter(VLMHeadDrafter):
             longer chains take further forwards of K tokens each).
         sampling / generator: as :class:`~.base.VLMHeadDrafter`.
         tree: must be None (FLASH drafts chains; a TreeConfig raises NotImplementedError).
+        confidence_threshold: must be 0: a dynamic chain length stops token-by-token chains, and FLASH
+            drafts its K tokens in one forward.
     """
 
     model_class = FlashHead
 
     def __init__(self, model: FlashHead, num_draft_tokens: int | None = None,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, confidence_threshold: float = 0.0) -> None:
+        if confidence_threshold:
+            raise ValueError("confidence_threshold stops token-by-token draft chains; FlashDrafter has none "
+                             "(FLASH drafts its K tokens in one forward)")
         if tree is not None:
             raise NotImplementedError("FlashDrafter drafts chains only (semi-autoregressive blocks of K tokens); "
                                       "EAGLE-2 trees are not implemented for FLASH: pass tree=None")
