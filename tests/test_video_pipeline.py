@@ -266,6 +266,26 @@ def test_sampler_guidance_steps_and_batching(pipe):
     assert short.frames.shape == (1, 4, 32, 32, 3) and short.stats.source == [["target", "draft"]]
 
 
+def test_draft_guidance_scale_applies_to_the_drafter_only(pipe):
+    """``draft_guidance_scale`` changes the drafter's blocks and nothing of the target's; None means "the same"."""
+    guided_draft = pipe(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(), output_type="latent")
+    split = pipe(PROMPTS[0], "draft", guidance_scale=1.0, draft_guidance_scale=3.0, generator=gen(), output_type="latent")
+    assert torch.equal(split.latents, guided_draft.latents)
+    plain_draft = pipe(PROMPTS[0], "draft", generator=gen(), output_type="latent")
+    assert not torch.allclose(plain_draft.latents, guided_draft.latents)
+    target = pipe(PROMPTS[0], "none", guidance_scale=3.0, generator=gen(), output_type="latent")
+    target_split = pipe(PROMPTS[0], "none", guidance_scale=3.0, draft_guidance_scale=1.0, generator=gen(),
+                        output_type="latent")
+    assert torch.equal(target.latents, target_split.latents)
+    # SDVG accepting every block (tau = -inf, no forced first block) is the drafter at its own guidance
+    all_drafts = pipe(PROMPTS[0], "sdvg", tau=-math.inf, force_reject_first=False, guidance_scale=1.0,
+                      draft_guidance_scale=3.0, generator=gen(), output_type="latent")
+    assert torch.equal(all_drafts.latents, guided_draft.latents)
+    for bad in (-1.0, float("nan"), "3", True):
+        with pytest.raises(ValueError, match="draft_guidance_scale must be a number"):
+            pipe(PROMPTS[0], "sdvg", draft_guidance_scale=bad)
+
+
 def test_save_load_and_export(pipe, tmp_path):
     pipe.save_pretrained(tmp_path / "pipe")
     index = json.loads((tmp_path / "pipe" / "model_index.json").read_text())

@@ -53,19 +53,21 @@ def build(target: Path, drafter: Path, folder: Path, tokenizer: Path) -> None:
     print(f"wrote {folder} ({size / 2**20:.1f} MiB)")
 
 
-def report(folder: Path, num_prompts: int, threads: int) -> dict:
+def report(folder: Path, num_prompts: int, threads: int, guidance_scale: float = 3.0) -> dict:
     from mmspec.pipelines.ar_video import ARVideoPipeline
 
     torch.set_num_threads(threads)
     pipe = ARVideoPipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
     prompts = make_video_prompt_set(num_prompts)
-    result: dict = {"prompts": num_prompts, "command": f"report --folder {folder} --prompts {num_prompts}"}
+    result: dict = {"prompts": num_prompts, "guidance_scale": guidance_scale,
+                    "command": f"report --folder {folder} --prompts {num_prompts} --guidance-scale {guidance_scale:g}"}
     for method in ("none", "draft"):
         start = time.perf_counter()
         videos = []
         for i, prompt in enumerate(prompts):
-            out = pipe(prompt.text, method, generator=torch.Generator().manual_seed(i), output_type="np")
+            out = pipe(prompt.text, method, guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(i),
+                       output_type="np")
             videos.append((np.clip(out.frames[0], 0, 1) * 255 + 0.5).astype(np.uint8))
         scores = evaluate_videos(videos, prompts)
         name = "target" if method == "none" else "drafter"
@@ -120,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--folder", type=Path, default=Path("models/zoo/shapes-video"))
     r.add_argument("--prompts", type=int, default=100)
     r.add_argument("--threads", type=int, default=2)
+    r.add_argument("--guidance-scale", type=float, default=3.0, help="classifier-free guidance of both models")
     bl = sub.add_parser("block-loss", help="per-block loss with and without the prompt on held-out clips")
     bl.add_argument("--model", type=Path, required=True)
     bl.add_argument("--clips", type=int, default=48, help="held-out clips (test stream)")
@@ -131,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "build":
         build(args.target, args.drafter, args.folder, args.tokenizer)
     else:
-        report(args.folder, args.prompts, args.threads)
+        report(args.folder, args.prompts, args.threads, args.guidance_scale)
 
 
 if __name__ == "__main__":

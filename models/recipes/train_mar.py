@@ -7,6 +7,7 @@ encoded by the zoo's continuous tokenizer (64 tokens x 16 channels per 32x32 ima
 model's condition buffer (``--cond-len`` slots, no T5). The deliverable is the EMA of the weights
 (``--ema``), saved in fp16 (the pipeline computes in fp32). Deterministic for a seed; resumable: rerun
 the same command after an interruption (checkpoints every ``--save-every`` steps under ``--work``).
+``--init FOLDER`` starts a later stage from a trained model (fresh optimiser and schedule).
 
     python -m mmspec.models.recipes.train_mar --role target --out runs/mar_target/model
     python -m mmspec.models.recipes.train_mar --role draft --out runs/mar_draft/model
@@ -25,7 +26,8 @@ import torch
 from torch import nn
 
 from mmspec.models.mar import MARModel
-from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, train_loop
+from mmspec.models.recipes.common import (add_run_arguments, cached_data, load_trained_weights, start_run,
+                                          train_loop)
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.world import ShapesImageDataset, vocabulary
@@ -107,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="x0 bound of the sampler saved in the config (latents lie in [-6.6, 5.4])")
     parser.add_argument("--ema", type=float, default=0.999, help="EMA decay of the saved weights (0: last weights)")
     parser.add_argument("--save-every", type=int, default=250)
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from this trained model folder (a later stage with a fresh schedule; the EMA "
+                             "starts from its weights too)")
     parser.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
     add_run_arguments(parser, "runs/train_mar")
     args = parser.parse_args(argv)
@@ -128,6 +133,10 @@ def main(argv: list[str] | None = None) -> None:
                      num_sampling_steps=args.num_sampling_steps, diffusion_batch_mul=args.diffusion_batch_mul,
                      clip_denoised=args.clip_denoised, sincos_init=not args.normal_pos_init,
                      prediction_type=args.prediction_type)
+    if args.init is not None and not (args.work / "checkpoint.pt").is_file():  # a resumed run restores its own
+        if not (args.init / "config.json").is_file():
+            raise FileNotFoundError(f"--init: no trained MAR model at {args.init}")
+        load_trained_weights(model, MARModel.from_pretrained(args.init).state_dict(), str(args.init))
     trainer = EMATrainer(model, args.ema)
     out = Path(args.out)
 
