@@ -267,6 +267,28 @@ def test_recipe_second_stage_starts_from_init_and_adds_first_blocks(tmp_path):
         train_video.main(["--out", str(tmp_path / "f"), "--first-block-batch", "-1", *small])
 
 
+def test_init_layers_builds_a_layer_skip_drafter_from_a_deeper_model(tmp_path):
+    from mmspec.models.recipes import train_video
+
+    deep = BlockCausalVideoTransformer(num_layers=3, dim=32, num_heads=4, num_frames=4, frames_per_block=2,
+                                       text_length=8)
+    deep.save_pretrained(tmp_path / "deep")
+    config = {k: v for k, v in deep.config.items() if not k.startswith("_")}
+    shallow = BlockCausalVideoTransformer(**{**config, "num_layers": 2})
+    train_video.init_from(shallow, tmp_path / "deep", [0, 2])
+    assert torch.equal(shallow.blocks[1].qkv.weight, deep.blocks[2].qkv.weight)
+    assert torch.equal(shallow.blocks[0].mlp[0].weight, deep.blocks[0].mlp[0].weight)
+    assert torch.equal(shallow.head.weight, deep.head.weight) and torch.equal(shallow.word_embed.weight,
+                                                                              deep.word_embed.weight)
+    for bad in ([0], [0, 3], [-1, 1]):
+        with pytest.raises(ValueError, match="--init-layers: need 2 block indices"):
+            train_video.init_from(shallow, tmp_path / "deep", bad)
+    with pytest.raises(ValueError, match="another architecture"):  # without layers the depth must match
+        train_video.init_from(shallow, tmp_path / "deep")
+    with pytest.raises(SystemExit):  # --init-layers without --init
+        train_video.main(["--out", str(tmp_path / "x"), "--init-layers", "0,1"])
+
+
 def test_recipe_stop_at_runs_a_schedule_in_pieces(tmp_path):
     from mmspec.models.recipes import train_video
 

@@ -82,16 +82,32 @@ def build_data(num: int, seed: int, tokenizer: ContinuousTokenizer, words: WordT
     return {"latents": torch.stack(latents), "words": words.batch(captions, text_length), "captions": captions}
 
 
-def init_from(model: BlockCausalVideoTransformer, folder: Path) -> None:
-    """Copy a trained model's weights (same architecture) into ``model``: the start of a second stage."""
+def init_from(model: BlockCausalVideoTransformer, folder: Path, layers: list[int] | None = None) -> None:
+    """Copy a trained model's weights into ``model``: the start of a second stage (same architecture) or, with
+    ``layers``, of a drafter made of some of a deeper model's blocks (``layers[i]`` of the trained model
+    becomes block ``i``; embeddings, time MLP and output head are copied whole: a layer-skip start that
+    shares the target's input and output spaces)."""
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--init: no trained model at {folder}")
     trained = BlockCausalVideoTransformer.from_pretrained(folder)
+    ignore = {"num_layers"} if layers is not None else set()
     mismatched = {k: (v, model.config[k]) for k, v in trained.config.items()
-                  if not k.startswith("_") and k in model.config and model.config[k] != v}
+                  if not k.startswith("_") and k in model.config and k not in ignore and model.config[k] != v}
     if mismatched:
         raise ValueError(f"--init: {folder} has another architecture (value there, here): {mismatched}")
-    model.load_state_dict({k: v.float() for k, v in trained.state_dict().items()})
+    state = {k: v.float() for k, v in trained.state_dict().items()}
+    if layers is not None:
+        depth = trained.config.num_layers
+        if len(layers) != model.config.num_layers or any(not 0 <= i < depth for i in layers):
+            raise ValueError(f"--init-layers: need {model.config.num_layers} block indices in [0, {depth}), "
+                             f"got {layers}")
+        state = {k: v for k, v in state.items() if not k.startswith("blocks.")}
+        for new, old in enumerate(layers):
+            prefix = f"blocks.{old}."
+            state.update({f"blocks.{new}.{k[len(prefix):]}": v for k, v in trained.state_dict().items()
+                          if k.startswith(prefix)})
+        state = {k: v.float() for k, v in state.items()}
+    model.load_state_dict(state)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,6 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stop-at", type=int, default=None,
                         help="end this run after that step (saved) without changing the --steps schedule")
     parser.add_argument("--init", type=Path, default=None, help="start from this trained model (second stage)")
+    parser.add_argument("--init-layers", default=None,
+                        help="with --init: comma-separated block indices of the (deeper) --init model that become "
+                             "this model's blocks, e.g. a drafter from the target's blocks 0,7")
     parser.add_argument("--first-block-batch", type=int, default=0,
                         help="extra first blocks (no context) per step, from --first-block-clips fresh clips")
     parser.add_argument("--first-block-clips", type=int, default=50000)
@@ -125,6 +144,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.init_layers is not None and args.init is None:
+        parser.error("--init-layers needs --init")
     if args.first_block_batch < 0 or args.first_block_clips < 1:
         parser.error("--first-block-batch must be >= 0 and --first-block-clips >= 1")
     preset = ROLES[args.role]
@@ -156,7 +177,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.role}: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, {num_clips} clips",
           flush=True)
     if args.init is not None and not (args.work / "checkpoint.pt").is_file():
-        init_from(model, args.init)  # a resumed run restores its own checkpoint instead
+        layers = None if args.init_layers is None else [int(i) for i in args.init_layers.split(",")]
+        init_from(model, args.init, layers)  # a resumed run restores its own checkpoint instead
     first = None
     if args.first_block_batch > 0:
         first = cached_data(args.work, lambda: build_data(  # fresh clips (far past the training clips' indices)
