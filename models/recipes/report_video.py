@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -53,7 +54,10 @@ def build(target: Path, drafter: Path, folder: Path, tokenizer: Path) -> None:
     print(f"wrote {folder} ({size / 2**20:.1f} MiB)")
 
 
-def report(folder: Path, num_prompts: int, threads: int, guidance_scale: float = 3.0) -> dict:
+def report(folder: Path, num_prompts: int, threads: int, guidance_scale: float = 3.0,
+           draft_guidance_scale: float | None = None, out: Path | None = None, command: str = "") -> dict:
+    """Exact-evaluator scores of target-only and draft-only videos (one per prompt, seed i for prompt i),
+    written to ``out`` (default ``folder/report.json``)."""
     from mmspec.pipelines.ar_video import ARVideoPipeline
 
     torch.set_num_threads(threads)
@@ -61,21 +65,23 @@ def report(folder: Path, num_prompts: int, threads: int, guidance_scale: float =
     pipe.set_progress_bar_config(disable=True)
     prompts = make_video_prompt_set(num_prompts)
     result: dict = {"prompts": num_prompts, "guidance_scale": guidance_scale,
-                    "command": f"report --folder {folder} --prompts {num_prompts} --guidance-scale {guidance_scale:g}"}
+                    "draft_guidance_scale": draft_guidance_scale,
+                    "command": command}
     for method in ("none", "draft"):
         start = time.perf_counter()
         videos = []
         for i, prompt in enumerate(prompts):
-            out = pipe(prompt.text, method, guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(i),
-                       output_type="np")
-            videos.append((np.clip(out.frames[0], 0, 1) * 255 + 0.5).astype(np.uint8))
+            video = pipe(prompt.text, method, guidance_scale=guidance_scale,
+                         draft_guidance_scale=draft_guidance_scale, generator=torch.Generator().manual_seed(i),
+                         output_type="np")
+            videos.append((np.clip(video.frames[0], 0, 1) * 255 + 0.5).astype(np.uint8))
         scores = evaluate_videos(videos, prompts)
         name = "target" if method == "none" else "drafter"
         result[name] = {"frame_score": scores.frame_score, "accuracy": scores.accuracy, "identity": scores.identity,
                         "motion": scores.motion, "seconds": round(time.perf_counter() - start, 1),
                         "per_prompt_frame_score": [round(float(np.mean(s.frame_scores)), 6) for s in scores.scores]}
         print(f"{name}: {({k: v for k, v in result[name].items() if k != 'per_prompt_frame_score'})}", flush=True)
-    (folder / "report.json").write_text(json.dumps(result, indent=1))
+    (out or folder / "report.json").write_text(json.dumps(result, indent=1))
     return result
 
 
@@ -123,6 +129,8 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--prompts", type=int, default=100)
     r.add_argument("--threads", type=int, default=2)
     r.add_argument("--guidance-scale", type=float, default=3.0, help="classifier-free guidance of both models")
+    r.add_argument("--draft-guidance-scale", type=float, default=None, help="the drafter's (default: the same)")
+    r.add_argument("--out", type=Path, default=None, help="result file (default: FOLDER/report.json)")
     bl = sub.add_parser("block-loss", help="per-block loss with and without the prompt on held-out clips")
     bl.add_argument("--model", type=Path, required=True)
     bl.add_argument("--clips", type=int, default=48, help="held-out clips (test stream)")
@@ -134,7 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "build":
         build(args.target, args.drafter, args.folder, args.tokenizer)
     else:
-        report(args.folder, args.prompts, args.threads, args.guidance_scale)
+        command = "python -m mmspec.models.recipes.report_video " + " ".join(sys.argv[1:] if argv is None else argv)
+        report(args.folder, args.prompts, args.threads, args.guidance_scale, args.draft_guidance_scale, args.out,
+               command)
 
 
 if __name__ == "__main__":
