@@ -433,6 +433,8 @@ def _check_report_rows(pipe, report: dict, prompts: list) -> None:
         stored = report[name]["per_prompt_frame_score"]
         assert len(stored) == report["prompts"] and abs(sum(stored) / len(stored) - report[name]["frame_score"]) < 1e-5
         for i, prompt in enumerate(prompts):
-            out = pipe(prompt.text, method, generator=torch.Generator().manual_seed(i), output_type="np")
+            out = pipe(prompt.text, method, guidance_scale=report.get("guidance_scale", 1.0),
+                       draft_guidance_scale=report.get("draft_guidance_scale"), generator=torch.Generator().manual_seed(i),
+                       output_type="np")
             frames = (np.clip(out.frames[0], 0, 1) * 255 + 0.5).astype(np.uint8)
             assert float(np.mean(score_video(frames, prompt).frame_scores)) == pytest.approx(stored[i], abs=1e-6)
