@@ -389,6 +389,15 @@ def test_training_recipe_runs_resumes_and_builds_a_pipeline(tmp_path):
     assert all(t.dtype == torch.float16 for t in on_disk.values()) and a.config.num_sampling_steps == 4
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(pa, pb), name
+    # --init starts a later stage from a_model: with lr 0 and no EMA the saved weights are a_model's
+    train_mar.main([*common, "--steps", "1", "--lr", "0", "--ema", "0", "--init", str(tmp_path / "a_model"),
+                    "--work", str(tmp_path / "c"), "--out", str(tmp_path / "c_model")])
+    c = MARModel.from_pretrained(tmp_path / "c_model")
+    for (name, pa), pc in zip(a.state_dict().items(), c.state_dict().values()):
+        assert torch.equal(pa, pc), name
+    with pytest.raises(FileNotFoundError, match="no trained MAR model"):
+        train_mar.main([*common, "--steps", "1", "--init", str(tmp_path / "missing"), "--work", str(tmp_path / "d"),
+                        "--out", str(tmp_path / "d_model")])
     report_mar.main(["build", "--target", str(tmp_path / "a_model"), "--draft", str(tmp_path / "b_model"),
                      "--folder", str(tmp_path / "pipe")])
     from mmspec.pipelines.continuous_ar_image import ContinuousARImagePipeline

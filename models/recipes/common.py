@@ -10,6 +10,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -69,6 +70,14 @@ def load_trained_weights(model: nn.Module, trained: dict[str, torch.Tensor], sou
     if mismatched:
         raise ValueError(f"--init: {source} has another architecture; differing weights: {mismatched[:5]}")
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in trained.items()})
+
+
+def init_from_folder(model: nn.Module, model_class: Any, folder: Path, what: str = "model") -> None:
+    """``--init FOLDER``: load the trained ``model_class`` saved there into ``model`` (same architecture).
+    Raises ``FileNotFoundError`` if the folder holds no saved model, ``ValueError`` on another architecture."""
+    if not (Path(folder) / "config.json").is_file():
+        raise FileNotFoundError(f"--init: no trained {what} at {folder}")
+    load_trained_weights(model, model_class.from_pretrained(folder).state_dict(), str(folder))
 
 
 def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor], num_items: int, *, steps: int,

@@ -26,8 +26,7 @@ import torch
 from torch import nn
 
 from mmspec.models.mar import MARModel
-from mmspec.models.recipes.common import (add_run_arguments, cached_data, load_trained_weights, start_run,
-                                          train_loop)
+from mmspec.models.recipes.common import add_run_arguments, cached_data, init_from_folder, start_run, train_loop
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.world import ShapesImageDataset, vocabulary
@@ -134,9 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                      clip_denoised=args.clip_denoised, sincos_init=not args.normal_pos_init,
                      prediction_type=args.prediction_type)
     if args.init is not None and not (args.work / "checkpoint.pt").is_file():  # a resumed run restores its own
-        if not (args.init / "config.json").is_file():
-            raise FileNotFoundError(f"--init: no trained MAR model at {args.init}")
-        load_trained_weights(model, MARModel.from_pretrained(args.init).state_dict(), str(args.init))
+        init_from_folder(model, MARModel, args.init, "MAR model")
     trainer = EMATrainer(model, args.ema)
     out = Path(args.out)
 

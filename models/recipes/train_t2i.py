@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.common import (add_run_arguments, cached_data, load_trained_weights, start_run,
+from mmspec.models.recipes.common import (add_run_arguments, cached_data, init_from_folder, start_run,
                                          train_loop)
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> None:
                                 cls_token_num=args.cond_len, caption_dim=args.dim, text_vocab_size=len(words),
                                 class_dropout_prob=0.1, condition_rope=args.condition_rope)
     if args.init is not None and not (args.work / "checkpoint.pt").is_file():  # a resumed run restores its own
-        if not (args.init / "config.json").is_file():
-            raise FileNotFoundError(f"--init: no trained target at {args.init}")
-        load_trained_weights(model, LlamaGenTransformer.from_pretrained(args.init).state_dict(), str(args.init))
+        init_from_folder(model, LlamaGenTransformer, args.init, "target")
     out = Path(args.out)
 
     def save(trained: LlamaGenTransformer) -> None:

@@ -95,19 +95,24 @@ def init_from(model: BlockCausalVideoTransformer, folder: Path, layers: list[int
                   if not k.startswith("_") and k in model.config and k not in ignore and model.config[k] != v}
     if mismatched:
         raise ValueError(f"--init: {folder} has another architecture (value there, here): {mismatched}")
-    state = {k: v.float() for k, v in trained.state_dict().items()}
+    state = trained.state_dict()
     if layers is not None:
         depth = trained.config.num_layers
         if len(layers) != model.config.num_layers or any(not 0 <= i < depth for i in layers):
             raise ValueError(f"--init-layers: need {model.config.num_layers} block indices in [0, {depth}), "
                              f"got {layers}")
-        state = {k: v for k, v in state.items() if not k.startswith("blocks.")}
-        for new, old in enumerate(layers):
-            prefix = f"blocks.{old}."
-            state.update({f"blocks.{new}.{k[len(prefix):]}": v for k, v in trained.state_dict().items()
-                          if k.startswith(prefix)})
-        state = {k: v.float() for k, v in state.items()}
-    model.load_state_dict(state)
+        new_index = {str(old): str(new) for new, old in enumerate(layers)}
+        state = {_renumber_block(k, new_index): v for k, v in state.items()
+                 if not k.startswith("blocks.") or k.split(".")[1] in new_index}
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+
+
+def _renumber_block(key: str, new_index: dict[str, str]) -> str:
+    """``blocks.<old>.rest`` -> ``blocks.<new>.rest``; other keys unchanged."""
+    parts = key.split(".")
+    if parts[0] == "blocks":
+        parts[1] = new_index[parts[1]]
+    return ".".join(parts)
 
 
 def main(argv: list[str] | None = None) -> None:
