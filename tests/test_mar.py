@@ -389,6 +389,13 @@ def test_training_recipe_runs_resumes_and_builds_a_pipeline(tmp_path):
     assert all(t.dtype == torch.float16 for t in on_disk.values()) and a.config.num_sampling_steps == 4
     for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(pa, pb), name
+    # --stop-at runs the same 4-step schedule in two pieces: identical to a_model
+    for stop in ("2", "4"):
+        train_mar.main([*common, "--steps", "4", "--stop-at", stop, "--work", str(tmp_path / "e"),
+                        "--out", str(tmp_path / "e_model")])
+    e = MARModel.from_pretrained(tmp_path / "e_model")
+    for (name, pa), pe in zip(a.state_dict().items(), e.state_dict().values()):
+        assert torch.equal(pa, pe), name
     # --init starts a later stage from a_model: with lr 0 and no EMA the saved weights are a_model's
     train_mar.main([*common, "--steps", "1", "--lr", "0", "--ema", "0", "--init", str(tmp_path / "a_model"),
                     "--work", str(tmp_path / "c"), "--out", str(tmp_path / "c_model")])
@@ -406,6 +413,15 @@ def test_training_recipe_runs_resumes_and_builds_a_pipeline(tmp_path):
     pipe.set_progress_bar_config(disable=True)
     out = pipe("a red circle", method="cspd", num_iter=4, generator=torch.Generator().manual_seed(0), output_type="np")
     assert out.images.shape == (1, 32, 32, 3) and out.stats.tokens == 64
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a CUDA GPU")
+def test_training_recipe_on_a_missing_gpu_says_so(tmp_path):
+    from mmspec.models.recipes import train_mar, train_video
+
+    for recipe in (train_mar, train_video):
+        with pytest.raises(RuntimeError, match="--device cuda: torch sees no CUDA GPU"):
+            recipe.main(["--device", "cuda", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "m")])
 
 
 def test_sincos_position_start():

@@ -27,10 +27,21 @@ def add_run_arguments(parser: argparse.ArgumentParser, work: str) -> None:
     parser.add_argument("--difficulty", type=float, default=0.5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    add_device_argument(parser)
+
+
+def add_device_argument(parser: argparse.ArgumentParser) -> None:
+    """``--device`` (cpu, cuda, cuda:1, ...) that :func:`train_loop` trains on. Batches are drawn on the
+    CPU (indices and noise from torch's CPU generator) and moved there, so a run's random stream is the
+    same on every device (the numbers differ only by the device's floating-point arithmetic)."""
+    parser.add_argument("--device", default="cpu", help="train on this torch device (e.g. cuda on a GPU machine)")
 
 
 def start_run(args: argparse.Namespace) -> None:
-    """Thread count, seed and the work folder of a recipe run."""
+    """Thread count, seed, device check and the work folder of a recipe run."""
+    device = torch.device(getattr(args, "device", "cpu"))
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(f"--device {device}: torch sees no CUDA GPU on this machine (use --device cpu)")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -84,7 +95,7 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
                batch: int, lr: float, work: Path, save: Callable[[nn.Module], None], save_every: int = 200,
                weight_decay: float = 0.05, log_every: int = 20,
                evaluate: Callable[[nn.Module, int], dict] | None = None, eval_every: int = 0,
-               stop_at: int | None = None) -> None:
+               stop_at: int | None = None, device: str | torch.device = "cpu") -> None:
     """Minimise ``loss_fn(indices)`` over random mini-batches of ``num_items`` training items.
 
     AdamW (betas 0.9/0.95), gradient clipping at 1 (per part where the model has ``clip_gradients``).
@@ -95,17 +106,19 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
     steps and at the end, its dict logged as ``{"step": ..., "eval": {...}}``; it must not draw from
     torch's global RNG (use its own generator) so that resumed runs stay identical. ``stop_at`` ends this
     run after that step (saved) without changing the schedule of ``steps``: a long schedule run in pieces.
+    The model is moved to ``device``; ``loss_fn`` moves its batch there.
     """
     work.mkdir(parents=True, exist_ok=True)
+    model.to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay)
     step = 0
     ckpt = work / "checkpoint.pt"
     if ckpt.is_file():
-        state = torch.load(ckpt)
+        state = torch.load(ckpt, map_location=device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
-        torch.set_rng_state(state["rng"])
+        torch.set_rng_state(state["rng"].cpu())
     model.train()
     start = time.time()
     last = steps if stop_at is None else min(steps, stop_at)

@@ -108,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="x0 bound of the sampler saved in the config (latents lie in [-6.6, 5.4])")
     parser.add_argument("--ema", type=float, default=0.999, help="EMA decay of the saved weights (0: last weights)")
     parser.add_argument("--save-every", type=int, default=250)
+    parser.add_argument("--stop-at", type=int, default=None,
+                        help="end this run after this step (saved), keeping the --steps schedule: a long run in pieces")
     parser.add_argument("--init", type=Path, default=None,
                         help="start from this trained model folder (a later stage with a fresh schedule; the EMA "
                              "starts from its weights too)")
@@ -145,10 +147,11 @@ def main(argv: list[str] | None = None) -> None:
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         if args.ema > 0:
             trainer.update()  # average of the weights after the previous step
-        return model.forward_train(data["tokens"][index].float(), data["words"][index])
+        device = trainer.ema_updates.device
+        return model.forward_train(data["tokens"][index].to(device).float(), data["words"][index].to(device))
 
     train_loop(trainer, loss_fn, data["tokens"].shape[0], steps=size["steps"], batch=size["batch"], lr=size["lr"],
-               work=args.work, save=save, save_every=args.save_every)
+               work=args.work, save=save, save_every=args.save_every, stop_at=args.stop_at, device=args.device)
 
 
 if __name__ == "__main__":

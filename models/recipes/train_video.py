@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmspec.models.recipes.common import cached_data, start_run, train_loop
+from mmspec.models.recipes.common import add_device_argument, cached_data, start_run, train_loop
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.models.video import BlockCausalVideoTransformer, flow_matching_loss
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=None, help="default: runs/train_video_<role>")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     if args.init_layers is not None and args.init is None:
         parser.error("--init-layers needs --init")
@@ -199,7 +200,8 @@ def main(argv: list[str] | None = None) -> None:
     def batch_loss(clips: dict, index: torch.Tensor) -> torch.Tensor:
         ids = clips["words"][index].clone()
         ids[torch.rand(ids.shape[0]) < args.condition_dropout] = -1  # all padding -> the model's null prompt
-        return flow_matching_loss(model, clips["latents"][index].float(), ids)
+        device = model.frame_pos.device
+        return flow_matching_loss(model, clips["latents"][index].to(device).float(), ids.to(device))
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         loss = batch_loss(data, index)
@@ -209,7 +211,7 @@ def main(argv: list[str] | None = None) -> None:
 
     np.random.seed(args.seed)
     train_loop(model, loss_fn, num_clips, steps=args.steps, batch=args.batch, lr=args.lr, work=args.work, save=save,
-               save_every=args.save_every, stop_at=args.stop_at)
+               save_every=args.save_every, stop_at=args.stop_at, device=args.device)
 
 
 if __name__ == "__main__":
