@@ -417,9 +417,9 @@ def test_training_recipe_runs_resumes_and_builds_a_pipeline(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a CUDA GPU")
 def test_training_recipe_on_a_missing_gpu_says_so(tmp_path):
-    from mmspec.models.recipes import train_mar, train_video
+    from mmspec.models.recipes import train_mar, train_t2i, train_video
 
-    for recipe in (train_mar, train_video):
+    for recipe in (train_mar, train_t2i, train_video):
         with pytest.raises(RuntimeError, match="--device cuda: torch sees no CUDA GPU"):
             recipe.main(["--device", "cuda", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "m")])
 

@@ -26,7 +26,14 @@ import torch
 from torch import nn
 
 from mmspec.models.mar import MARModel
-from mmspec.models.recipes.common import add_run_arguments, cached_data, init_from_folder, start_run, train_loop
+from mmspec.models.recipes.common import (
+    add_device_argument,
+    add_run_arguments,
+    cached_data,
+    init_from_folder,
+    start_run,
+    train_loop,
+)
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.world import ShapesImageDataset, vocabulary
@@ -115,6 +122,7 @@ def main(argv: list[str] | None = None) -> None:
                              "starts from its weights too)")
     parser.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
     add_run_arguments(parser, "runs/train_mar")
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     preset = PRESETS[args.role]
     size = {key: getattr(args, key) if getattr(args, key) is not None else preset[key] for key in preset}

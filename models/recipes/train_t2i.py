@@ -24,8 +24,14 @@ from pathlib import Path
 import torch
 
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.common import (add_run_arguments, cached_data, init_from_folder, start_run,
-                                         train_loop)
+from mmspec.models.recipes.common import (
+    add_device_argument,
+    add_run_arguments,
+    cached_data,
+    init_from_folder,
+    start_run,
+    train_loop,
+)
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.world import ShapesImageDataset, vocabulary
@@ -60,6 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init", type=Path, default=None,
                         help="start from this trained target folder (a later stage with a fresh schedule)")
     add_run_arguments(parser, "runs/train_t2i")
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     start_run(args)
 
@@ -82,12 +89,13 @@ def main(argv: list[str] | None = None) -> None:
         words.save(out / "text_vocab.json")
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
-        cond, tokens = data["words"][index], data["tokens"][index]
+        device = model.tok_embeddings.weight.device
+        cond, tokens = data["words"][index].to(device), data["tokens"][index].to(device)
         logits = model.forward_train(cond, tokens, condition_mask=(cond >= 0).long())
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
 
     train_loop(model, loss_fn, data["tokens"].shape[0], steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, save_every=args.save_every)
+               work=args.work, save=save, save_every=args.save_every, device=args.device)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,13 @@ import torch
 from torch import nn
 
 from mmspec.models import shapes_vlm as sv
-from mmspec.models.recipes.common import (add_run_arguments, cached_data, load_trained_weights, start_run,
-                                         train_loop)
+from mmspec.models.recipes.common import (
+    add_run_arguments,
+    cached_data,
+    load_trained_weights,
+    start_run,
+    train_loop,
+)
 
 # Per size: steps, batch, peak learning rate (chosen with short prototype runs; see docs/zoo_shapes_vlm.md).
 DEFAULTS: dict[str, dict] = {
