@@ -152,14 +152,15 @@ def main(argv: list[str] | None = None) -> None:
         final.eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
         words.save(out / "text_vocab.json")
 
+    device = torch.device(args.device)
+
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         if args.ema > 0:
             trainer.update()  # average of the weights after the previous step
-        device = trainer.ema_updates.device
         return model.forward_train(data["tokens"][index].to(device).float(), data["words"][index].to(device))
 
     train_loop(trainer, loss_fn, data["tokens"].shape[0], steps=size["steps"], batch=size["batch"], lr=size["lr"],
-               work=args.work, save=save, save_every=args.save_every, stop_at=args.stop_at, device=args.device)
+               work=args.work, save=save, save_every=args.save_every, stop_at=args.stop_at, device=device)
 
 
 if __name__ == "__main__":

@@ -88,14 +88,15 @@ def main(argv: list[str] | None = None) -> None:
         copy.deepcopy(trained).eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
         words.save(out / "text_vocab.json")
 
+    device = torch.device(args.device)
+
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
-        device = model.tok_embeddings.weight.device
         cond, tokens = data["words"][index].to(device), data["tokens"][index].to(device)
         logits = model.forward_train(cond, tokens, condition_mask=(cond >= 0).long())
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
 
     train_loop(model, loss_fn, data["tokens"].shape[0], steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, save_every=args.save_every, device=args.device)
+               work=args.work, save=save, save_every=args.save_every, device=device)
 
 
 if __name__ == "__main__":

@@ -197,10 +197,11 @@ def main(argv: list[str] | None = None) -> None:
         copy.deepcopy(trained).eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
         words.save(out / TEXT_VOCAB_FILE)
 
+    device = torch.device(args.device)
+
     def batch_loss(clips: dict, index: torch.Tensor) -> torch.Tensor:
         ids = clips["words"][index].clone()
         ids[torch.rand(ids.shape[0]) < args.condition_dropout] = -1  # all padding -> the model's null prompt
-        device = model.frame_pos.device
         return flow_matching_loss(model, clips["latents"][index].to(device).float(), ids.to(device))
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
 
     np.random.seed(args.seed)
     train_loop(model, loss_fn, num_clips, steps=args.steps, batch=args.batch, lr=args.lr, work=args.work, save=save,
-               save_every=args.save_every, stop_at=args.stop_at, device=args.device)
+               save_every=args.save_every, stop_at=args.stop_at, device=device)
 
 
 if __name__ == "__main__":
