@@ -62,3 +62,24 @@ def test_eagle_self_distillation_adds_the_targets_own_samples(tmp_path):
     assert (tmp_path / "head" / "config.json").is_file()
     with pytest.raises(SystemExit):
         train_eagle.main([*common, "--self-distill", "41", "--out", str(tmp_path / "h2"), "--work", str(tmp_path / "w2")])
+
+
+def test_eagle_init_starts_a_later_stage_from_a_trained_head(tmp_path):
+    """``train_eagle --init HEAD``: stage 2 of the head starts from stage 1's weights (a zero learning rate
+    keeps them); a missing folder is a clear error."""
+    from mmspec.models.eagle import EagleHead
+    from mmspec.models.recipes import train_eagle
+
+    train_t2i.main([*TINY, "--steps", "2", "--out", str(tmp_path / "target"), "--work", str(tmp_path / "wt")])
+    common = ["--target", str(tmp_path / "target"), "--heads", "2", "--train-images", "40", "--batch", "4",
+              "--threads", "1"]
+    train_eagle.main([*common, "--steps", "2", "--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa")])
+    train_eagle.main([*common, "--steps", "1", "--lr", "0", "--seed", "1", "--init", str(tmp_path / "a"),
+                      "--out", str(tmp_path / "b"), "--work", str(tmp_path / "wb")])
+    first = EagleHead.from_pretrained(tmp_path / "a").state_dict()
+    second = EagleHead.from_pretrained(tmp_path / "b").state_dict()
+    assert first.keys() == second.keys()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    with pytest.raises(FileNotFoundError, match="no trained EAGLE head"):
+        train_eagle.main([*common, "--steps", "1", "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "c"),
+                          "--work", str(tmp_path / "wc")])

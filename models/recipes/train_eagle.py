@@ -30,7 +30,14 @@ import torch
 
 from mmspec.models.eagle import EagleHead, eagle_loss
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, step_generator, train_loop
+from mmspec.models.recipes.common import (
+    add_run_arguments,
+    cached_data,
+    init_from_folder,
+    start_run,
+    step_generator,
+    train_loop,
+)
 from mmspec.models.recipes.train_t2i import build_data
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
@@ -75,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--self-distill", type=int, default=0,
                         help="extra rows of the target's own samples for the first N training captions")
     parser.add_argument("--self-distill-guidance", type=float, default=3.0)
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from this trained head (a later training stage: fresh optimiser and schedule)")
     add_run_arguments(parser, "runs/train_eagle")
     args = parser.parse_args(argv)
     if not 0 <= args.self_distill <= args.train_images:
@@ -95,6 +104,8 @@ def main(argv: list[str] | None = None) -> None:
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,
                      num_attention_heads=args.heads)
+    if args.init is not None and not (args.work / "checkpoint.pt").is_file():  # a resumed run restores its own
+        init_from_folder(head, EagleHead, args.init, "EAGLE head")
     head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
