@@ -211,6 +211,15 @@ class LanternRule(AcceptanceRule):
         return residual
 
 
+def _rank_keys(probs: torch.Tensor) -> torch.Tensor:
+    """int64 keys ``[..., V]`` ordering the vocabulary by probability descending, then token id ascending
+    (a larger key ranks earlier). The bit patterns of non-negative float32 values order like the values,
+    so ``bits * V + (V - 1 - id)`` is a strict total order (+0.0 turns a -0.0 into 0)."""
+    vocab = probs.shape[-1]
+    bits = (probs.float() + 0.0).contiguous().view(torch.int32).to(torch.int64)
+    return bits * vocab + (vocab - 1 - torch.arange(vocab, device=probs.device))
+
+
 @dataclass(frozen=True)
 class GroupedRule(AcceptanceRule):
     """GSD grouped acceptance (arXiv 2508.07747) for Speculative Jacobi Decoding.
@@ -243,23 +252,32 @@ class GroupedRule(AcceptanceRule):
                              f"vocabulary has {vocab_size}")
 
     def group_mask(self, target_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Boolean ``[..., V]`` membership of each token's group C."""
-        vocab = target_probs.shape[-1]
-        order = torch.sort(target_probs, dim=-1, descending=True, stable=True).indices  # [..., V] rank -> token
-        rank_of = torch.empty_like(order).scatter_(-1, order, torch.arange(vocab, device=order.device)
-                                                   .expand_as(order).contiguous())
-        rank = gather_token(rank_of, tokens)  # [...]
+        """Boolean ``[..., V]`` membership of each token's group C.
+
+        The ranking is probability descending, token id ascending among equal probabilities, computed on
+        the float32 values. Only the ``G - 1`` tokens next to x~ in it are needed, so two ``topk`` calls
+        over integer rank keys find them without sorting the vocabulary (GSD's rule runs every round).
+        """
+        keys = _rank_keys(target_probs)  # [..., V]; a larger key ranks earlier
+        key_x = keys.gather(-1, tokens.unsqueeze(-1))
         above, below = -(-(self.G - 1) // 2), (self.G - 1) // 2
-        offsets = torch.arange(-above, below + 1, device=tokens.device)
-        window = (rank.unsqueeze(-1) + offsets).clamp(0, vocab - 1)  # [..., G]
-        members = order.gather(-1, window)
+        members = [tokens.unsqueeze(-1)]
+        for count, earlier in ((above, True), (below, False)):
+            if count == 0:
+                continue
+            limit = torch.iinfo(keys.dtype).max if earlier else torch.iinfo(keys.dtype).min
+            # the `count` nearest ranks on this side of x~ (topk pads with the limit when fewer exist)
+            side = torch.where(keys > key_x if earlier else keys < key_x, keys, limit)
+            values, ids = side.topk(min(count, keys.shape[-1]), dim=-1, largest=not earlier)
+            members.append(torch.where(values == limit, tokens.unsqueeze(-1), ids))  # pads become x~ itself
+        members = torch.cat(members, -1)  # [..., <= G]
         p_x = gather_token(target_probs, tokens).unsqueeze(-1)
         keep = (target_probs.gather(-1, members) - p_x).abs() < self.prob_threshold
         if self.embeddings is not None:
             emb = self.embeddings.to(target_probs.device, target_probs.dtype)
             dist = (emb[members] - emb[tokens].unsqueeze(-2)).norm(dim=-1)
             keep &= dist < self.distance_threshold
-        keep |= members == tokens.unsqueeze(-1)
+        keep |= members == tokens.unsqueeze(-1)  # x~ (and the pads standing for it) always belongs
         mask = torch.zeros_like(target_probs, dtype=torch.bool)
         return mask.scatter_(-1, members, keep)
 

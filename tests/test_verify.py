@@ -211,6 +211,39 @@ def test_gsd_group_filters():
     assert near.tolist() == [[True, True, True, False, True]]
 
 
+def _reference_group_mask(probs: torch.Tensor, tokens: torch.Tensor, G: int, threshold: float) -> torch.Tensor:
+    """GSD's group by a full stable sort (probability descending, token id ascending), one row at a time."""
+    mask = torch.zeros_like(probs, dtype=torch.bool)
+    above, below = -(-(G - 1) // 2), (G - 1) // 2
+    for row in range(probs.shape[0]):
+        order = sorted(range(probs.shape[1]), key=lambda t: (-float(probs[row, t]), t))
+        rank = order.index(int(tokens[row]))
+        for y in order[max(0, rank - above): rank + below + 1]:
+            mask[row, y] = abs(float(probs[row, y]) - float(probs[row, tokens[row]])) < threshold
+        mask[row, tokens[row]] = True
+    return mask
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_gsd_group_equals_a_full_sort_with_ties_and_edges(dtype):
+    """The topk-based group equals the sorted-ranking definition, including tied probabilities (zeros
+    left by top-k filtering, exact duplicates), drafts at the top and bottom of the ranking, and G larger
+    than the vocabulary."""
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.softmax(torch.randn(64, 40, generator=gen, dtype=torch.float64) * 2, -1)
+    probs[:16, 20:] = 0.0  # filtered tokens: long runs of ties at zero
+    probs[16:32, 1] = probs[16:32, 5]  # exact duplicates
+    probs = (probs / probs.sum(-1, keepdim=True)).to(dtype)
+    tokens = torch.randint(0, 40, (64,), generator=gen)
+    tokens[:8] = 25  # a zero-probability token among ties
+    tokens[32:40] = probs[32:40].float().argmax(-1)  # top of the ranking
+    tokens[40:48] = probs[40:48].float().argmin(-1)  # bottom of the ranking
+    for G, threshold in ((2, 1.0), (5, 1.0), (6, 0.02), (11, 0.1), (64, 1.0)):
+        got = GroupedRule(G=G, prob_threshold=threshold).group_mask(probs, tokens)
+        expected = _reference_group_mask(probs.float(), tokens, G, threshold)
+        assert torch.equal(got, expected), (G, threshold)
+
+
 def test_lantern_relaxed_mass_is_a_distance_ordered_prefix():
     probs = torch.tensor([[0.4, 0.05, 0.1, 0.2, 0.25]], dtype=torch.float64)
     neighbors = torch.tensor([[1, 2, 3, 4], [0, 2, 3, 4], [1, 0, 3, 4], [4, 2, 1, 0], [3, 2, 1, 0]])
