@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmspec.pipelines.ar_image import FAST_EAGLE_CHAIN
+from mmspec.pipelines.ar_image import FAST_EAGLE_CHAIN, FAST_METHOD_KWARGS
 from mmspec.stats import SpecStats
 from mmspec.world import make_prompt_set
 
@@ -44,8 +44,8 @@ DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
     "none": {},
     "eagle": dict(FAST_EAGLE_CHAIN),
     "lantern": {**FAST_EAGLE_CHAIN, "lantern_k": 64, "lantern_delta": 0.2},
-    "sjd": {"sjd_window": 16},
-    "gsd": {"sjd_window": 16, "gsd_group_size": 10},
+    "sjd": dict(FAST_METHOD_KWARGS["sjd"]),
+    "gsd": dict(FAST_METHOD_KWARGS["gsd"]),
     "mulo": {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1},
 }
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}

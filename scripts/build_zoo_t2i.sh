@@ -14,7 +14,10 @@ $PY -m mmspec.models.recipes.train_t2i --init runs/train_t2i/model --seed 1 --lr
     --work runs/train_t2i_stage2 --out runs/train_t2i_stage2/model
 $PY -m mmspec.models.recipes.train_t2i --init runs/train_t2i_stage2/model --seed 2 --lr 3e-4 --steps 1500 --threads 1 \
     --work runs/train_t2i_stage3 --out $ZOO/transformer
-$PY -m mmspec.models.recipes.train_eagle --target $ZOO/transformer --out $ZOO/eagle_head --threads 1
+$PY -m mmspec.models.recipes.train_eagle --target $ZOO/transformer --out runs/train_eagle/head --threads 1
+# stage 2 of the head on a newly rendered set (held-out top-1 agreement 0.870 on its seed-1 split)
+$PY -m mmspec.models.recipes.train_eagle --target $ZOO/transformer --init runs/train_eagle/head --steps 2000 \
+    --batch 32 --lr 5e-4 --seed 1 --threads 1 --work runs/train_eagle_s2 --out $ZOO/eagle_head
 $PY -m mmspec.models.recipes.train_mulo --out $ZOO
 $PY -m mmspec.models.recipes.build_zoo_t2i --folder $ZOO
 $PY -m mmspec.models.recipes.report_t2i --model $ZOO/transformer --threads 1 --out $ZOO/report.json

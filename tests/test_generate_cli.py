@@ -55,6 +55,26 @@ def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(
     assert capsys.readouterr().out.count("speedup:") == 2
 
 
+def test_generate_runs_jacobi_methods_with_their_fast_window(folder, tmp_path):
+    """sjd and gsd get FAST_METHOD_KWARGS (window 8, left-neighbour initialisation; GSD's group) unless
+    --method-kwargs overrides a key."""
+    from mmspec.pipelines.ar_image import ARImagePipeline
+
+    calls = []
+    original = ARImagePipeline.__call__
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs)
+        return original(self, *args, **kwargs)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ARImagePipeline, "__call__", spy)
+        for method in ("sjd", "gsd"):
+            assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / method),
+                             "--method", method, "--no-baseline", "--method-kwargs", '{"sjd_window": 4}']) == 0
+    sjd, gsd = ([c for c in calls if c["method"] == m][-1] for m in ("sjd", "gsd"))
+    assert sjd["sjd_init"] == "left" and sjd["sjd_window"] == 4 and "gsd_group_size" not in sjd
+    assert gsd["sjd_init"] == "left" and gsd["gsd_group_size"] == 6 and gsd["gsd_prob_threshold"] == 1.0
+
+
 @pytest.mark.parametrize("args,match", [
     (["--method", "medusa"], "invalid choice"),
     (["--method-kwargs", "{oops"], "not valid JSON"),
