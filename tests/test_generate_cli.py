@@ -32,22 +32,30 @@ def test_generate_writes_pngs_and_reports_speedup(folder, tmp_path, capsys):
     assert "speedup:" in text and "mean accepted length" in text and "none (baseline" in text
 
 
-def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(folder, tmp_path, capsys):
-    """eagle runs with FAST_EAGLE_CHAIN unless overridden; the target-only comparison run gets the same
-    keywords and ignores the drafting ones (a threshold once made the baseline raise)."""
+@pytest.fixture
+def pipeline_calls(monkeypatch) -> list[dict]:
+    """The keyword arguments of every ARImagePipeline call made while the test runs."""
     from mmspec.pipelines.ar_image import ARImagePipeline
 
-    calls = []
+    calls: list[dict] = []
     original = ARImagePipeline.__call__
+
     def spy(self, *args, **kwargs):
         calls.append(kwargs)
         return original(self, *args, **kwargs)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ARImagePipeline, "__call__", spy)
-        assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "a"),
-                         "--greedy"]) == 0
-        assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "b"),
-                         "--greedy", "--method-kwargs", '{"draft_confidence_threshold": 0.2}']) == 0
+    monkeypatch.setattr(ARImagePipeline, "__call__", spy)
+    return calls
+
+
+def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(folder, tmp_path, capsys,
+                                                                               pipeline_calls):
+    """eagle runs with FAST_EAGLE_CHAIN unless overridden; the target-only comparison run gets the same
+    keywords and ignores the drafting ones (a threshold once made the baseline raise)."""
+    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "a"),
+                     "--greedy"]) == 0
+    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "b"),
+                     "--greedy", "--method-kwargs", '{"draft_confidence_threshold": 0.2}']) == 0
+    calls = pipeline_calls
     eagle = [c for c in calls if c["method"] == "eagle"]
     assert eagle[0]["num_draft_tokens"] == 8 and eagle[0]["draft_confidence_threshold"] == 0.5
     assert eagle[-1]["draft_confidence_threshold"] == 0.2 and eagle[-1]["num_draft_tokens"] == 8
@@ -55,22 +63,13 @@ def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(
     assert capsys.readouterr().out.count("speedup:") == 2
 
 
-def test_generate_runs_jacobi_methods_with_their_fast_window(folder, tmp_path):
+def test_generate_runs_jacobi_methods_with_their_fast_window(folder, tmp_path, pipeline_calls):
     """sjd and gsd get FAST_METHOD_KWARGS (window 8, left-neighbour initialisation; GSD's group) unless
     --method-kwargs overrides a key."""
-    from mmspec.pipelines.ar_image import ARImagePipeline
-
-    calls = []
-    original = ARImagePipeline.__call__
-    def spy(self, *args, **kwargs):
-        calls.append(kwargs)
-        return original(self, *args, **kwargs)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ARImagePipeline, "__call__", spy)
-        for method in ("sjd", "gsd"):
-            assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / method),
-                             "--method", method, "--no-baseline", "--method-kwargs", '{"sjd_window": 4}']) == 0
-    sjd, gsd = ([c for c in calls if c["method"] == m][-1] for m in ("sjd", "gsd"))
+    for method in ("sjd", "gsd"):
+        assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / method),
+                         "--method", method, "--no-baseline", "--method-kwargs", '{"sjd_window": 4}']) == 0
+    sjd, gsd = ([c for c in pipeline_calls if c["method"] == m][-1] for m in ("sjd", "gsd"))
     assert sjd["sjd_init"] == "left" and sjd["sjd_window"] == 4 and "gsd_group_size" not in sjd
     assert gsd["sjd_init"] == "left" and gsd["gsd_group_size"] == 6 and gsd["gsd_prob_threshold"] == 1.0
 
