@@ -38,8 +38,9 @@ from .bench_cli import (
 from .bench_images import quality, reference_images
 from .speed import RunResult, run_benchmark
 
-DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
-#: per-method keyword arguments of the pipeline call (overridable with --method-kwargs)
+DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo", "mulo, sequential")
+#: per-case keyword arguments of the pipeline call (overridable with --method-kwargs); a case named other
+#: than its pipeline method says which with a "method" key
 DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
     "none": {},
     "eagle": dict(FAST_EAGLE_CHAIN),
@@ -47,13 +48,18 @@ DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
     "sjd": dict(FAST_METHOD_KWARGS["sjd"]),
     "gsd": dict(FAST_METHOD_KWARGS["gsd"]),
     "mulo": {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1},
+    "mulo, sequential": {"method": "mulo", "mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1,
+                         "mulo_resample": "sequential"},
 }
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
 
-def generate(pipe: Any, prompts: Sequence[str], method: str, kwargs: dict, mode: dict, batch: int, seed: int
+def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: dict, batch: int, seed: int
              ) -> tuple[list[np.ndarray], list[Any]]:
-    """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``."""
+    """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``; the pipeline
+    method is ``kwargs["method"]`` when given, else the case's name."""
+    kwargs = dict(kwargs)
+    method = kwargs.pop("method", case)
     generator = torch.Generator().manual_seed(seed)
     images, stats = [], []
     for start in range(0, len(prompts), batch):

@@ -15,13 +15,18 @@ One round for block b (``block_rows`` grid rows of ``width`` tokens):
    the logits give p_i for every drafted token;
 3. each token is accepted by the rule (``u * draft_mass < target_mass``); rejections grow to
    radius-``radius`` squares inside the block (:func:`~mmspec.local2d.local_resample_sets`);
-4. tokens in the grown set are redrawn from the target's distributions of this pass (rejected tokens
-   from the rule's residual, their accepted neighbours from p): the parallel local resampling of the
-   paper. Accepted tokens after a redrawn one keep their verification, which saw the old neighbour:
-   the method is lossy by design (quality is reported next to speed).
+4. tokens in the grown set are redrawn. ``resample="parallel"`` (the paper's local resampling) draws
+   them all from the target's distributions of this pass (rejected tokens from the rule's residual,
+   their accepted neighbours from p), although each of those distributions saw the *drafts* around
+   it. ``resample="sequential"`` draws them in raster order, each from the target given the final
+   tokens before it (one more target call per redrawn column after the first), so a redrawn token
+   never conditions on a rejected draft; with every draft rejected it is target-only decoding.
+   Either way, accepted tokens after a redrawn one keep their verification, which saw the old
+   neighbour: the method is lossy by design (quality is reported next to speed).
 
-Each block costs one target forward (plus the rewrite of its changed suffix, merged into the next
-block's pass), so an H-row image takes ``H / block_rows`` target calls after the prefill.
+In the parallel mode each block costs one target forward (plus the rewrite of its changed suffix,
+merged into the next block's pass), so an H-row image takes ``H / block_rows`` target calls after the
+prefill.
 """
 
 from __future__ import annotations
@@ -84,7 +89,7 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
                                input_ids: torch.Tensor | None = None,
                                sampling: SamplingConfig = SamplingConfig(do_sample=False),
                                rule: AcceptanceRule | None = None, generator: torch.Generator | None = None,
-                               stats: SpecStats | None = None,
+                               stats: SpecStats | None = None, resample: str = "parallel",
                                callback: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None,
                                **model_inputs: Any) -> LocalSpeculativeOutput:
     """Generate a ``grid = (H, W)`` token image block by block with local rejection and resampling.
@@ -95,6 +100,8 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
         drafter: a :class:`BlockDrafter` proposing ``block_rows`` rows per call.
         block_rows: grid rows per block; must divide H.
         radius: neighbourhood radius l of the local resampling (0: only the rejected tokens).
+        resample: "parallel" (all redrawn tokens from this pass's distributions, the paper's) or
+            "sequential" (in raster order, each given the final tokens before it; slower, see above).
         sampling: how the target's logits become distributions (greedy when ``do_sample=False``).
         rule: acceptance rule (default: exact when sampling, greedy otherwise); its ``greedy`` flag
             decides whether redrawn tokens are argmax or sampled.
@@ -106,6 +113,8 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
         raise ValueError(f"block_rows={block_rows} must divide the grid height {height}")
     if not isinstance(radius, int) or isinstance(radius, bool) or radius < 0:
         raise ValueError(f"radius must be an integer >= 0, got {radius!r}")
+    if resample not in ("parallel", "sequential"):
+        raise ValueError(f"resample must be 'parallel' or 'sequential', got {resample!r}")
     rule = rule or default_rule(sampling)
     to_probs = target_probs_fn(sampling)
     stats = stats if stats is not None else SpecStats()
@@ -146,8 +155,17 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
                 redraw = sets.resample.view(batch, block_len)
                 residual = rule.residual(p, draft_probs, draft_tokens)
                 source = torch.where((~accepted).unsqueeze(-1), residual, p)
-                redrawn = source.argmax(-1) if rule.greedy else sample(source, generator)
-                final = torch.where(redraw, redrawn, draft_tokens)
+                sequential = resample == "sequential" and bool(redraw.any())
+                if not sequential:
+                    redrawn = source.argmax(-1) if rule.greedy else sample(source, generator)
+                    final = torch.where(redraw, redrawn, draft_tokens)
+            if sequential:
+                with stats.phase("target"):
+                    final, first, extra_calls = _redraw_in_raster_order(
+                        target, to_probs, source, draft_tokens, redraw, rewrite.shape[1], rule.greedy, generator)
+                stats.target_calls += extra_calls
+                stats.verify_steps += batch * extra_calls  # each extra call yields one target token per row
+                stats.emitted += batch * extra_calls
 
             span = slice(block * block_len, (block + 1) * block_len)
             sequences[:, span] = final
@@ -157,12 +175,13 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             stats.emitted += int((~redraw).sum()) + batch  # kept drafts + one target token per row and pass
             stats.record_position_checks(accepted)
 
-            # Keep the cache up to the first changed token of the block (the same column for every row,
-            # so rows stay aligned); the changed suffix is re-fed in front of the next block's draft.
-            changed = (final != draft_tokens).any(0)  # [L]
-            first = int(changed.nonzero()[0]) if bool(changed.any()) else block_len
-            keep = torch.arange(rewrite.shape[1] + first, device=device).expand(batch, -1)
-            target.commit(keep)
+            if not sequential:
+                # Keep the cache up to the first changed token of the block (the same column for every
+                # row, so rows stay aligned); the changed suffix is re-fed in front of the next block's draft.
+                changed = (final != draft_tokens).any(0)  # [L]
+                first = int(changed.nonzero()[0]) if bool(changed.any()) else block_len
+                keep = torch.arange(rewrite.shape[1] + first, device=device).expand(batch, -1)
+                target.commit(keep)
             rewrite = final[:, first:]
             last_logits = logits[:, -1]  # read by the next pass only when nothing is re-fed (rewrite empty)
             with stats.phase("draft"):
@@ -171,6 +190,36 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             if callback is not None:
                 callback(block, final, ~redraw)
     return LocalSpeculativeOutput(sequences, drafted_map, stats)
+
+
+def _redraw_in_raster_order(target: Target, to_probs: Callable[[torch.Tensor], torch.Tensor], source: torch.Tensor,
+                            draft_tokens: torch.Tensor, redraw: torch.Tensor, rewrite_len: int, greedy: bool,
+                            generator: torch.Generator | None) -> tuple[torch.Tensor, int, int]:
+    """Sequential local resampling of one verified block.
+
+    The first column with a redrawn token takes this pass's distributions ``source`` (everything before
+    it is final). After it, the target is run over the final tokens up to each next redrawn column and
+    that column is drawn from the target's new distribution. Rows that redraw nothing in a column keep
+    their draft there. Returns the final block, the first block column the target's cache does not
+    hold (to be re-fed in front of the next block) and the number of extra target calls.
+    """
+    batch = draft_tokens.shape[0]
+    columns = redraw.any(0).nonzero().flatten().tolist()
+
+    def draw(dist: torch.Tensor) -> torch.Tensor:
+        return dist.argmax(-1) if greedy else sample(dist, generator)
+
+    final = draft_tokens.clone()
+    fed_until = columns[0]
+    final[:, fed_until] = torch.where(redraw[:, fed_until], draw(source[:, fed_until]), final[:, fed_until])
+    target.commit(torch.arange(rewrite_len + fed_until, device=final.device).expand(batch, -1))
+    for column in columns[1:]:
+        target.begin_round()
+        step = target.forward(final[:, fed_until:column])
+        target.commit(torch.arange(column - fed_until, device=final.device).expand(batch, -1))
+        final[:, column] = torch.where(redraw[:, column], draw(to_probs(step.logits[:, -1])), final[:, column])
+        fed_until = column
+    return final, fed_until, len(columns) - 1
 
 
 def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:

@@ -301,7 +301,8 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                  lantern_lam: float | None = None, sjd_window: int = 16, sjd_init: str = "random",
                  gsd_group_size: int = 10, gsd_prob_threshold: float = 0.15,
                  gsd_distance_threshold: float = float("inf"), mulo_k: int = 16, mulo_tau: float = 0.3,
-                 mulo_radius: int = 1, eagle_guided: bool = True, draft_confidence_threshold: float = 0.0,
+                 mulo_radius: int = 1, mulo_resample: str = "parallel", eagle_guided: bool = True,
+                 draft_confidence_threshold: float = 0.0,
                  rule: AcceptanceRule | None = None,
                  callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
                  ) -> ARImagePipelineOutput:
@@ -330,6 +331,9 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                 filter, codebook-distance filter.
             mulo_k / mulo_tau / mulo_radius: MuLo-SD pooled threshold (a draft is kept when the target mass
                 of it and its k nearest codebook neighbours reaches tau) and local resampling radius l.
+            mulo_resample: "parallel" (the paper's: redrawn tokens from the block's one target pass) or
+                "sequential" (in raster order, each given the final tokens before it; one more target
+                call per redrawn column, see :func:`~mmspec.local_speculate.local_speculative_generate`).
             rule: an :class:`~mmspec.rules.AcceptanceRule` replacing the method's (e.g. ``GroupedRule`` on
                 EAGLE drafts); its ``greedy`` flag must equal ``not do_sample``.
             callback_on_step_end: called after every verification round as ``fn(pipeline, round_index,
@@ -390,7 +394,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             ratio = self.mulo_upsampler.config.ratio
             out = local_speculative_generate(
                 target, drafter, (grid, grid), block_rows=ratio, radius=mulo_radius, attention_mask=mask,
-                sampling=sampling, rule=rule, generator=generator,
+                sampling=sampling, rule=rule, generator=generator, resample=mulo_resample,
                 callback=lambda block, tokens, drafted: on_round(tokens, drafted), **inputs)
         else:
             out = speculative_generate(target, drafter, None, mask, max_new_tokens=tokens_per_image, sampling=sampling,

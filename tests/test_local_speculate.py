@@ -145,6 +145,65 @@ def test_radius_grows_rejections_into_square_neighbourhoods():
     assert torch.equal(out.sequences[:, 5], expected[:, 5])  # the target's choice replaced the bad draft
 
 
+class RejectAll(RejectOneToken):
+    """Rejects every draft: the block is resampled entirely."""
+
+    def __init__(self) -> None:
+        super().__init__(bad=-1)
+
+    def masses(self, target_probs, draft_probs, tokens):
+        return torch.zeros_like(target_probs[..., 0]), torch.ones_like(target_probs[..., 0])
+
+
+@pytest.mark.parametrize("guided", [False, True], ids=["no-cfg", "cfg"])
+@pytest.mark.parametrize("block_rows", [1, 2])
+def test_sequential_resampling_of_everything_is_target_only_decoding(guided, block_rows):
+    """resample="sequential" draws each redrawn token given the final tokens before it: with every draft
+    rejected, greedy output equals target-only greedy decoding exactly; the parallel resampling of the
+    same noise drafts does not (each token there saw the noise around it)."""
+    model = tiny_target()
+    expected = baseline_tokens(model, guided)
+    noise = torch.randint(0, V, expected.shape, generator=torch.Generator().manual_seed(5))
+    model_inputs, mask = inputs(guided)
+    runs = {}
+    for mode in ("sequential", "parallel"):
+        runs[mode] = local_speculative_generate(
+            target_runner(model, guided), ScriptedDrafter(noise, block_rows * GRID), (GRID, GRID),
+            block_rows=block_rows, radius=0, attention_mask=mask, rule=RejectAll(), resample=mode, **model_inputs)
+    sequential = runs["sequential"]
+    assert torch.equal(sequential.sequences, expected)
+    assert not sequential.drafted.any()
+    # prefill + per block: the verify pass and one call per redrawn column after the first
+    assert sequential.stats.target_calls == 1 + (GRID // block_rows) * (block_rows * GRID)
+    assert sequential.stats.mean_accepted_length == 1.0  # one token per target call, as target-only decoding
+    assert not torch.equal(runs["parallel"].sequences, expected)
+    assert runs["parallel"].stats.target_calls == 1 + GRID // block_rows
+
+
+def test_sequential_resampling_keeps_accepted_drafts_and_redraws_in_context():
+    """With one rejected token per image and radius 1, sequential resampling redraws the same 3x3
+    neighbourhood as the parallel mode and keeps every other draft; each redrawn token is the target's
+    greedy choice given the final tokens before it (checked by teacher forcing the final image)."""
+    model = tiny_target()
+    expected = baseline_tokens(model, False)
+    bad = int(expected.max()) + 1
+    wrong = expected.clone()
+    wrong[:, 5] = bad
+    wrong[:, 4] = (wrong[:, 4] + 1) % bad  # an accepted but wrong neighbour: it must be redrawn in context
+    out = local_speculative_generate(CausalLMRunner(model), ScriptedDrafter(wrong, 2 * GRID), (GRID, GRID),
+                                     block_rows=2, radius=1, attention_mask=(WORDS >= 0).long(),
+                                     rule=RejectOneToken(bad), resample="sequential", condition_ids=WORDS)
+    redrawn = ~out.drafted.view(-1, GRID, GRID)
+    expect = torch.zeros(GRID, GRID, dtype=torch.bool)
+    expect[0:2, 0:3] = True
+    assert torch.equal(redrawn, expect.expand_as(redrawn))
+    kept = out.drafted
+    assert torch.equal(out.sequences[kept], wrong[kept])
+    with torch.no_grad():
+        argmax = teacher_forced_argmax(model, out.sequences, False)
+    assert torch.equal(out.sequences[~kept], argmax[~kept])
+
+
 def test_sampled_decoding_is_deterministic_under_a_generator_and_rules_compose():
     model = tiny_target()
     noise = torch.randint(0, V, (len(WORDS), GRID * GRID), generator=torch.Generator().manual_seed(4))
@@ -164,6 +223,7 @@ BAD = {
     "rows do not divide": (dict(block_rows=3), "must divide"),
     "negative radius": (dict(block_rows=1, radius=-1), "radius"),
     "bad grid": (dict(block_rows=1, grid=(4,)), "grid"),
+    "unknown resampling": (dict(block_rows=1, resample="bogus"), "resample"),
 }
 
 

@@ -107,6 +107,21 @@ def test_pipeline_mulo_sampling_and_rule_composition(pipe):
     assert c.tokens.shape == (3, GRID, GRID)
 
 
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
+def test_pipeline_mulo_sequential_resampling_of_everything_equals_target_only(pipe, guidance_scale):
+    """mulo_resample="sequential" with tau above any pooled mass rejects every draft and redraws the whole
+    block in raster order given the final tokens: greedy output is target-only decoding's exactly."""
+    kwargs = dict(do_sample=False, guidance_scale=guidance_scale, output_type="tokens")
+    expected = pipe(PROMPTS, method="none", **kwargs).tokens
+    out = pipe(PROMPTS, method="mulo", mulo_tau=1.0, mulo_k=1, mulo_radius=0, mulo_resample="sequential", **kwargs)
+    assert not out.drafted.any()  # the tiny target never puts all its mass on a code and its neighbour
+    assert torch.equal(out.tokens, expected)
+    parallel = pipe(PROMPTS, method="mulo", mulo_tau=1.0, mulo_k=1, mulo_radius=0, **kwargs)
+    assert not torch.equal(parallel.tokens, expected)  # each token there saw the drafts around it
+    with pytest.raises(ValueError, match="resample"):
+        pipe(PROMPTS, method="mulo", mulo_resample="bogus", **kwargs)
+
+
 def test_pipeline_save_and_load_keeps_the_mulo_components(pipe, tmp_path):
     pipe.save_pretrained(tmp_path)
     loaded = ARImagePipeline.from_pretrained(tmp_path)
