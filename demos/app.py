@@ -281,13 +281,15 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
             fields["lantern_delta"] = gr.Number(value=0.2, label="LANTERN delta (TV budget)",
                                                 elem_id=f"{elem}-lantern-delta")
         with gr.Group(visible=False) as jacobi_group, gr.Row():
-            fields["sjd_window"] = gr.Number(value=16, precision=0, label="Jacobi window (SJD/GSD)",
+            fields["sjd_window"] = gr.Number(value=8, precision=0, label="Jacobi window (SJD/GSD)",
                                              elem_id=f"{elem}-window")
-            fields["gsd_group_size"] = gr.Number(value=10, precision=0, label="GSD group size G",
+            fields["gsd_group_size"] = gr.Number(value=6, precision=0, label="GSD group size G",
                                                  elem_id=f"{elem}-gsd-g")
         with gr.Group(visible=False) as mulo_group, gr.Row():
             fields["mulo_tau"] = gr.Number(value=0.3, label="MuLo tau (pooled threshold)", elem_id=f"{elem}-mulo-tau")
             fields["mulo_radius"] = gr.Number(value=1, precision=0, label="MuLo radius l", elem_id=f"{elem}-mulo-radius")
+            fields["mulo_sequential"] = gr.Checkbox(value=False, label="sequential local resampling (slower, keeps quality)",
+                                                    elem_id=f"{elem}-mulo-sequential")
 
         def on_method(name: str) -> list[Any]:
             return [gr.update(visible=name in ("eagle", "lantern")), gr.update(visible=name == "lantern"),
