@@ -41,15 +41,15 @@ from .speed import RunResult, run_benchmark
 DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo", "mulo, sequential")
 #: per-case keyword arguments of the pipeline call (overridable with --method-kwargs); a case named other
 #: than its pipeline method says which with a "method" key
+_MULO = {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1}
 DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
     "none": {},
     "eagle": dict(FAST_EAGLE_CHAIN),
     "lantern": {**FAST_EAGLE_CHAIN, "lantern_k": 64, "lantern_delta": 0.2},
     "sjd": dict(FAST_METHOD_KWARGS["sjd"]),
     "gsd": dict(FAST_METHOD_KWARGS["gsd"]),
-    "mulo": {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1},
-    "mulo, sequential": {"method": "mulo", "mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1,
-                         "mulo_resample": "sequential"},
+    "mulo": dict(_MULO),
+    "mulo, sequential": {**_MULO, "method": "mulo", "mulo_resample": "sequential"},
 }
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 

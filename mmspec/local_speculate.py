@@ -155,17 +155,17 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
                 redraw = sets.resample.view(batch, block_len)
                 residual = rule.residual(p, draft_probs, draft_tokens)
                 source = torch.where((~accepted).unsqueeze(-1), residual, p)
-                sequential = resample == "sequential" and bool(redraw.any())
-                if not sequential:
-                    redrawn = source.argmax(-1) if rule.greedy else sample(source, generator)
-                    final = torch.where(redraw, redrawn, draft_tokens)
-            if sequential:
+            if resample == "sequential" and bool(redraw.any()):
                 with stats.phase("target"):
                     final, first, extra_calls = _redraw_in_raster_order(
                         target, to_probs, source, draft_tokens, redraw, rewrite.shape[1], rule.greedy, generator)
                 stats.target_calls += extra_calls
                 stats.verify_steps += batch * extra_calls  # each extra call yields one target token per row
                 stats.emitted += batch * extra_calls
+            else:
+                with stats.phase("verify"):
+                    final = torch.where(redraw, _draw(source, rule.greedy, generator), draft_tokens)
+                first = _commit_unchanged_prefix(target, final, draft_tokens, rewrite.shape[1])
 
             span = slice(block * block_len, (block + 1) * block_len)
             sequences[:, span] = final
@@ -175,14 +175,7 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             stats.emitted += int((~redraw).sum()) + batch  # kept drafts + one target token per row and pass
             stats.record_position_checks(accepted)
 
-            if not sequential:
-                # Keep the cache up to the first changed token of the block (the same column for every
-                # row, so rows stay aligned); the changed suffix is re-fed in front of the next block's draft.
-                changed = (final != draft_tokens).any(0)  # [L]
-                first = int(changed.nonzero()[0]) if bool(changed.any()) else block_len
-                keep = torch.arange(rewrite.shape[1] + first, device=device).expand(batch, -1)
-                target.commit(keep)
-            rewrite = final[:, first:]
+            rewrite = final[:, first:]  # final tokens the target's cache lacks, re-fed in front of the next draft
             last_logits = logits[:, -1]  # read by the next pass only when nothing is re-fed (rewrite empty)
             with stats.phase("draft"):
                 drafter.commit(block, final)
@@ -190,6 +183,20 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             if callback is not None:
                 callback(block, final, ~redraw)
     return LocalSpeculativeOutput(sequences, drafted_map, stats)
+
+
+def _draw(dist: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
+    """Redrawn tokens from ``dist [..., V]``: argmax for greedy rules, a sample otherwise."""
+    return dist.argmax(-1) if greedy else sample(dist, generator)
+
+
+def _commit_unchanged_prefix(target: Target, final: torch.Tensor, draft_tokens: torch.Tensor, rewrite_len: int) -> int:
+    """After parallel resampling: keep the cache up to the first changed token of the block (the same
+    column for every row, so rows stay aligned) and return that column."""
+    changed = (final != draft_tokens).any(0)  # [L]
+    first = int(changed.nonzero()[0]) if bool(changed.any()) else final.shape[1]
+    target.commit(torch.arange(rewrite_len + first, device=final.device).expand(final.shape[0], -1))
+    return first
 
 
 def _redraw_in_raster_order(target: Target, to_probs: Callable[[torch.Tensor], torch.Tensor], source: torch.Tensor,
@@ -205,19 +212,17 @@ def _redraw_in_raster_order(target: Target, to_probs: Callable[[torch.Tensor], t
     """
     batch = draft_tokens.shape[0]
     columns = redraw.any(0).nonzero().flatten().tolist()
-
-    def draw(dist: torch.Tensor) -> torch.Tensor:
-        return dist.argmax(-1) if greedy else sample(dist, generator)
-
     final = draft_tokens.clone()
     fed_until = columns[0]
-    final[:, fed_until] = torch.where(redraw[:, fed_until], draw(source[:, fed_until]), final[:, fed_until])
+    final[:, fed_until] = torch.where(redraw[:, fed_until], _draw(source[:, fed_until], greedy, generator),
+                                      final[:, fed_until])
     target.commit(torch.arange(rewrite_len + fed_until, device=final.device).expand(batch, -1))
     for column in columns[1:]:
         target.begin_round()
         step = target.forward(final[:, fed_until:column])
         target.commit(torch.arange(column - fed_until, device=final.device).expand(batch, -1))
-        final[:, column] = torch.where(redraw[:, column], draw(to_probs(step.logits[:, -1])), final[:, column])
+        final[:, column] = torch.where(redraw[:, column], _draw(to_probs(step.logits[:, -1]), greedy, generator),
+                                       final[:, column])
         fed_until = column
     return final, fed_until, len(columns) - 1
 
