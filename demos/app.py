@@ -288,8 +288,10 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
         with gr.Group(visible=False) as mulo_group, gr.Row():
             fields["mulo_tau"] = gr.Number(value=0.3, label="MuLo tau (pooled threshold)", elem_id=f"{elem}-mulo-tau")
             fields["mulo_radius"] = gr.Number(value=1, precision=0, label="MuLo radius l", elem_id=f"{elem}-mulo-radius")
-            fields["mulo_sequential"] = gr.Checkbox(value=False, label="sequential local resampling (slower, keeps quality)",
-                                                    elem_id=f"{elem}-mulo-sequential")
+            fields["mulo_resample"] = gr.Dropdown(
+                choices=[("parallel (the paper's)", "parallel"), ("sequential (keeps quality, slower)", "sequential"),
+                         ("reverify (raster + Jacobi passes)", "reverify")],
+                value="parallel", label="MuLo resampling", elem_id=f"{elem}-mulo-resample")
 
         def on_method(name: str) -> list[Any]:
             return [gr.update(visible=name in ("eagle", "lantern")), gr.update(visible=name == "lantern"),

@@ -28,7 +28,7 @@ EXAMPLE_PROMPTS = ("a red circle", "two blue squares", "a green triangle above a
 #: the tab's inputs, in the order the page passes them (keyword names of :func:`run_ar_image`)
 INPUTS = ("path", "prompt", "method", "num_images", "seed", "greedy", "temperature", "guidance_scale",
           "num_draft_tokens", "use_tree", "tree_depth", "tree_top_k", "tree_total_tokens", "lantern_k",
-          "lantern_delta", "sjd_window", "gsd_group_size", "mulo_tau", "mulo_radius", "mulo_sequential")
+          "lantern_delta", "sjd_window", "gsd_group_size", "mulo_tau", "mulo_radius", "mulo_resample")
 
 
 class ARImageResult(ImageResult):
@@ -39,7 +39,7 @@ class ARImageResult(ImageResult):
 def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_scale: float, num_draft_tokens: int,
                   use_tree: bool, tree_depth: int, tree_top_k: int, tree_total_tokens: int, lantern_k: int,
                   lantern_delta: float, sjd_window: int, gsd_group_size: int, mulo_tau: float,
-                  mulo_radius: int, mulo_sequential: bool = False) -> dict[str, Any]:
+                  mulo_radius: int, mulo_resample: str = "parallel") -> dict[str, Any]:
     """The page's knobs, checked, as :class:`~mmspec.pipelines.ARImagePipeline` keyword arguments of
     ``method`` (knobs of other methods are ignored). SJD and GSD start from ``FAST_METHOD_KWARGS``
     (left-neighbour initialisation, GSD without the probability filter); the page sets window and G."""
@@ -63,7 +63,11 @@ def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_sca
     if method == "mulo":
         kwargs["mulo_tau"] = check_float("MuLo tau", mulo_tau, 0.0, 1.0)
         kwargs["mulo_radius"] = check_int("MuLo radius", mulo_radius, 0, 8)
-        kwargs["mulo_resample"] = "sequential" if mulo_sequential else "parallel"
+        from mmspec.local_speculate import RESAMPLE_MODES
+
+        if mulo_resample not in RESAMPLE_MODES:
+            raise DemoError(f"MuLo resampling must be one of {', '.join(RESAMPLE_MODES)}, got {mulo_resample!r}")
+        kwargs["mulo_resample"] = mulo_resample
     return kwargs
 
 
@@ -72,7 +76,7 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                  temperature: float = 1.0, guidance_scale: float = 3.0, num_draft_tokens: int = 8,
                  use_tree: bool = False, tree_depth: int = 5, tree_top_k: int = 8, tree_total_tokens: int = 48,
                  lantern_k: int = 64, lantern_delta: float = 0.2, sjd_window: int = 8, gsd_group_size: int = 6,
-                 mulo_tau: float = 0.3, mulo_radius: int = 1, mulo_sequential: bool = False,
+                 mulo_tau: float = 0.3, mulo_radius: int = 1, mulo_resample: str = "parallel",
                  report: Report | None = None) -> ARImageResult:
     """Generate the prompts (one per line) with ``method`` and target-only with the same seed; return
     the images, their acceptance maps and the statistics. Bad input raises :class:`DemoError` (or the
@@ -84,7 +88,7 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                            num_draft_tokens=num_draft_tokens, use_tree=bool(use_tree), tree_depth=tree_depth,
                            tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens, lantern_k=lantern_k,
                            lantern_delta=lantern_delta, sjd_window=sjd_window, gsd_group_size=gsd_group_size,
-                           mulo_tau=mulo_tau, mulo_radius=mulo_radius, mulo_sequential=bool(mulo_sequential))
+                           mulo_tau=mulo_tau, mulo_radius=mulo_radius, mulo_resample=mulo_resample)
     pipe = cache.get("ar_image", path)
     if pipe.transformer.config.model_type != "t2i":
         raise DemoError("this checkpoint is class-conditioned (c2i); the demo's AR image tab takes text prompts")

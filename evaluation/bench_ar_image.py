@@ -38,7 +38,7 @@ from .bench_cli import (
 from .bench_images import quality, reference_images
 from .speed import RunResult, run_benchmark
 
-DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo", "mulo, sequential")
+DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo", "mulo, sequential", "mulo, reverify")
 #: per-case keyword arguments of the pipeline call (overridable with --method-kwargs); a case named other
 #: than its pipeline method says which with a "method" key
 _MULO = {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1}
@@ -50,6 +50,7 @@ DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
     "gsd": dict(FAST_METHOD_KWARGS["gsd"]),
     "mulo": dict(_MULO),
     "mulo, sequential": {**_MULO, "method": "mulo", "mulo_resample": "sequential"},
+    "mulo, reverify": {**_MULO, "method": "mulo", "mulo_resample": "reverify"},
 }
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 

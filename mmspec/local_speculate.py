@@ -23,6 +23,12 @@ One round for block b (``block_rows`` grid rows of ``width`` tokens):
    never conditions on a rejected draft; with every draft rejected it is target-only decoding.
    Either way, accepted tokens after a redrawn one keep their verification, which saw the old
    neighbour: the method is lossy by design (quality is reported next to speed).
+   ``resample="reverify"`` replaces steps 3-4 by raster-order speculative decoding over the drafted
+   block: per row, drafts are kept up to the first rejection, which is redrawn from the rule's residual,
+   the drafts after it are replaced by the target's proposals from that pass (Jacobi refinement) and
+   verified by another pass over the final tokens (no neighbourhoods, ``radius`` unused). Every decision
+   sees final tokens only, so with an exact rule the output is distributed as target-only decoding
+   whatever the drafts.
 
 In the parallel mode each block costs one target forward (plus the rewrite of its changed suffix,
 merged into the next block's pass), so an H-row image takes ``H / block_rows`` target calls after the
@@ -44,6 +50,10 @@ from mmspec.sampling import SamplingConfig, draw_uniforms, sample
 from mmspec.speculate import Target, default_rule, target_probs_fn
 from mmspec.stats import SpecStats
 from mmspec.validation import check_positive_int, value_checks
+
+
+#: How rejected drafts of a verified block are replaced (module docstring).
+RESAMPLE_MODES = ("parallel", "sequential", "reverify")
 
 
 class BlockDrafter(ABC):
@@ -100,8 +110,9 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
         drafter: a :class:`BlockDrafter` proposing ``block_rows`` rows per call.
         block_rows: grid rows per block; must divide H.
         radius: neighbourhood radius l of the local resampling (0: only the rejected tokens).
-        resample: "parallel" (all redrawn tokens from this pass's distributions, the paper's) or
-            "sequential" (in raster order, each given the final tokens before it; slower, see above).
+        resample: "parallel" (all redrawn tokens from this pass's distributions, the paper's),
+            "sequential" (in raster order, each given the final tokens before it; slower, see above) or
+            "reverify" (raster verification up to the first rejection, then Jacobi passes over the rest).
         sampling: how the target's logits become distributions (greedy when ``do_sample=False``).
         rule: acceptance rule (default: exact when sampling, greedy otherwise); its ``greedy`` flag
             decides whether redrawn tokens are argmax or sampled.
@@ -113,8 +124,8 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
         raise ValueError(f"block_rows={block_rows} must divide the grid height {height}")
     if not isinstance(radius, int) or isinstance(radius, bool) or radius < 0:
         raise ValueError(f"radius must be an integer >= 0, got {radius!r}")
-    if resample not in ("parallel", "sequential"):
-        raise ValueError(f"resample must be 'parallel' or 'sequential', got {resample!r}")
+    if resample not in RESAMPLE_MODES:
+        raise ValueError(f"resample must be one of {RESAMPLE_MODES}, got {resample!r}")
     rule = rule or default_rule(sampling)
     to_probs = target_probs_fn(sampling)
     stats = stats if stats is not None else SpecStats()
@@ -145,27 +156,40 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             stats.target_calls += 1
             logits = torch.cat([last_logits[:, None], step.logits], 1)  # slot t predicts fed token t
             verify_logits = logits[:, rewrite.shape[1]: rewrite.shape[1] + block_len]  # [B, L, V]
+            after_block = logits[:, -1]
 
             with stats.phase("verify"):
                 p = to_probs(verify_logits)
                 target_mass, draft_mass = rule.masses(p, draft_probs, draft_tokens)
                 u = draw_uniforms(draft_tokens.shape, p, generator)
                 accepted = u * draft_mass < target_mass  # [B, L]
-                sets = local_resample_sets(accepted.view(batch, block_rows, width), radius)
-                redraw = sets.resample.view(batch, block_len)
-                residual = rule.residual(p, draft_probs, draft_tokens)
-                source = torch.where((~accepted).unsqueeze(-1), residual, p)
-            if resample == "sequential" and bool(redraw.any()):
+            if resample == "reverify":
                 with stats.phase("target"):
-                    final, first, extra_calls = _redraw_in_raster_order(
-                        target, to_probs, source, draft_tokens, redraw, rewrite.shape[1], rule.greedy, generator)
-                stats.target_calls += extra_calls
-                stats.verify_steps += batch * extra_calls  # each extra call yields one target token per row
-                stats.emitted += batch * extra_calls
+                    raster = _verify_in_raster_order(target, rule, to_probs, p, accepted, draft_tokens, draft_probs,
+                                                     rewrite.shape[1], generator)
+                final, first, redraw = raster.final, raster.first, ~raster.kept
+                if raster.last_logits is not None:  # the logits after the block, seen in final context
+                    after_block = raster.last_logits
+                stats.target_calls += raster.extra_calls
+                stats.verify_steps += raster.row_passes - batch  # the block's first pass is counted below
+                stats.emitted += batch * block_len - int(raster.kept.sum()) - batch  # kept + emitted = block_len
             else:
                 with stats.phase("verify"):
-                    final = torch.where(redraw, _draw(source, rule.greedy, generator), draft_tokens)
-                first = _commit_unchanged_prefix(target, final, draft_tokens, rewrite.shape[1])
+                    sets = local_resample_sets(accepted.view(batch, block_rows, width), radius)
+                    redraw = sets.resample.view(batch, block_len)
+                    residual = rule.residual(p, draft_probs, draft_tokens)
+                    source = torch.where((~accepted).unsqueeze(-1), residual, p)
+                if resample == "sequential" and bool(redraw.any()):
+                    with stats.phase("target"):
+                        final, first, extra_calls = _redraw_in_raster_order(
+                            target, to_probs, source, draft_tokens, redraw, rewrite.shape[1], rule.greedy, generator)
+                    stats.target_calls += extra_calls
+                    stats.verify_steps += batch * extra_calls  # each extra call yields one target token per row
+                    stats.emitted += batch * extra_calls
+                else:
+                    with stats.phase("verify"):
+                        final = torch.where(redraw, _draw(source, rule.greedy, generator), draft_tokens)
+                    first = _commit_unchanged_prefix(target, final, draft_tokens, rewrite.shape[1])
 
             span = slice(block * block_len, (block + 1) * block_len)
             sequences[:, span] = final
@@ -176,7 +200,7 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             stats.record_position_checks(accepted)
 
             rewrite = final[:, first:]  # final tokens the target's cache lacks, re-fed in front of the next draft
-            last_logits = logits[:, -1]  # read by the next pass only when nothing is re-fed (rewrite empty)
+            last_logits = after_block  # read by the next pass only when nothing is re-fed (rewrite empty)
             with stats.phase("draft"):
                 drafter.commit(block, final)
             stats.draft_calls += drafter.calls - calls_before  # drafting and the commit's re-feed
@@ -225,6 +249,94 @@ def _redraw_in_raster_order(target: Target, to_probs: Callable[[torch.Tensor], t
                                        final[:, column])
         fed_until = column
     return final, fed_until, len(columns) - 1
+
+
+@dataclass
+class _RasterVerification:
+    """What :func:`_verify_in_raster_order` leaves: the final block ``[B, L]``, the kept-draft map, the
+    first block column the target's cache lacks, the extra target calls, the (row, pass) verifications
+    that decided at least one token, and the last pass's logits after the block (None: no extra pass)."""
+
+    final: torch.Tensor
+    kept: torch.Tensor
+    first: int
+    extra_calls: int
+    row_passes: int
+    last_logits: torch.Tensor | None
+
+
+def _verify_in_raster_order(target: Target, rule: AcceptanceRule, to_probs: Callable[[torch.Tensor], torch.Tensor],
+                            p: torch.Tensor, accepted: torch.Tensor, draft_tokens: torch.Tensor,
+                            draft_probs: torch.Tensor | None, rewrite_len: int, generator: torch.Generator | None
+                            ) -> _RasterVerification:
+    """Raster-order verification of one block's drafts with re-verification (``resample="reverify"``).
+
+    Per row, the drafts are accepted up to the first rejection, which is redrawn from the rule's residual
+    given the final tokens before it (the speculative-decoding step). The drafts after it are not
+    resampled but *verified again* in the next target pass, which runs over the final tokens from the
+    earliest changed column of the batch to the end of the block: every decision is made in the context
+    of final tokens only. A row's decisions stand once made (fresh uniforms only for undecided
+    positions), so with an exact rule the output is distributed as target-only decoding. After a
+    redraw, the drafts behind it in the row are replaced by the target's own proposals at those
+    positions from the same pass (Jacobi refinement, as in SJD: a draw from p, with p as the draft
+    distribution), which a later pass verifies in final context like any draft; kept proposals count as
+    kept drafts. All of them are replaced: keeping the drafts that passed their check in the pass's
+    draft context would select drafts by their value, and the selected ones would no longer follow the
+    draft distribution the ratio divides by.
+
+    ``p [B, L, V]`` and ``accepted [B, L]`` come from the block's first pass (whose context is final for
+    every row up to its first rejection). The rule's residual is computed only where a token is redrawn.
+    """
+    batch, length = draft_tokens.shape
+    device = draft_tokens.device
+    rows = torch.arange(batch, device=device)
+    columns = torch.arange(length, device=device)
+    final, kept = draft_tokens.clone(), torch.zeros_like(draft_tokens, dtype=torch.bool)
+    frontier = torch.zeros(batch, dtype=torch.long, device=device)  # per row: positions < frontier are final
+    fed_from, lead = 0, rewrite_len  # block column of the pass's first fed draft slot, slots fed before it
+    extra_calls, row_passes, last_logits = 0, 0, None
+    while True:
+        active = frontier < length
+        row_passes += int(active.sum())
+        # 1. Each active row's accepted run from its frontier and its first rejection (length: none).
+        undecided = columns.unsqueeze(0) >= frontier.unsqueeze(1)
+        rejected_at = torch.where(undecided & ~accepted, columns, length).min(1).values
+        rejected_at = torch.where(active, rejected_at, length)
+        kept |= undecided & (columns.unsqueeze(0) < rejected_at.unsqueeze(1))
+        redrawn = rejected_at < length
+        if bool(redrawn.any()):
+            at = rejected_at.clamp(max=length - 1)
+            residual = rule.residual(p[rows, at], None if draft_probs is None else draft_probs[rows, at],
+                                     draft_tokens[rows, at])
+            draw = _draw(residual, rule.greedy, generator)
+            final[rows, at] = torch.where(redrawn, draw, final[rows, at])
+        frontier = torch.where(active, (rejected_at + 1).clamp(max=length), frontier)
+        # Jacobi refinement: every draft after a redrawn token is replaced by the target's own proposal from
+        # this pass (all of them: keeping only those that passed a check would bias the proposals).
+        stale = columns.unsqueeze(0) > rejected_at.unsqueeze(1)
+        if bool(stale.any()):
+            proposal = _draw(p, rule.greedy, generator)
+            draft_tokens = torch.where(stale, proposal, draft_tokens)
+            final = torch.where(stale, proposal, final)
+            if draft_probs is not None:
+                draft_probs = torch.where(stale.unsqueeze(-1), p, draft_probs)
+        # 2. Keep the cache up to the earliest redrawn column (its slots before it hold final tokens).
+        first = int(rejected_at.min())
+        target.commit(torch.arange(lead + first - fed_from, device=device).expand(batch, -1))
+        if bool((frontier >= length).all()):
+            return _RasterVerification(final, kept, first, extra_calls, row_passes, last_logits)
+        # 3. Re-verify every undecided draft against a pass over the final tokens from that column on.
+        target.begin_round()
+        step = target.forward(final[:, first:])
+        extra_calls += 1
+        fed_from, lead, last_logits = first, 0, step.logits[:, -1]
+        # logits[:, i] predicts block column first + 1 + i; columns <= first are decided already
+        p = torch.zeros(batch, length, step.logits.shape[-1], dtype=step.logits.dtype, device=device)
+        p[:, first + 1:] = to_probs(step.logits[:, :-1])
+        p[:, : first + 1] = 1.0 / p.shape[-1]  # placeholder rows for decided columns (never read)
+        target_mass, draft_mass = rule.masses(p, draft_probs, draft_tokens)
+        u = draw_uniforms(draft_tokens.shape, p, generator)
+        accepted = u * draft_mass < target_mass
 
 
 def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:

@@ -331,9 +331,12 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                 filter, codebook-distance filter.
             mulo_k / mulo_tau / mulo_radius: MuLo-SD pooled threshold (a draft is kept when the target mass
                 of it and its k nearest codebook neighbours reaches tau) and local resampling radius l.
-            mulo_resample: "parallel" (the paper's: redrawn tokens from the block's one target pass) or
+            mulo_resample: "parallel" (the paper's: redrawn tokens from the block's one target pass),
                 "sequential" (in raster order, each given the final tokens before it; one more target
-                call per redrawn column, see :func:`~mmspec.local_speculate.local_speculative_generate`).
+                call per redrawn column) or "reverify" (drafts kept up to the first rejection, which is
+                redrawn; the rest of the block is refined and verified again by Jacobi passes; lossless
+                with an exact ``rule``),
+                see :func:`~mmspec.local_speculate.local_speculative_generate`.
             rule: an :class:`~mmspec.rules.AcceptanceRule` replacing the method's (e.g. ``GroupedRule`` on
                 EAGLE drafts); its ``greedy`` flag must equal ``not do_sample``.
             callback_on_step_end: called after every verification round as ``fn(pipeline, round_index,

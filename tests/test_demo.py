@@ -152,7 +152,7 @@ def test_ar_image_methods_and_knobs(tiny, cache, method):
 
 def test_ar_image_knobs_become_pipeline_arguments():
     """Jacobi methods start from the pipeline's fast settings (the page sets window and G); the MuLo
-    checkbox picks sequential local resampling."""
+    dropdown picks the resampling mode (checked)."""
     knobs = dict(greedy=False, temperature=1.0, guidance_scale=3.0, num_draft_tokens=4, use_tree=False,
                  tree_depth=5, tree_top_k=8, tree_total_tokens=48, lantern_k=64, lantern_delta=0.2, sjd_window=4,
                  gsd_group_size=3, mulo_tau=0.3, mulo_radius=1)
@@ -160,7 +160,10 @@ def test_ar_image_knobs_become_pipeline_arguments():
     assert gsd["sjd_init"] == "left" and gsd["sjd_window"] == 4 and gsd["gsd_group_size"] == 3
     assert gsd["gsd_prob_threshold"] == 1.0
     assert ar_image_tab.method_kwargs("mulo", **knobs)["mulo_resample"] == "parallel"
-    assert ar_image_tab.method_kwargs("mulo", **knobs, mulo_sequential=True)["mulo_resample"] == "sequential"
+    for mode in ("sequential", "reverify"):
+        assert ar_image_tab.method_kwargs("mulo", **knobs, mulo_resample=mode)["mulo_resample"] == mode
+    with pytest.raises(common.DemoError, match="MuLo resampling must be one of"):
+        ar_image_tab.method_kwargs("mulo", **knobs, mulo_resample="bogus")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -392,7 +395,7 @@ def test_page_builds_and_handlers_turn_errors_into_messages(tiny, cache):
     values = dict(path="/no/such/folder", prompt="a red circle", method="eagle", num_images=1, seed=0, greedy=True,
                   temperature=1.0, guidance_scale=3.0, num_draft_tokens=4, use_tree=False, tree_depth=5, tree_top_k=8,
                   tree_total_tokens=48, lantern_k=64, lantern_delta=0.2, sjd_window=16, gsd_group_size=10,
-                  mulo_tau=0.3, mulo_radius=1, mulo_sequential=False)
+                  mulo_tau=0.3, mulo_radius=1, mulo_resample="reverify")
     outputs = handle(*[values[name] for name in ar_image_tab.INPUTS], progress=lambda *a, **k: None)
     assert outputs[:3] == [None, None, None] and "does not exist" in outputs[3] and "error" in outputs[3]
     values["path"] = tiny["ar_image"]

@@ -10,7 +10,7 @@ from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.mulo import MuLoDrafter, TokenUpsampler, downsample_tokens
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines import ARImagePipeline
-from mmspec.rules import LanternRule
+from mmspec.rules import GreedyRule, LanternRule
 
 
 def tiny_low_res(seed: int = 5) -> LlamaGenTransformer:
@@ -120,6 +120,20 @@ def test_pipeline_mulo_sequential_resampling_of_everything_equals_target_only(pi
     assert not torch.equal(parallel.tokens, expected)  # each token there saw the drafts around it
     with pytest.raises(ValueError, match="resample"):
         pipe(PROMPTS, method="mulo", mulo_resample="bogus", **kwargs)
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
+def test_pipeline_mulo_reverify_with_the_exact_rule_is_lossless(pipe, guidance_scale):
+    """mulo_resample="reverify" with the exact (greedy) rule: MuLo-SD drafts, target-only tokens. With the
+    pooled rule it keeps more drafts and needs fewer target calls than one per token."""
+    kwargs = dict(do_sample=False, guidance_scale=guidance_scale, output_type="tokens")
+    expected = pipe(PROMPTS, method="none", **kwargs).tokens
+    out = pipe(PROMPTS, method="mulo", mulo_resample="reverify", rule=GreedyRule(), **kwargs)
+    assert torch.equal(out.tokens, expected)
+    assert out.stats.target_calls <= 1 + GRID * GRID
+    pooled = pipe(PROMPTS, method="mulo", mulo_resample="reverify", mulo_tau=0.05, **kwargs)
+    assert pooled.drafted.sum() >= out.drafted.sum()
+    assert pooled.stats.target_calls < 1 + GRID * GRID
 
 
 def test_pipeline_save_and_load_keeps_the_mulo_components(pipe, tmp_path):
