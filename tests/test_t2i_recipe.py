@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -60,6 +62,15 @@ def test_eagle_self_distillation_adds_the_targets_own_samples(tmp_path):
     assert torch.equal(own["tokens"], expected)
     assert not torch.equal(own["tokens"], data["tokens"][:6])  # the target's samples, not the rendered images
     assert (tmp_path / "head" / "config.json").is_file()
+    # --self-distill-greedy: the target's argmax images instead (cached under their own name)
+    train_eagle.main([*common, "--self-distill", "6", "--self-distill-greedy", "--out", str(tmp_path / "hg"),
+                      "--work", str(tmp_path / "we")])
+    greedy = torch.load(tmp_path / "we" / "self_distill_greedy.pt")
+    assert torch.equal(greedy["tokens"], generate_tokens(target, data["words"][:6], 3.0, SamplingConfig(do_sample=False),
+                                                         torch.Generator().manual_seed(0)))
+    assert not torch.equal(greedy["tokens"], own["tokens"])
+    report = json.loads((tmp_path / "we" / "report.json").read_text())
+    assert 0.0 <= report["own_greedy_top1"] <= 1.0 and 0.0 <= report["top1"] <= 1.0
     with pytest.raises(SystemExit):
         train_eagle.main([*common, "--self-distill", "41", "--out", str(tmp_path / "h2"), "--work", str(tmp_path / "w2")])
 

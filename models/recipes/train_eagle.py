@@ -57,14 +57,15 @@ def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.
 
 
 def self_distill_data(target: LlamaGenTransformer, words: torch.Tensor, guidance_scale: float, seed: int,
-                      batch: int = 100) -> dict[str, torch.Tensor]:
-    """The target's own guided temperature-1 samples for the conditions ``words`` ``[N, C]``:
-    ``{"words": words, "tokens": [N, block_size]}`` (deterministic for a seed)."""
+                      batch: int = 100, greedy: bool = False) -> dict[str, torch.Tensor]:
+    """The target's own guided samples for the conditions ``words`` ``[N, C]``, temperature 1 or greedy
+    (argmax): ``{"words": words, "tokens": [N, block_size]}`` (deterministic for a seed)."""
     from mmspec.models.recipes.report_t2i import generate_tokens
     from mmspec.sampling import SamplingConfig
 
     generator = torch.Generator().manual_seed(seed)
-    tokens = [generate_tokens(target, words[lo:lo + batch], guidance_scale, SamplingConfig(), generator)
+    sampling = SamplingConfig(do_sample=not greedy)
+    tokens = [generate_tokens(target, words[lo:lo + batch], guidance_scale, sampling, generator)
               for lo in range(0, words.shape[0], batch)]
     return {"words": words, "tokens": torch.cat(tokens)}
 
@@ -82,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--self-distill", type=int, default=0,
                         help="extra rows of the target's own samples for the first N training captions")
     parser.add_argument("--self-distill-guidance", type=float, default=3.0)
+    parser.add_argument("--self-distill-greedy", action="store_true",
+                        help="the self-distilled rows are the target's greedy (argmax) images, not temperature-1 samples")
     parser.add_argument("--init", type=Path, default=None,
                         help="start from this trained head (a later training stage: fresh optimiser and schedule)")
     add_run_arguments(parser, "runs/train_eagle")
@@ -98,8 +101,9 @@ def main(argv: list[str] | None = None) -> None:
                                                      args.difficulty))
     if args.self_distill:
         own = cached_data(args.work, lambda: self_distill_data(target, data["words"][: args.self_distill],
-                                                               args.self_distill_guidance, args.seed),
-                          name="self_distill.pt")
+                                                               args.self_distill_guidance, args.seed,
+                                                               greedy=args.self_distill_greedy),
+                          name="self_distill_greedy.pt" if args.self_distill_greedy else "self_distill.pt")
         data = {"words": torch.cat([data["words"], own["words"]]), "tokens": torch.cat([data["tokens"], own["tokens"]])}
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,
@@ -126,6 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():
         result = eagle_loss(head, ids, hidden, valid)
     report = {k: round(float(v), 4) for k, v in result.items()}
+    # the same on the target's own guided greedy images for 256 of those captions: the sequences a greedy
+    # run asks the head to continue
+    own = self_distill_data(target, val["words"][:256], args.self_distill_guidance, args.seed, greedy=True)
+    ids, hidden, valid = eagle_batch(target, own["words"], own["tokens"], torch.zeros(256, dtype=torch.bool))
+    with torch.no_grad():
+        report["own_greedy_top1"] = round(float(eagle_loss(head, ids, hidden, valid)["top1"]), 4)
     (args.work / "report.json").write_text(json.dumps(report))
     print("held-out", json.dumps(report), flush=True)
 
