@@ -38,7 +38,8 @@ from .bench_cli import (
 from .bench_images import quality, reference_images
 from .speed import RunResult, run_benchmark
 
-DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo", "mulo, sequential", "mulo, reverify")
+DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo", "mulo, sequential", "mulo, reverify",
+                   "mulo, reverify, exact")
 #: per-case keyword arguments of the pipeline call (overridable with --method-kwargs); a case named other
 #: than its pipeline method says which with a "method" key
 _MULO = {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1}
@@ -51,6 +52,7 @@ DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
     "mulo": dict(_MULO),
     "mulo, sequential": {**_MULO, "method": "mulo", "mulo_resample": "sequential"},
     "mulo, reverify": {**_MULO, "method": "mulo", "mulo_resample": "reverify"},
+    "mulo, reverify, exact": {"method": "mulo", "mulo_resample": "reverify", "rule": "exact"},
 }
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
@@ -65,7 +67,7 @@ def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: d
     images, stats = [], []
     for start in range(0, len(prompts), batch):
         out = pipe(list(prompts[start:start + batch]), method=method, output_type="np", generator=generator,
-                   **mode, **call_kwargs(kwargs))
+                   **mode, **call_kwargs(kwargs, greedy=not mode.get("do_sample", True)))
         images += list(out.images)
         stats.append(out.stats)
     return images, stats

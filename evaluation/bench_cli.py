@@ -61,13 +61,20 @@ def method_kwargs(methods: Sequence[str], defaults: Mapping[str, dict], override
     return {m: {**defaults[m], **parsed.get(m, {})} for m in methods}
 
 
-def call_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+def call_kwargs(kwargs: Mapping[str, Any], greedy: bool = False) -> dict[str, Any]:
     """Pipeline keywords from a benchmark's JSON-able ones: a ``"tree"`` given as a dict
     (``{"depth": 8, "top_k": 3, "total_tokens": 16}``) becomes a :class:`~mmspec.drafters.TreeConfig`, so
-    trees can be benchmarked from the command line (``--method-kwargs '{"eagle": {"tree": {...}}}'``)."""
+    trees can be benchmarked from the command line (``--method-kwargs '{"eagle": {"tree": {...}}}'``);
+    ``"rule": "exact"`` becomes the core's exact rule (:class:`~mmspec.rules.GreedyRule` when ``greedy``,
+    else :class:`~mmspec.rules.ExactRule`), e.g. to run a lossy method's drafter losslessly."""
     from mmspec.drafters import TreeConfig
+    from mmspec.rules import ExactRule, GreedyRule
 
     out = dict(kwargs)
+    if "rule" in out and isinstance(out["rule"], str):
+        if out["rule"] != "exact":
+            raise SystemExit(f"--method-kwargs: rule must be \"exact\" (the only rule named by string), got {out['rule']!r}")
+        out["rule"] = GreedyRule() if greedy else ExactRule()
     if isinstance(out.get("tree"), Mapping):
         try:
             out["tree"] = TreeConfig(**out["tree"])

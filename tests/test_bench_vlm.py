@@ -113,3 +113,13 @@ def test_tree_keywords_from_the_command_line():
     assert converted["tree"] == TreeConfig(depth=4, top_k=2, total_tokens=8) and kwargs["tree"]["depth"] == 4
     with pytest.raises(SystemExit, match="bad tree"):
         call_kwargs({"tree": {"depht": 4}})
+
+
+def test_exact_rule_keyword_from_the_command_line():
+    from mmspec.evaluation.bench_cli import call_kwargs
+    from mmspec.rules import ExactRule, GreedyRule
+
+    assert isinstance(call_kwargs({"rule": "exact"})["rule"], ExactRule)
+    assert isinstance(call_kwargs({"rule": "exact"}, greedy=True)["rule"], GreedyRule)
+    with pytest.raises(SystemExit, match="rule must be"):
+        call_kwargs({"rule": "pooled"})

@@ -94,18 +94,20 @@ def test_generate_rejects_bad_arguments(folder, tmp_path, capsys, args, match):
 def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     out = tmp_path / "bench.md"
     code = bench_ar_image.main(["--pipeline", str(folder), "--methods", "none", "eagle", "mulo", "mulo, sequential",
-                                "--modes", "greedy",
+                                "mulo, reverify, exact", "--modes", "greedy",
                                 "--batch-sizes", "1", "2", "--speed-prompts", "1", "--quality-prompts", "1",
                                 "--repeats", "1", "--threads", "1", "--out", str(out)])
     assert code == 0
     table = out.read_text()
     rows = [line for line in table.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
-    assert len(rows) == 8  # 4 cases x 2 batch sizes
+    assert len(rows) == 10  # 5 cases x 2 batch sizes
     assert "Chance level" in table and "Command: `python -m mmspec.evaluation.bench_ar_image" in table
     data = json.loads(out.with_suffix(".json").read_text())
     speed = data["modes"]["greedy"]["speed"]["2"]["cases"]
     assert speed["none"]["speedup"] == pytest.approx(1.0)
-    assert set(data["modes"]["greedy"]["quality"]) == {"none", "eagle", "mulo", "mulo, sequential", "none, seed 2"}
+    quality = data["modes"]["greedy"]["quality"]
+    assert set(quality) == {"none", "eagle", "mulo", "mulo, sequential", "mulo, reverify, exact", "none, seed 2"}
+    assert quality["mulo, reverify, exact"] == quality["none"]  # lossless: the same images, the same scores
     mulo_calls = speed["mulo"]["stats"]["target_calls"]
     assert mulo_calls == 3 * (1 + 8 // 2)  # 6 prompts in 3 calls: prefill + one pass per block of 2 rows
     assert speed["mulo, sequential"]["stats"]["target_calls"] > mulo_calls  # redrawn columns cost calls
