@@ -291,7 +291,7 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
             fields["mulo_resample"] = gr.Dropdown(
                 choices=[("parallel (the paper's)", "parallel"), ("sequential (keeps quality, slower)", "sequential"),
                          ("reverify (raster + Jacobi passes)", "reverify")],
-                value="parallel", label="MuLo resampling", elem_id=f"{elem}-mulo-resample")
+                value="reverify", label="MuLo resampling", elem_id=f"{elem}-mulo-resample")
 
         def on_method(name: str) -> list[Any]:
             return [gr.update(visible=name in ("eagle", "lantern")), gr.update(visible=name == "lantern"),

@@ -39,10 +39,11 @@ class ARImageResult(ImageResult):
 def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_scale: float, num_draft_tokens: int,
                   use_tree: bool, tree_depth: int, tree_top_k: int, tree_total_tokens: int, lantern_k: int,
                   lantern_delta: float, sjd_window: int, gsd_group_size: int, mulo_tau: float,
-                  mulo_radius: int, mulo_resample: str = "parallel") -> dict[str, Any]:
+                  mulo_radius: int, mulo_resample: str = "reverify") -> dict[str, Any]:
     """The page's knobs, checked, as :class:`~mmspec.pipelines.ARImagePipeline` keyword arguments of
     ``method`` (knobs of other methods are ignored). SJD and GSD start from ``FAST_METHOD_KWARGS``
-    (left-neighbour initialisation, GSD without the probability filter); the page sets window and G."""
+    (left-neighbour initialisation, GSD without the probability filter); the page sets window and G.
+    MuLo's resampling defaults to that table's "reverify"."""
     guidance = check_float("guidance scale", guidance_scale, 0, 20)
     kwargs: dict[str, Any] = {**sampling_kwargs(greedy, temperature), "guidance_scale": guidance}
     if method in ("eagle", "lantern"):
@@ -76,7 +77,7 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                  temperature: float = 1.0, guidance_scale: float = 3.0, num_draft_tokens: int = 8,
                  use_tree: bool = False, tree_depth: int = 5, tree_top_k: int = 8, tree_total_tokens: int = 48,
                  lantern_k: int = 64, lantern_delta: float = 0.2, sjd_window: int = 8, gsd_group_size: int = 6,
-                 mulo_tau: float = 0.3, mulo_radius: int = 1, mulo_resample: str = "parallel",
+                 mulo_tau: float = 0.3, mulo_radius: int = 1, mulo_resample: str = "reverify",
                  report: Report | None = None) -> ARImageResult:
     """Generate the prompts (one per line) with ``method`` and target-only with the same seed; return
     the images, their acceptance maps and the statistics. Bad input raises :class:`DemoError` (or the

@@ -113,14 +113,16 @@ FAST_EAGLE_CHAIN: dict[str, Any] = {"num_draft_tokens": 8, "draft_confidence_thr
 #: the verify cost on a compute-bound CPU for little lost acceptance.
 FAST_JACOBI_WINDOW: dict[str, Any] = {"sjd_window": 8, "sjd_init": "left"}
 
-#: Per-method settings ``mmspec generate`` and the benchmark use unless told otherwise (lossless ones
-#: change speed only; GSD's group of 6 rank neighbours without the probability filter kept GenEval-shapes
-#: within noise of target-only at temperature 1, where G=10 did not).
+#: Per-method settings ``mmspec generate``, the demo and the benchmark use unless told otherwise (lossless
+#: ones change speed only; GSD's group of 6 rank neighbours without the probability filter kept
+#: GenEval-shapes within noise of target-only at temperature 1, where G=10 did not; MuLo-SD's "reverify"
+#: resampling keeps quality near target-only where the paper's parallel resampling collapses on this zoo).
 FAST_METHOD_KWARGS: dict[str, dict[str, Any]] = {
     "eagle": FAST_EAGLE_CHAIN,
     "lantern": FAST_EAGLE_CHAIN,
     "sjd": FAST_JACOBI_WINDOW,
     "gsd": {**FAST_JACOBI_WINDOW, "gsd_group_size": 6, "gsd_prob_threshold": 1.0},
+    "mulo": {"mulo_resample": "reverify"},
 }
 
 

@@ -159,7 +159,7 @@ def test_ar_image_knobs_become_pipeline_arguments():
     gsd = ar_image_tab.method_kwargs("gsd", **knobs)
     assert gsd["sjd_init"] == "left" and gsd["sjd_window"] == 4 and gsd["gsd_group_size"] == 3
     assert gsd["gsd_prob_threshold"] == 1.0
-    assert ar_image_tab.method_kwargs("mulo", **knobs)["mulo_resample"] == "parallel"
+    assert ar_image_tab.method_kwargs("mulo", **knobs)["mulo_resample"] == "reverify"  # FAST_METHOD_KWARGS
     for mode in ("sequential", "reverify"):
         assert ar_image_tab.method_kwargs("mulo", **knobs, mulo_resample=mode)["mulo_resample"] == mode
     with pytest.raises(common.DemoError, match="MuLo resampling must be one of"):
