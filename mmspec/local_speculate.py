@@ -272,17 +272,17 @@ def _verify_in_raster_order(target: Target, rule: AcceptanceRule, to_probs: Call
     """Raster-order verification of one block's drafts with re-verification (``resample="reverify"``).
 
     Per row, the drafts are accepted up to the first rejection, which is redrawn from the rule's residual
-    given the final tokens before it (the speculative-decoding step). The drafts after it are not
-    resampled but *verified again* in the next target pass, which runs over the final tokens from the
-    earliest changed column of the batch to the end of the block: every decision is made in the context
-    of final tokens only. A row's decisions stand once made (fresh uniforms only for undecided
-    positions), so with an exact rule the output is distributed as target-only decoding. After a
-    redraw, the drafts behind it in the row are replaced by the target's own proposals at those
-    positions from the same pass (Jacobi refinement, as in SJD: a draw from p, with p as the draft
-    distribution), which a later pass verifies in final context like any draft; kept proposals count as
-    kept drafts. All of them are replaced: keeping the drafts that passed their check in the pass's
-    draft context would select drafts by their value, and the selected ones would no longer follow the
-    draft distribution the ratio divides by.
+    given the final tokens before it (the speculative-decoding step). The positions after it are decided
+    by the next target pass, which runs over the final tokens from the earliest redrawn column of the
+    batch to the end of the block: every decision is made in the context of final tokens only, and a
+    row's decisions stand once made (fresh uniforms only for undecided positions), so with an exact rule
+    the output is distributed as target-only decoding. What that pass verifies behind a redrawn token
+    are not the block's drafts (they were made for the old token) but the target's own proposals at
+    those positions from the pass that found the rejection (Jacobi refinement, as in SJD: a draw from p,
+    with p as the draft distribution); accepted proposals count as kept drafts. All of them are
+    replaced: keeping the drafts that passed their check in the pass's draft context would select drafts
+    by their value, and the selected ones would no longer follow the draft distribution the ratio
+    divides by (a chi-square test caught that variant).
 
     ``p [B, L, V]`` and ``accepted [B, L]`` come from the block's first pass (whose context is final for
     every row up to its first rejection). The rule's residual is computed only where a token is redrawn.
