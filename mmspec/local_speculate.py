@@ -160,9 +160,7 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
 
             with stats.phase("verify"):
                 p = to_probs(verify_logits)
-                target_mass, draft_mass = rule.masses(p, draft_probs, draft_tokens)
-                u = draw_uniforms(draft_tokens.shape, p, generator)
-                accepted = u * draft_mass < target_mass  # [B, L]
+                accepted = _check_drafts(rule, p, draft_probs, draft_tokens, generator)  # [B, L]
             if resample == "reverify":
                 with stats.phase("target"):
                     raster = _verify_in_raster_order(target, rule, to_probs, p, accepted, draft_tokens, draft_probs,
@@ -170,33 +168,33 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
                 final, first, redraw = raster.final, raster.first, ~raster.kept
                 if raster.last_logits is not None:  # the logits after the block, seen in final context
                     after_block = raster.last_logits
-                stats.target_calls += raster.extra_calls
-                stats.verify_steps += raster.row_passes - batch  # the block's first pass is counted below
-                stats.emitted += batch * block_len - int(raster.kept.sum()) - batch  # kept + emitted = block_len
+                extra_calls, row_passes = raster.extra_calls, raster.row_passes
+                emitted = batch * block_len  # every token comes from one (row, pass) verification
             else:
                 with stats.phase("verify"):
                     sets = local_resample_sets(accepted.view(batch, block_rows, width), radius)
                     redraw = sets.resample.view(batch, block_len)
                     residual = rule.residual(p, draft_probs, draft_tokens)
                     source = torch.where((~accepted).unsqueeze(-1), residual, p)
+                extra_calls = 0
                 if resample == "sequential" and bool(redraw.any()):
                     with stats.phase("target"):
                         final, first, extra_calls = _redraw_in_raster_order(
                             target, to_probs, source, draft_tokens, redraw, rewrite.shape[1], rule.greedy, generator)
-                    stats.target_calls += extra_calls
-                    stats.verify_steps += batch * extra_calls  # each extra call yields one target token per row
-                    stats.emitted += batch * extra_calls
                 else:
                     with stats.phase("verify"):
                         final = torch.where(redraw, _draw(source, rule.greedy, generator), draft_tokens)
                     first = _commit_unchanged_prefix(target, final, draft_tokens, rewrite.shape[1])
+                row_passes = batch * (1 + extra_calls)  # each pass yields one target token per row
+                emitted = int((~redraw).sum()) + row_passes  # kept drafts + those target tokens
 
             span = slice(block * block_len, (block + 1) * block_len)
             sequences[:, span] = final
             drafted_map[:, span] = ~redraw
             stats.tokens += batch * block_len
-            stats.verify_steps += batch
-            stats.emitted += int((~redraw).sum()) + batch  # kept drafts + one target token per row and pass
+            stats.target_calls += extra_calls
+            stats.verify_steps += row_passes
+            stats.emitted += emitted
             stats.record_position_checks(accepted)
 
             rewrite = final[:, first:]  # final tokens the target's cache lacks, re-fed in front of the next draft
@@ -207,6 +205,13 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
             if callback is not None:
                 callback(block, final, ~redraw)
     return LocalSpeculativeOutput(sequences, drafted_map, stats)
+
+
+def _check_drafts(rule: AcceptanceRule, p: torch.Tensor, draft_probs: torch.Tensor | None, draft_tokens: torch.Tensor,
+                  generator: torch.Generator | None) -> torch.Tensor:
+    """The rule's acceptance test of every drafted token ``[B, L]``: ``u * draft_mass < target_mass``."""
+    target_mass, draft_mass = rule.masses(p, draft_probs, draft_tokens)
+    return draw_uniforms(draft_tokens.shape, p, generator) * draft_mass < target_mass
 
 
 def _draw(dist: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
@@ -331,12 +336,10 @@ def _verify_in_raster_order(target: Target, rule: AcceptanceRule, to_probs: Call
         extra_calls += 1
         fed_from, lead, last_logits = first, 0, step.logits[:, -1]
         # logits[:, i] predicts block column first + 1 + i; columns <= first are decided already
-        p = torch.zeros(batch, length, step.logits.shape[-1], dtype=step.logits.dtype, device=device)
+        vocab = step.logits.shape[-1]  # decided columns keep uniform placeholder rows (never read)
+        p = torch.full((batch, length, vocab), 1.0 / vocab, dtype=step.logits.dtype, device=device)
         p[:, first + 1:] = to_probs(step.logits[:, :-1])
-        p[:, : first + 1] = 1.0 / p.shape[-1]  # placeholder rows for decided columns (never read)
-        target_mass, draft_mass = rule.masses(p, draft_probs, draft_tokens)
-        u = draw_uniforms(draft_tokens.shape, p, generator)
-        accepted = u * draft_mass < target_mass
+        accepted = _check_drafts(rule, p, draft_probs, draft_tokens, generator)
 
 
 def _check_grid(grid: tuple[int, int]) -> tuple[int, int]:
