@@ -11,6 +11,14 @@ mask ``[B, S+T]`` (1 = valid; causal over cache slots) or an explicit boolean vi
 ``[B, 1, T, S+T]`` (draft trees), ``position_ids [B, T]``, and a :class:`~mmspec.cache.KVCache` (its own,
 from :meth:`new_cache`; rollback is the core's ``select_cache_slots``). Query rows that may see no key at
 all (padding) attend to every key instead, as transformers does, so their outputs stay finite.
+
+**Inference fast path.** Without autograd (``torch.no_grad``: drafting) each layer runs fewer, larger ops,
+because a draft step on one token is bound by per-op overhead, not arithmetic: one matmul computes
+``q, rotate_half(q), k, rotate_half(k), v`` (rotate_half is a signed permutation of rows, folded into a
+copy of the projection weights), one computes gate and up, and RoPE angles come from a cached table
+(torch's ``rms_norm`` was slower than the plain ops on CPU, so RMSNorm stays as it is). The derived weights are rebuilt whenever a parameter changes (its
+version counter or storage), so training and loading need no care. Same math; outputs agree with the
+autograd path to float rounding (tested).
 """
 
 from __future__ import annotations
@@ -57,14 +65,37 @@ class LeanAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self._fused = _DerivedWeights()
+
+    def _rope_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Weights (and bias) of ``[q; rotate_half(q); k; rotate_half(k); v]`` in one matrix."""
+        def build(q: nn.Linear, k: nn.Linear, v: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+            def with_rotation(tensor: torch.Tensor, heads: int) -> list[torch.Tensor]:
+                rows = tensor.reshape(heads, self.head_dim, -1)
+                return [tensor, _rotate_half(rows.transpose(1, 2)).transpose(1, 2).reshape(tensor.shape)]
+
+            weight = torch.cat([*with_rotation(q.weight, self.num_heads), *with_rotation(k.weight, self.num_kv_heads),
+                                v.weight])
+            bias = None if q.bias is None else torch.cat([*with_rotation(q.bias, self.num_heads),
+                                                          *with_rotation(k.bias, self.num_kv_heads), v.bias])
+            return weight, bias
+
+        return self._fused.get(build, self.q_proj, self.k_proj, self.v_proj)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None, layer: int) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
-        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        if torch.is_grad_enabled():
+            q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
+            k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            q_rot, k_rot = _rotate_half(q), _rotate_half(k)
+        else:  # inference fast path: one matmul for q, k, v and their rotate_half
+            weight, bias = self._rope_projection()
+            projected = F.linear(x, weight, bias).view(b, t, -1, self.head_dim).transpose(1, 2)
+            heads, kv_heads = self.num_heads, self.num_kv_heads
+            q, q_rot, k, k_rot, v = projected.split([heads, heads, kv_heads, kv_heads, kv_heads], dim=1)
+        q, k = q * cos + q_rot * sin, k * cos + k_rot * sin
         if cache is not None:
             k, v = cache.update(layer, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
@@ -79,9 +110,19 @@ class LeanMLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self._fused = _DerivedWeights()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if torch.is_grad_enabled():
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+        def build(gate: nn.Linear, up: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+            bias = None if gate.bias is None else torch.cat([gate.bias, up.bias])
+            return torch.cat([gate.weight, up.weight]), bias
+
+        weight, bias = self._fused.get(build, self.gate_proj, self.up_proj)  # inference: gate and up in one matmul
+        gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class LeanLayer(nn.Module):
@@ -140,10 +181,41 @@ class LeanLlamaDecoder(nn.Module):
         return LeanDecoderOutput(self.norm(x), cache)
 
     def _rope(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin ``[B, 1, T, head_dim]`` (transformers' default rotary embedding, computed in float32)."""
-        freqs = position_ids.float().unsqueeze(-1) * self.inv_freq.float()  # [B, T, hd/2]
-        angles = torch.cat([freqs, freqs], dim=-1)
-        return angles.cos().to(dtype).unsqueeze(1), angles.sin().to(dtype).unsqueeze(1)
+        """cos, sin ``[B, 1, T, head_dim]`` (transformers' default rotary embedding, computed in float32;
+        without autograd looked up in a table of the same values, grown as positions need)."""
+        if torch.is_grad_enabled():
+            cos, sin = _rope_angles(position_ids, self.inv_freq)
+        else:
+            needed = int(position_ids.max()) + 1 if position_ids.numel() else 1
+            table = getattr(self, "_rope_table", None)
+            if table is None or table[0].shape[0] < needed or table[0].device != position_ids.device:
+                size = max(needed, 2 * table[0].shape[0] if table is not None else 256)
+                table = _rope_angles(torch.arange(size, device=position_ids.device), self.inv_freq)
+                self._rope_table = table
+            cos, sin = table[0][position_ids], table[1][position_ids]
+        return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
+
+
+def _rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    freqs = positions.float().unsqueeze(-1) * inv_freq.float()  # [..., hd/2]
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+class _DerivedWeights:
+    """A cache of tensors derived from some linear layers' parameters (e.g. their concatenation), rebuilt
+    when any parameter's storage or version counter changes (an optimiser step, load_state_dict, .to())."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self._value: Any = None
+
+    def get(self, build: Any, *layers: nn.Linear) -> Any:
+        key = tuple((p.data_ptr(), p._version, p.dtype) for layer in layers for p in (layer.weight, layer.bias)
+                    if p is not None)
+        if key != self._key:
+            self._value, self._key = build(*layers), key
+        return self._value
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -167,6 +239,8 @@ def _visibility(attention_mask: torch.Tensor | None, b: int, t: int, past: int, 
         if attention_mask.shape[1] != past + t:
             raise ValueError(f"attention_mask must cover the {past} cached and {t} new slots, got "
                              f"{tuple(attention_mask.shape)}")
+        if t == 1 and bool(attention_mask.all()):  # one query over valid slots only: sees every key
+            return None
         keys = torch.arange(past + t, device=device)
         causal = keys.unsqueeze(0) <= (past + torch.arange(t, device=device)).unsqueeze(1)  # [T, S+T]
         visible = causal.unsqueeze(0) & attention_mask.bool().unsqueeze(1)  # [B, T, S+T]

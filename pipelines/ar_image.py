@@ -254,7 +254,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                       num_draft_tokens: int, tree: TreeConfig | None, lantern_k: int | None, lantern_delta: float,
                       lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
                       gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
-                      guidance_scale: float, eagle_guided: bool, draft_confidence_threshold: float
+                      guidance_scale: float, eagle_guided: bool | None, draft_confidence_threshold: float
                       ) -> tuple[Any, AcceptanceRule | None]:
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
@@ -266,6 +266,9 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             return None, None
         if method in ("eagle", "lantern"):
             from mmspec.models.eagle import EagleDrafter
+
+            if eagle_guided is None:  # auto: guided drafts for sampling, the conditional half's for greedy
+                eagle_guided = sampling.do_sample
 
             drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
                                    guidance_scale=guidance_scale if eagle_guided else 1.0,
@@ -303,7 +306,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                  lantern_lam: float | None = None, sjd_window: int = 16, sjd_init: str = "random",
                  gsd_group_size: int = 10, gsd_prob_threshold: float = 0.15,
                  gsd_distance_threshold: float = float("inf"), mulo_k: int = 16, mulo_tau: float = 0.3,
-                 mulo_radius: int = 1, mulo_resample: str = "parallel", eagle_guided: bool = True,
+                 mulo_radius: int = 1, mulo_resample: str = "parallel", eagle_guided: bool | None = None,
                  draft_confidence_threshold: float = 0.0,
                  rule: AcceptanceRule | None = None,
                  callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
@@ -321,7 +324,10 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             output_type: "pil", "np", "pt" or "tokens" (no decoding).
             num_draft_tokens / tree: EAGLE chain length, or an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`.
             eagle_guided: under guidance, run the EAGLE head on both halves and draft from the guided
-                combination of its logits (False: draft from the conditional half only).
+                combination of its logits (True), or draft from the conditional half only (False). None
+                (default) picks what drafts best on the shapes zoo: guided when sampling, conditional for
+                greedy decoding (the guided argmax usually is the conditional one, and the head's
+                unconditional errors, amplified by s - 1, only cost acceptance; docs/pipeline_ar_image.md).
             draft_confidence_threshold: dynamic EAGLE chain length: a round's chain stops before K once
                 every row's drafted token had less than this probability under the head (0: always K).
                 Lossless like any chain length; it saves head forwards whose drafts would mostly be

@@ -364,13 +364,23 @@ def test_errors_that_depend_on_the_components():
 
 
 def test_guided_and_conditional_eagle_drafting_are_both_lossless(pipe):
-    """Under CFG the EAGLE head drafts from the guided combination of both halves by default; the
-    conditional-only variant stays available. Both reproduce the baseline exactly (greedy)."""
+    """Under CFG the EAGLE head drafts from the guided combination of both halves (eagle_guided=True) or
+    from the conditional half (False); both reproduce the baseline exactly (greedy). The default picks
+    conditional drafts for greedy decoding and guided ones for sampling."""
     baseline = _tokens(pipe, "none", guidance_scale=3.0)
-    guided = _tokens(pipe, "eagle", guidance_scale=3.0)
+    guided = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=True)
     plain = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=False)
     assert torch.equal(guided.tokens, baseline.tokens) and torch.equal(plain.tokens, baseline.tokens)
     assert guided.stats.draft_calls > 0 and plain.stats.draft_calls > 0
+    # the default (None) drafts from the conditional half when greedy and from both halves when sampling
+    auto = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=None)
+    assert auto.stats.position_accepts == plain.stats.position_accepts
+    assert auto.stats.draft_calls == plain.stats.draft_calls
+    sampled = {flag: pipe("a red circle", method="eagle", guidance_scale=3.0, eagle_guided=flag, output_type="tokens",
+                          generator=torch.Generator().manual_seed(0)) for flag in (None, True, False)}
+    assert torch.equal(sampled[None].tokens, sampled[True].tokens)
+    assert sampled[None].stats.position_accepts == sampled[True].stats.position_accepts
+    assert sampled[True].stats.position_accepts != sampled[False].stats.position_accepts
 
 
 def test_guided_eagle_drafter_needs_both_halves_of_the_features(pipe):

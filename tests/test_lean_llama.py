@@ -12,8 +12,16 @@ from mmspec.models.lean_llama import LeanLlamaDecoder
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _pair(kv_heads: int = 2, seed: int = 0):
-    config = LlamaConfig(vocab_size=1, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+@pytest.fixture(params=["autograd", "no_grad"])
+def grad_mode(request):
+    """Every equality check runs on the autograd path and on the no-grad fast path (fused projections)."""
+    context = torch.enable_grad() if request.param == "autograd" else torch.no_grad()
+    with context:
+        yield request.param
+
+
+def _pair(kv_heads: int = 2, seed: int = 0, bias: bool = False):
+    config = LlamaConfig(attention_bias=bias, mlp_bias=bias, vocab_size=1, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=kv_heads, rope_theta=500.0, rms_norm_eps=1e-6, max_position_embeddings=128,
                          bos_token_id=None, eos_token_id=None, pad_token_id=None)
     torch.manual_seed(seed)
@@ -25,9 +33,15 @@ def _pair(kv_heads: int = 2, seed: int = 0):
     return reference, lean
 
 
-@pytest.mark.parametrize("kv_heads", [4, 2])
-def test_full_sequence_with_left_padding(kv_heads):
-    reference, lean = _pair(kv_heads)
+@pytest.mark.parametrize("kv_heads,bias", [(4, False), (2, False), (2, True)])
+def test_full_sequence_with_left_padding(kv_heads, bias, grad_mode):
+    reference, lean = _pair(kv_heads, bias=bias)
+    if bias:  # nonzero biases, so the fast path's rotated biases are checked
+        with torch.no_grad():
+            for name, parameter in reference.named_parameters():
+                if name.endswith("bias"):
+                    parameter.normal_()
+        lean.load_state_dict(reference.state_dict(), strict=False)
     x = torch.randn(2, 7, 32, dtype=torch.float64)
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
     positions = (mask.cumsum(1) - 1).clamp_min(0)
@@ -38,7 +52,7 @@ def test_full_sequence_with_left_padding(kv_heads):
     assert torch.isfinite(got).all()  # padded rows stay finite
 
 
-def test_incremental_decoding_and_tree_masks():
+def test_incremental_decoding_and_tree_masks(grad_mode):
     reference, lean = _pair()
     hf_cache, cache = DynamicCache(config=reference.config), lean.new_cache(2, max_length=4)  # grows
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
@@ -75,3 +89,22 @@ def test_bad_masks():
         lean(x, attention_mask=torch.zeros(1, 1, 2, 2), use_cache=False)
     with pytest.raises(ValueError, match="KVCache"):
         lean(x, past_key_values=DynamicCache())
+
+
+def test_fast_path_follows_weight_changes():
+    """The no-grad path's fused weights are rebuilt after an in-place update or a state-dict load."""
+    reference, lean = _pair(kv_heads=2)
+    x = torch.randn(1, 3, 32, dtype=torch.float64)
+    with torch.no_grad():
+        lean(x, use_cache=False)  # builds the fused weights
+        for module in (lean, reference):
+            module.layers[0].self_attn.k_proj.weight.mul_(1.5)
+            module.layers[0].mlp.up_proj.weight.add_(0.1)
+        want = reference(inputs_embeds=x, use_cache=False).last_hidden_state
+        assert torch.allclose(lean(x, use_cache=False).last_hidden_state, want, atol=1e-10)
+        _, other = _pair(kv_heads=2, seed=1)
+        lean.load_state_dict(other.state_dict())
+        assert torch.allclose(lean(x, use_cache=False).last_hidden_state,
+                              other(x, use_cache=False).last_hidden_state, atol=1e-10)
+        fast = lean(x, use_cache=False).last_hidden_state
+    assert torch.allclose(fast, lean(x, use_cache=False).last_hidden_state, atol=1e-10)  # autograd path

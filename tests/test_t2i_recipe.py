@@ -71,6 +71,7 @@ def test_eagle_self_distillation_adds_the_targets_own_samples(tmp_path):
     assert not torch.equal(greedy["tokens"], own["tokens"])
     report = json.loads((tmp_path / "we" / "report.json").read_text())
     assert 0.0 <= report["own_greedy_top1"] <= 1.0 and 0.0 <= report["top1"] <= 1.0
+    assert all(0.0 <= report[f"own_greedy_top1_depth{d}"] <= 1.0 for d in (1, 2, 3, 4))
     with pytest.raises(SystemExit):
         train_eagle.main([*common, "--self-distill", "41", "--out", str(tmp_path / "h2"), "--work", str(tmp_path / "w2")])
 
@@ -91,6 +92,13 @@ def test_eagle_init_starts_a_later_stage_from_a_trained_head(tmp_path):
     second = EagleHead.from_pretrained(tmp_path / "b").state_dict()
     assert first.keys() == second.keys()
     assert all(torch.equal(first[k], second[k]) for k in first)
+    # a later stage with the training-time test (--rollout-steps) trains from the same start
+    train_eagle.main([*common, "--steps", "1", "--seed", "1", "--rollout-steps", "3", "--init", str(tmp_path / "a"),
+                      "--out", str(tmp_path / "r"), "--work", str(tmp_path / "wr")])
+    rolled = EagleHead.from_pretrained(tmp_path / "r").state_dict()
+    assert not all(torch.equal(first[k], rolled[k]) for k in first)
+    with pytest.raises(SystemExit):
+        train_eagle.main([*common, "--rollout-steps", "0", "--out", str(tmp_path / "x"), "--work", str(tmp_path / "wx")])
     with pytest.raises(FileNotFoundError, match="no trained EAGLE head"):
         train_eagle.main([*common, "--steps", "1", "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "c"),
                           "--work", str(tmp_path / "wc")])

@@ -15,6 +15,12 @@ it drafts continuations of the target's own guided samples, whose statistics dif
 them); rows of the target's own samples train the head on the sequences it will be asked to continue
 (the self-distillation of Medusa-2, EAGLE's regenerated data).
 
+``--rollout-steps n`` trains drafting depths 1..n (EAGLE-3's training-time test, :func:`eagle_loss`):
+at depth d the head continues from its own predicted features, as in a drafting chain, so acceptance
+falls less with depth. Whatever n is, the report gives the head's agreement with the target on the
+target's own greedy images over all slots (``own_greedy_top1``, condition slots included) and at
+depths 1-4 of drafting chains over image-token slots only (``own_greedy_top1_depth1`` ...).
+
     python -m mmspec.models.recipes.train_eagle --target models/zoo/shapes-t2i/transformer \\
         --out models/zoo/shapes-t2i/eagle_head
 """
@@ -85,10 +91,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--self-distill-guidance", type=float, default=3.0)
     parser.add_argument("--self-distill-greedy", action="store_true",
                         help="the self-distilled rows are the target's greedy (argmax) images, not temperature-1 samples")
+    parser.add_argument("--rollout-steps", type=int, default=1,
+                        help="drafting depths trained (EAGLE-3 training-time test); 1 = teacher forcing only")
     parser.add_argument("--init", type=Path, default=None,
                         help="start from this trained head (a later training stage: fresh optimiser and schedule)")
     add_run_arguments(parser, "runs/train_eagle")
     args = parser.parse_args(argv)
+    if args.rollout_steps < 1:
+        parser.error(f"--rollout-steps must be >= 1, got {args.rollout_steps}")
     if not 0 <= args.self_distill <= args.train_images:
         parser.error(f"--self-distill must be in [0, --train-images={args.train_images}], got {args.self_distill}")
     start_run(args)
@@ -116,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         drop = torch.rand(len(index)) < args.uncond_prob
         ids, hidden, valid = eagle_batch(target, data["words"][index], data["tokens"][index], drop)
         return eagle_loss(head, ids, hidden, valid, feature_noise=args.feature_noise,
-                          generator=step_generator())["loss"]
+                          generator=step_generator(), rollout_steps=args.rollout_steps)["loss"]
 
     def save(model: EagleHead) -> None:
         copy.deepcopy(model).eval().save_pretrained(args.out)
@@ -130,12 +140,15 @@ def main(argv: list[str] | None = None) -> None:
     with torch.no_grad():
         result = eagle_loss(head, ids, hidden, valid)
     report = {k: round(float(v), 4) for k, v in result.items()}
-    # the same on the target's own guided greedy images for 256 of those captions: the sequences a greedy
-    # run asks the head to continue
+    # the same on the target's own guided greedy images for 256 of those captions (the sequences a greedy
+    # run asks the head to continue), at drafting depths 1-4 (chains of the head's own features)
     own = self_distill_data(target, val["words"][:256], args.self_distill_guidance, args.seed, greedy=True)
     ids, hidden, valid = eagle_batch(target, own["words"], own["tokens"], torch.zeros(256, dtype=torch.bool))
     with torch.no_grad():
-        report["own_greedy_top1"] = round(float(eagle_loss(head, ids, hidden, valid)["top1"]), 4)
+        deep = eagle_loss(head, ids, hidden, valid, rollout_steps=4)
+    report["own_greedy_top1"] = round(float(deep["top1"]), 4)
+    report.update({f"own_greedy_{key}": round(float(value), 4) for key, value in deep.items()
+                   if key.startswith("top1_depth")})
     (args.work / "report.json").write_text(json.dumps(report))
     print("held-out", json.dumps(report), flush=True)
 
