@@ -16,8 +16,6 @@ _EXPORTS = {
     "EagleHead": ".eagle",
     "EagleDrafter": ".eagle",
     "eagle_loss": ".eagle",
-    "guidance_readout_loss": ".eagle",
-    "rollout_features": ".eagle",
     "LlamaGenTransformer": ".llamagen",
     "LlamaGenVQModel": ".llamagen_vq",
     "LLAMAGEN_PRESETS": ".llamagen",

@@ -58,20 +58,13 @@ class EagleHead(ModelMixin, ConfigMixin):
         norm_eps: RMSNorm epsilon.
         decoder_impl: "lean" (:class:`~mmspec.models.lean_llama.LeanLlamaDecoder`, the default) or "transformers"
             (``LlamaModel``); identical outputs and parameter names.
-        guidance_readout: add a guidance readout (``guidance_head``, a small MLP, zero at init) that
-            predicts the target's guidance direction ``h_cond - h_uncond`` from the head's predicted
-            feature, so a conditional-only draft reads tokens off ``h^ + (s - 1) delta^``, the guided
-            target's feature, at the cost of one small MLP instead of a second (unconditional) head pass.
-            Used when ``forward(..., guidance_scale=s)`` is called with s != 1 (:class:`EagleDrafter`'s
-            ``readout_guidance_scale``); the chained feature stays h^.
     """
 
     @register_to_config
     def __init__(self, hidden_size: int, vocab_size: int, num_attention_heads: int = 4,
                  num_key_value_heads: int | None = None, intermediate_size: int | None = None,
                  rope_theta: float = 10000.0, input_norm: bool = False, norm_eps: float = 1e-6,
-                 max_position_embeddings: int = 4096, decoder_impl: str = "lean",
-                 guidance_readout: bool = False) -> None:
+                 max_position_embeddings: int = 4096, decoder_impl: str = "lean") -> None:
         super().__init__()
         if decoder_impl not in ("lean", "transformers"):  # (not "decoder": config keys shadow submodules)
             raise ValueError(f"decoder_impl must be 'lean' or 'transformers', got {decoder_impl!r}")
@@ -82,7 +75,6 @@ class EagleHead(ModelMixin, ConfigMixin):
             rms_norm_eps=norm_eps, max_position_embeddings=max_position_embeddings,
             bos_token_id=None, eos_token_id=None, pad_token_id=None)
         self.fc = nn.Linear(2 * hidden_size, hidden_size)
-        self.guidance_head = _GuidanceReadout(hidden_size) if guidance_readout else None
         self.fused_norm = nn.RMSNorm(2 * hidden_size, eps=norm_eps) if input_norm else None
         if decoder_impl == "lean":
             self.decoder: nn.Module = LeanLlamaDecoder(self.llama_config)
@@ -138,15 +130,13 @@ class EagleHead(ModelMixin, ConfigMixin):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = True,
                 output_hidden_states: bool = False, target_hidden: torch.Tensor | None = None,
-                token_embeds: torch.Tensor | None = None, guidance_scale: float = 1.0) -> EagleOutput:
+                token_embeds: torch.Tensor | None = None) -> EagleOutput:
         """Predict features ``[B, T, d]`` and their logits ``[B, T, V]``.
 
         Args:
             input_ids: ``[B, T]`` tokens x_i (-1 = no token: condition positions).
             target_hidden: ``[B, T, d]`` the feature preceding each token (h_{i-1}, true or predicted).
             token_embeds: optional ``[B, T, d]`` input embeddings used where ``input_ids`` is -1 (zeros otherwise).
-            guidance_scale: s != 1 reads the logits through the guidance readout (:meth:`read_features`);
-                needs a head built with ``guidance_readout=True``.
         """
         if target_hidden is None:
             raise ValueError("EagleHead needs target_hidden [B, T, d], the feature preceding each token")
@@ -154,34 +144,8 @@ class EagleHead(ModelMixin, ConfigMixin):
         out = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=past_key_values, use_cache=use_cache)
         features = out.last_hidden_state
-        read = features if guidance_scale == 1.0 else self.read_features(features, guidance_scale)
-        logits = self._bound()["head"](read.to(self._bound()["head"].weight.dtype))
+        logits = self._bound()["head"](features.to(self._bound()["head"].weight.dtype))
         return EagleOutput(logits, out.past_key_values, (features,))
-
-    def read_features(self, features: torch.Tensor, guidance_scale: float) -> torch.Tensor:
-        """The features tokens are read from: ``h^ + (s - 1) delta^`` with the guidance readout's delta^
-        (the guided target's feature ``h_u + s (h_c - h_u)`` when delta^ = h_c - h_u); h^ for s = 1."""
-        if guidance_scale == 1.0:
-            return features
-        if self.guidance_head is None:
-            raise ValueError("guidance_scale != 1 reads through a guidance readout: this EAGLE head has none "
-                             "(EagleHead(..., guidance_readout=True), trained by train_eagle --guidance-readout)")
-        return features + (guidance_scale - 1.0) * self.guidance_head(features)
-
-
-class _GuidanceReadout(nn.Module):
-    """Linear - SiLU - Linear over the head's feature, the last layer zero-initialised (delta^ = 0 at start,
-    so an untrained readout drafts exactly like the conditional head)."""
-
-    def __init__(self, hidden_size: int) -> None:
-        super().__init__()
-        self.up = nn.Linear(hidden_size, hidden_size)
-        self.down = nn.Linear(hidden_size, hidden_size)
-        nn.init.zeros_(self.down.weight)
-        nn.init.zeros_(self.down.bias)
-
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        return self.down(nn.functional.silu(self.up(features)))
 
 
 def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: torch.Tensor,
@@ -245,61 +209,6 @@ def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: t
         if rollout_steps > 1:
             chain = chains[depth - 1].to(agree.dtype)
             result[f"top1_depth{depth}"] = ((agree * chain).sum() / chain.sum().clamp_min(1.0)).detach()
-    return {"loss": total / rollout_steps, **result}
-
-
-def guidance_readout_loss(head: EagleHead, input_ids: torch.Tensor | None, cond_hidden: torch.Tensor,
-                          uncond_hidden: torch.Tensor, valid: torch.Tensor | None = None, guidance_scale: float = 3.0,
-                          rollout_steps: int = 1, delta_weight: float = 1.0, ce_weight: float = 0.1
-                          ) -> dict[str, torch.Tensor]:
-    """Training objective of the guidance readout (:class:`EagleHead` ``guidance_readout=True``).
-
-    At every drafting depth 1..``rollout_steps`` (the head's own chained features, :func:`rollout_features`)
-    the readout predicts the target's guidance direction ``delta = h_cond - h_uncond`` of the next position
-    (SmoothL1, ``delta_weight``), and the tokens read off ``h^ + (s - 1) delta^`` match the guided target's
-    distribution ``softmax(lm(h_u + s (h_c - h_u)))`` (soft cross-entropy, ``ce_weight``). The head's own
-    parameters may be frozen (the recipe trains the readout alone).
-
-    Args:
-        input_ids: ``[B, T]`` (-1 on condition positions); cond_hidden / uncond_hidden: ``[B, T, d]`` the
-            target's top features of the same rows with and without the condition; valid: ``[B, T]``.
-    Returns:
-        "loss", "delta_loss", "ce_loss", and per depth d "guided_top1_depth{d}" (agreement of the read
-        tokens with the guided target's argmax over chain slots) and "plain_top1_depth{d}" (the same for
-        tokens read off h^ alone: what conditional drafting without the readout gets).
-    """
-    if head.guidance_head is None:
-        raise ValueError("guidance_readout_loss needs an EagleHead built with guidance_readout=True")
-    if cond_hidden.shape != uncond_hidden.shape:
-        raise ValueError(f"cond_hidden {tuple(cond_hidden.shape)} and uncond_hidden {tuple(uncond_hidden.shape)} differ")
-    check_positive_int(rollout_steps, "rollout_steps")
-    batch, length, _ = cond_hidden.shape
-    valid = torch.ones(batch, length, dtype=torch.bool, device=cond_hidden.device) if valid is None else valid.bool()
-    tokens = None if input_ids is None else input_ids[:, 1:]
-    pair_valid = valid[:, 1:] & valid[:, :-1]
-    lm_head = head.get_output_embeddings()
-    delta = (cond_hidden - uncond_hidden)[:, 1:]
-    with torch.no_grad():
-        guided_probs = lm_head(uncond_hidden[:, 1:] + guidance_scale * delta).softmax(-1)
-        guided_argmax = guided_probs.argmax(-1)
-    result: dict[str, torch.Tensor] = {}
-    total = cond_hidden.new_zeros(())
-    chains = _chain_weights(pair_valid, tokens, rollout_steps)
-    for depth, (features, chain) in enumerate(zip(rollout_features(head, tokens, cond_hidden[:, :-1], pair_valid,
-                                                                   rollout_steps), chains), start=1):
-        weight = chain.to(features.dtype)
-        count = weight.sum().clamp_min(1.0)
-        predicted = head.guidance_head(features)
-        delta_loss = (nn.functional.smooth_l1_loss(predicted, delta, reduction="none").mean(-1) * weight).sum() / count
-        logits = lm_head(features + (guidance_scale - 1.0) * predicted)
-        ce_loss = (-(guided_probs * logits.log_softmax(-1)).sum(-1) * weight).sum() / count
-        total = total + delta_weight * delta_loss + ce_weight * ce_loss
-        with torch.no_grad():
-            result[f"guided_top1_depth{depth}"] = ((logits.argmax(-1) == guided_argmax).to(weight.dtype) * weight).sum() / count
-            result[f"plain_top1_depth{depth}"] = ((lm_head(features).argmax(-1) == guided_argmax).to(weight.dtype)
-                                                  * weight).sum() / count
-        if depth == 1:
-            result.update(delta_loss=delta_loss.detach(), ce_loss=ce_loss.detach())
     return {"loss": total / rollout_steps, **result}
 
 
@@ -377,10 +286,6 @@ class EagleDrafter(Drafter):
             halves: ``GuidedRunner(CausalLMRunner(model, return_hidden=True), s, hidden="both")``.
         confidence_threshold: dynamic chain length (:func:`~mmspec.drafters.draft_chain`): a chain stops
             once every row's drafted token had less than this probability under the head; 0 drafts K.
-        readout_guidance_scale: s != 1 drafts from the conditional features alone and reads tokens through
-            the head's guidance readout at scale s (a head built with ``guidance_readout=True``): one head
-            pass per draft, aimed at the guided target's tokens. Needs ``guidance_scale=1`` here (the two
-            ways of drafting under guidance exclude each other).
     """
 
     needs_target_hidden = True
@@ -388,17 +293,9 @@ class EagleDrafter(Drafter):
     def __init__(self, head: EagleHead, num_draft_tokens: int = 4,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
                  generator: torch.Generator | None = None, guidance_scale: float = 1.0,
-                 confidence_threshold: float = 0.0, readout_guidance_scale: float = 1.0) -> None:
+                 confidence_threshold: float = 0.0) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
         check_chain_confidence(confidence_threshold, tree)
-        if readout_guidance_scale != 1.0:
-            if guidance_scale != 1.0:
-                raise ValueError("readout_guidance_scale drafts from the conditional half only: use guidance_scale=1.0 "
-                                 "with it (guidance_scale drafts from both halves instead)")
-            if head.guidance_head is None:
-                raise ValueError("readout_guidance_scale needs an EAGLE head with a guidance readout "
-                                 "(EagleHead(..., guidance_readout=True))")
-        self._read = {"guidance_scale": readout_guidance_scale} if readout_guidance_scale != 1.0 else {}
         self.confidence_threshold = confidence_threshold
         head._bound()
         self.head = head
@@ -436,7 +333,7 @@ class EagleDrafter(Drafter):
         prompt_mask = context.attention_mask[:rows]
         tokens = torch.cat([ids[:, 1:], context.first_tokens.repeat(self.halves).unsqueeze(1)], 1)
         valid = torch.cat([prompt_mask[:, 1:].bool(), torch.ones_like(tokens[:, :1], dtype=torch.bool)], 1)
-        out = self.runner.prefill(tokens, valid.long(), target_hidden=hidden, **self._read)  # guided: 2B rows
+        out = self.runner.prefill(tokens, valid.long(), target_hidden=hidden)  # a guided runner takes 2B rows
         self._root = (out.logits[:, -1], out.hidden[:, -1])
         self._pending_pairs = None
 
@@ -448,7 +345,7 @@ class EagleDrafter(Drafter):
             return self._root
         tokens, features = self._pending_pairs
         self._prefix_valid = tokens >= 0
-        out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features, **self._read)
+        out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features)
         last = self._prefix_valid.long().cumsum(1).argmax(1)  # last valid slot of each row
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         feature_rows = torch.arange(features.shape[0], device=tokens.device)
@@ -461,7 +358,7 @@ class EagleDrafter(Drafter):
         state = {"feature": feature}
 
         def step(token: torch.Tensor) -> torch.Tensor:  # feed the head its own predicted feature
-            out = self.runner.forward(token.unsqueeze(1), target_hidden=state["feature"].unsqueeze(1), **self._read)
+            out = self.runner.forward(token.unsqueeze(1), target_hidden=state["feature"].unsqueeze(1))
             state["feature"] = out.hidden[:, 0]
             return out.logits[:, 0]
 
@@ -484,8 +381,7 @@ class EagleDrafter(Drafter):
             is_root = (parent_ids < 0).repeat(self.halves, 1).unsqueeze(-1)
             parent_feature = torch.where(is_root, root_feature.unsqueeze(1), parent_feature)
             offsets, attention = builder.frontier_inputs(node_ids, parent_ids, depth, tree_start)
-            out = self.runner.forward(tokens, offsets=offsets, attention=attention, target_hidden=parent_feature,
-                                      **self._read)
+            out = self.runner.forward(tokens, offsets=offsets, attention=attention, target_hidden=parent_feature)
             features["ids"] = torch.cat([features["ids"], node_ids], 1)
             features["values"] = torch.cat([features["values"], out.hidden], 1)
             return out.logits.log_softmax(-1)

@@ -269,11 +269,10 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
 
             if eagle_guided is None:  # auto: guided drafts for sampling, the conditional half's for greedy
                 eagle_guided = sampling.do_sample
-            readout = not eagle_guided and self.eagle_head.guidance_head is not None  # conditional drafts, guided reads
+
             drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
                                    guidance_scale=guidance_scale if eagle_guided else 1.0,
-                                   confidence_threshold=draft_confidence_threshold,
-                                   readout_guidance_scale=guidance_scale if readout else 1.0)
+                                   confidence_threshold=draft_confidence_threshold)
             if method == "eagle":
                 return drafter, None
             k = min(1000, vocab - 1) if lantern_k is None else lantern_k
@@ -329,8 +328,6 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                 (default) picks what drafts best on the shapes zoo: guided when sampling, conditional for
                 greedy decoding (the guided argmax usually is the conditional one, and the head's
                 unconditional errors, amplified by s - 1, only cost acceptance; docs/pipeline_ar_image.md).
-                Conditional drafts of a head with a guidance readout read their tokens through it
-                (``EagleHead(guidance_readout=True)``: aimed at the guided target at one head pass).
             draft_confidence_threshold: dynamic EAGLE chain length: a round's chain stops before K once
                 every row's drafted token had less than this probability under the head (0: always K).
                 Lossless like any chain length; it saves head forwards whose drafts would mostly be

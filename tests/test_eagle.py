@@ -7,7 +7,7 @@ import torch
 from conftest import tiny_llama
 
 from mmspec import CausalLMRunner, SamplingConfig, TreeConfig, speculative_generate
-from mmspec.models.eagle import EagleDrafter, EagleHead, eagle_loss, guidance_readout_loss, rollout_features
+from mmspec.models.eagle import EagleDrafter, EagleHead, eagle_loss, rollout_features
 
 
 def _head(target, dtype=torch.float64, **kwargs) -> EagleHead:
@@ -182,87 +182,3 @@ def test_rollout_training_raises_deep_agreement_over_teacher_forcing():
         with torch.no_grad():
             depth3[steps] = float(eagle_loss(head, sequences[held], hidden[held], rollout_steps=3)["top1_depth3"])
     assert depth3[3] > depth3[1] + 0.03, depth3  # measured 0.41 vs 0.36
-
-
-def _guided_pair(n: int = 96):
-    """A tiny target's top features of the same continuations under two different prefixes: a stand-in
-    for the conditional and unconditional halves of classifier-free guidance."""
-    target = tiny_llama(layers=2, seed=0, dtype=torch.float32)
-    target.requires_grad_(False)
-    g = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, 32, (n, 4), generator=g)
-    samples = speculative_generate(CausalLMRunner(target), None, prompts, max_new_tokens=16).sequences
-    cond_ids = torch.cat([prompts, samples], 1)
-    uncond_ids = torch.cat([torch.full_like(prompts, 3), samples], 1)
-    with torch.no_grad():
-        cond = target(cond_ids, output_hidden_states=True).hidden_states[-1]
-        uncond = target(uncond_ids, output_hidden_states=True).hidden_states[-1]
-    return target, cond_ids, cond, uncond
-
-
-def test_guidance_readout_learns_the_guided_argmax():
-    """Trained alone on a frozen head, the readout's tokens agree with the guided target's argmax more
-    often than the head's conditional tokens do (held-out rows, depths 1 and 2)."""
-    target, ids, cond, uncond = _guided_pair()
-    head = _head(target, dtype=torch.float32, guidance_readout=True)
-    head.requires_grad_(False)
-    head.guidance_head.requires_grad_(True)
-    with torch.no_grad():
-        start = guidance_readout_loss(head, ids[64:], cond[64:], uncond[64:], guidance_scale=3.0, rollout_steps=2)
-    assert torch.equal(start["guided_top1_depth1"], start["plain_top1_depth1"])  # zero-initialised readout
-    optimizer = torch.optim.AdamW(head.guidance_head.parameters(), lr=3e-3)
-    order = torch.Generator().manual_seed(1)
-    for _ in range(150):
-        index = torch.randint(0, 64, (32,), generator=order)
-        loss = guidance_readout_loss(head, ids[index], cond[index], uncond[index], guidance_scale=3.0,
-                                     rollout_steps=2)["loss"]
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    with torch.no_grad():
-        end = guidance_readout_loss(head, ids[64:], cond[64:], uncond[64:], guidance_scale=3.0, rollout_steps=2)
-    for depth in (1, 2):
-        assert end[f"guided_top1_depth{depth}"] > end[f"plain_top1_depth{depth}"] + 0.05, end  # 0.17 vs 0.03-0.04
-    assert torch.equal(end["plain_top1_depth1"], start["plain_top1_depth1"])  # the head itself stayed frozen
-
-
-def test_readout_drafting_is_lossless_and_reads_through_the_readout(llama_pair):
-    target, _ = llama_pair
-    head = _head(target, guidance_readout=True)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, 32, (2, 6), generator=g)
-    baseline = speculative_generate(CausalLMRunner(target), None, ids, max_new_tokens=16)
-    runs = {}
-    for scale in (1.0, 3.0):
-        drafter = EagleDrafter(head, 4, readout_guidance_scale=scale)
-        runs[scale] = speculative_generate(CausalLMRunner(target, return_hidden=True), drafter, ids, max_new_tokens=16)
-        assert torch.equal(runs[scale].sequences, baseline.sequences)
-    assert runs[1.0].stats.position_accepts == runs[3.0].stats.position_accepts  # zero readout: same drafts
-    with torch.no_grad():
-        for parameter in head.guidance_head.parameters():
-            parameter.normal_(0.0, 2.0)
-    features = torch.randn(2, 3, 32, dtype=torch.float64)
-    tokens = torch.randint(3, 32, (2, 3), generator=g)
-    plain = head(tokens, target_hidden=features, use_cache=False)
-    read = head(tokens, target_hidden=features, use_cache=False, guidance_scale=3.0)
-    assert torch.equal(plain.hidden_states[0], read.hidden_states[0])  # the chained feature is unchanged
-    assert not torch.allclose(plain.logits, read.logits)
-    drafter = EagleDrafter(head, 4, readout_guidance_scale=3.0)
-    out = speculative_generate(CausalLMRunner(target, return_hidden=True), drafter, ids, max_new_tokens=16)
-    assert torch.equal(out.sequences, baseline.sequences)
-
-
-def test_readout_bad_input(llama_pair):
-    target, _ = llama_pair
-    plain = _head(target)
-    with pytest.raises(ValueError, match="guidance readout"):
-        EagleDrafter(plain, 4, readout_guidance_scale=3.0)
-    with pytest.raises(ValueError, match="guidance readout"):
-        plain(torch.randint(3, 32, (1, 2)), target_hidden=torch.randn(1, 2, 32, dtype=torch.float64),
-              use_cache=False, guidance_scale=3.0)
-    with pytest.raises(ValueError, match="guidance_readout=True"):
-        guidance_readout_loss(plain, None, torch.randn(1, 3, 32), torch.randn(1, 3, 32))
-    with pytest.raises(ValueError, match="guidance_scale=1.0"):
-        EagleDrafter(_head(target, guidance_readout=True), 4, guidance_scale=3.0, readout_guidance_scale=3.0)
-    with pytest.raises(ValueError, match="differ"):
-        guidance_readout_loss(_head(target, guidance_readout=True), None, torch.randn(1, 3, 32), torch.randn(1, 4, 32))

@@ -99,18 +99,6 @@ def test_eagle_init_starts_a_later_stage_from_a_trained_head(tmp_path):
     assert not all(torch.equal(first[k], rolled[k]) for k in first)
     with pytest.raises(SystemExit):
         train_eagle.main([*common, "--rollout-steps", "0", "--out", str(tmp_path / "x"), "--work", str(tmp_path / "wx")])
-    # --guidance-readout: a readout added to the trained head trains alone; the head's own weights stay
-    train_eagle.main([*common, "--steps", "2", "--seed", "1", "--guidance-readout", "--rollout-steps", "2", "--init",
-                      str(tmp_path / "a"), "--out", str(tmp_path / "g"), "--work", str(tmp_path / "wg")])
-    readout = EagleHead.from_pretrained(tmp_path / "g")
-    assert readout.config.guidance_readout
-    state = readout.state_dict()
-    assert all(torch.equal(first[k], state[k]) for k in first)
-    assert any(state[k].abs().sum() > 0 for k in state if k.startswith("guidance_head.down"))  # trained from zero
-    report = json.loads((tmp_path / "wg" / "report.json").read_text())
-    assert all(0.0 <= report[f"own_greedy_{kind}_top1_depth{d}"] <= 1.0 for kind in ("guided", "plain") for d in (1, 4))
-    with pytest.raises(SystemExit):
-        train_eagle.main([*common, "--guidance-readout", "--out", str(tmp_path / "y"), "--work", str(tmp_path / "wy")])
     with pytest.raises(FileNotFoundError, match="no trained EAGLE head"):
         train_eagle.main([*common, "--steps", "1", "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "c"),
                           "--work", str(tmp_path / "wc")])

@@ -21,13 +21,6 @@ falls less with depth. Whatever n is, the report gives the head's agreement with
 target's own greedy images over all slots (``own_greedy_top1``, condition slots included) and at
 depths 1-4 of drafting chains over image-token slots only (``own_greedy_top1_depth1`` ...).
 
-``--guidance-readout`` (with ``--init HEAD``) adds a guidance readout to a trained head and trains it
-alone, the head frozen (:func:`guidance_readout_loss`, at ``--rollout-steps`` depths, guidance scale
-``--self-distill-guidance``): greedy decoding under CFG accepts the *guided* target's argmax, which on
-the zoo is the conditional one only about 91% of the time, so a conditional-only draft is capped there;
-the readout reads guided tokens off the conditional features. Its report adds
-``own_greedy_guided_top1_depth{d}`` and ``own_greedy_plain_top1_depth{d}`` (tokens read with and without it).
-
     python -m mmspec.models.recipes.train_eagle --target models/zoo/shapes-t2i/transformer \\
         --out models/zoo/shapes-t2i/eagle_head
 """
@@ -41,12 +34,12 @@ from pathlib import Path
 
 import torch
 
-from mmspec.models.eagle import EagleHead, eagle_loss, guidance_readout_loss
+from mmspec.models.eagle import EagleHead, eagle_loss
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.recipes.common import (
     add_run_arguments,
     cached_data,
-    load_trained_weights,
+    init_from_folder,
     start_run,
     step_generator,
     train_loop,
@@ -67,24 +60,6 @@ def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.
     ids = torch.cat([torch.full_like(words, -1), tokens[:, :-1]], 1)
     valid = torch.cat([mask.bool(), torch.ones_like(tokens[:, :-1], dtype=torch.bool)], 1)
     return ids, hidden.float(), valid
-
-
-def readout_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Inputs of :func:`guidance_readout_loss`: ids, the target's features with and without the
-    condition for the same rows, and the valid mask of the conditional rows."""
-    ids, cond, valid = eagle_batch(target, words, tokens, torch.zeros(len(words), dtype=torch.bool))
-    _, uncond, _ = eagle_batch(target, words, tokens, torch.ones(len(words), dtype=torch.bool))
-    return ids, cond, uncond, valid
-
-
-def init_head(head: EagleHead, folder: Path) -> None:
-    """``--init``: the trained head's weights; a readout the trained head lacks keeps its fresh (zero) start."""
-    if not (Path(folder) / "config.json").is_file():
-        raise FileNotFoundError(f"--init: no trained EAGLE head at {folder}")
-    trained = EagleHead.from_pretrained(folder).state_dict()
-    fresh = {k: v for k, v in head.state_dict().items() if k.startswith("guidance_head.") and k not in trained}
-    load_trained_weights(head, {**trained, **fresh}, str(folder))
 
 
 def self_distill_data(target: LlamaGenTransformer, words: torch.Tensor, guidance_scale: float, seed: int,
@@ -118,16 +93,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="the self-distilled rows are the target's greedy (argmax) images, not temperature-1 samples")
     parser.add_argument("--rollout-steps", type=int, default=1,
                         help="drafting depths trained (EAGLE-3 training-time test); 1 = teacher forcing only")
-    parser.add_argument("--guidance-readout", action="store_true",
-                        help="add a guidance readout to the --init head and train it alone (the head frozen)")
     parser.add_argument("--init", type=Path, default=None,
                         help="start from this trained head (a later training stage: fresh optimiser and schedule)")
     add_run_arguments(parser, "runs/train_eagle")
     args = parser.parse_args(argv)
     if args.rollout_steps < 1:
         parser.error(f"--rollout-steps must be >= 1, got {args.rollout_steps}")
-    if args.guidance_readout and args.init is None:
-        parser.error("--guidance-readout trains a readout on a trained head: give --init HEAD")
     if not 0 <= args.self_distill <= args.train_images:
         parser.error(f"--self-distill must be in [0, --train-images={args.train_images}], got {args.self_distill}")
     start_run(args)
@@ -146,19 +117,12 @@ def main(argv: list[str] | None = None) -> None:
         data = {"words": torch.cat([data["words"], own["words"]]), "tokens": torch.cat([data["tokens"], own["tokens"]])}
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,
-                     num_attention_heads=args.heads, guidance_readout=args.guidance_readout)
+                     num_attention_heads=args.heads)
     if args.init is not None and not (args.work / "checkpoint.pt").is_file():  # a resumed run restores its own
-        init_head(head, args.init)
+        init_from_folder(head, EagleHead, args.init, "EAGLE head")
     head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
-    if args.guidance_readout:  # only the readout trains
-        head.requires_grad_(False)
-        head.guidance_head.requires_grad_(True)
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
-        if args.guidance_readout:
-            return guidance_readout_loss(head, *readout_batch(target, data["words"][index], data["tokens"][index]),
-                                         guidance_scale=args.self_distill_guidance,
-                                         rollout_steps=args.rollout_steps)["loss"]
         drop = torch.rand(len(index)) < args.uncond_prob
         ids, hidden, valid = eagle_batch(target, data["words"][index], data["tokens"][index], drop)
         return eagle_loss(head, ids, hidden, valid, feature_noise=args.feature_noise,
@@ -185,11 +149,6 @@ def main(argv: list[str] | None = None) -> None:
     report["own_greedy_top1"] = round(float(deep["top1"]), 4)
     report.update({f"own_greedy_{key}": round(float(value), 4) for key, value in deep.items()
                    if key.startswith("top1_depth")})
-    if head.guidance_head is not None:  # agreement with the guided target's argmax, with and without the readout
-        with torch.no_grad():
-            guided = guidance_readout_loss(head, *readout_batch(target, own["words"], own["tokens"]),
-                                           guidance_scale=args.self_distill_guidance, rollout_steps=4)
-        report.update({f"own_greedy_{key}": round(float(value), 4) for key, value in guided.items() if "top1" in key})
     (args.work / "report.json").write_text(json.dumps(report))
     print("held-out", json.dumps(report), flush=True)
 
