@@ -67,20 +67,18 @@ class LeanAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         self._fused = _DerivedWeights()
 
-    def _rope_projection(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _build_rope_projection(self, q: nn.Linear, k: nn.Linear, v: nn.Linear
+                               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Weights (and bias) of ``[q; rotate_half(q); k; rotate_half(k); v]`` in one matrix."""
-        def build(q: nn.Linear, k: nn.Linear, v: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-            def with_rotation(tensor: torch.Tensor, heads: int) -> list[torch.Tensor]:
-                rows = tensor.reshape(heads, self.head_dim, -1)
-                return [tensor, _rotate_half(rows.transpose(1, 2)).transpose(1, 2).reshape(tensor.shape)]
+        def with_rotation(tensor: torch.Tensor, heads: int) -> list[torch.Tensor]:
+            rows = tensor.reshape(heads, self.head_dim, -1)  # rotate_half acts on each head's rows
+            return [tensor, _rotate_half(rows.transpose(1, 2)).transpose(1, 2).reshape(tensor.shape)]
 
-            weight = torch.cat([*with_rotation(q.weight, self.num_heads), *with_rotation(k.weight, self.num_kv_heads),
-                                v.weight])
-            bias = None if q.bias is None else torch.cat([*with_rotation(q.bias, self.num_heads),
-                                                          *with_rotation(k.bias, self.num_kv_heads), v.bias])
-            return weight, bias
-
-        return self._fused.get(build, self.q_proj, self.k_proj, self.v_proj)
+        weight = torch.cat([*with_rotation(q.weight, self.num_heads), *with_rotation(k.weight, self.num_kv_heads),
+                            v.weight])
+        bias = None if q.bias is None else torch.cat([*with_rotation(q.bias, self.num_heads),
+                                                      *with_rotation(k.bias, self.num_kv_heads), v.bias])
+        return weight, bias
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None, layer: int) -> torch.Tensor:
@@ -91,7 +89,7 @@ class LeanAttention(nn.Module):
             v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q_rot, k_rot = _rotate_half(q), _rotate_half(k)
         else:  # inference fast path: one matmul for q, k, v and their rotate_half
-            weight, bias = self._rope_projection()
+            weight, bias = self._fused.get(self._build_rope_projection, self.q_proj, self.k_proj, self.v_proj)
             projected = F.linear(x, weight, bias).view(b, t, -1, self.head_dim).transpose(1, 2)
             heads, kv_heads = self.num_heads, self.num_kv_heads
             q, q_rot, k, k_rot, v = projected.split([heads, heads, kv_heads, kv_heads, kv_heads], dim=1)
@@ -115,12 +113,7 @@ class LeanMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-        def build(gate: nn.Linear, up: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-            bias = None if gate.bias is None else torch.cat([gate.bias, up.bias])
-            return torch.cat([gate.weight, up.weight]), bias
-
-        weight, bias = self._fused.get(build, self.gate_proj, self.up_proj)  # inference: gate and up in one matmul
+        weight, bias = self._fused.get(_stack_linears, self.gate_proj, self.up_proj)  # inference: one matmul
         gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -155,6 +148,7 @@ class LeanLlamaDecoder(nn.Module):
         theta = _rope_theta(config)
         inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # no-grad path: cos, sin per position
 
     def new_cache(self, batch_size: int, max_length: int = 256) -> KVCache:
         """A growable preallocated cache for this decoder (rolled back by the core per row)."""
@@ -187,13 +181,19 @@ class LeanLlamaDecoder(nn.Module):
             cos, sin = _rope_angles(position_ids, self.inv_freq)
         else:
             needed = int(position_ids.max()) + 1 if position_ids.numel() else 1
-            table = getattr(self, "_rope_table", None)
+            table = self._rope_table
             if table is None or table[0].shape[0] < needed or table[0].device != position_ids.device:
                 size = max(needed, 2 * table[0].shape[0] if table is not None else 256)
                 table = _rope_angles(torch.arange(size, device=position_ids.device), self.inv_freq)
                 self._rope_table = table
             cos, sin = table[0][position_ids], table[1][position_ids]
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
+
+
+def _stack_linears(*layers: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One linear map computing all ``layers`` (their weights and biases concatenated)."""
+    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    return torch.cat([layer.weight for layer in layers]), bias
 
 
 def _rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -269,7 +269,6 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
 
             if eagle_guided is None:  # auto: guided drafts for sampling, the conditional half's for greedy
                 eagle_guided = sampling.do_sample
-
             drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
                                    guidance_scale=guidance_scale if eagle_guided else 1.0,
                                    confidence_threshold=draft_confidence_threshold)

@@ -92,15 +92,21 @@ def test_mismatched_head_is_a_clear_error(llama_pair):
         speculative_generate(CausalLMRunner(wide, return_hidden=True), EagleDrafter(head), ids, max_new_tokens=4)
 
 
+def _random_pairs(seed: int, batch: int, length: int, **head_kwargs):
+    """A 1-layer tiny target, a random fp64 head on it, and random (token, feature) pairs ``[batch, length]``."""
+    target = tiny_llama(layers=1, seed=0)
+    head = _head(target, **head_kwargs)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 32, (batch, length), generator=g)
+    features = torch.randn(batch, length, 32, generator=g, dtype=torch.float64)
+    return target, head, ids, features, g
+
+
 @pytest.mark.parametrize("impl", ["lean", "transformers"])
 def test_rollout_features_equal_step_by_step_drafting(impl):
     """Depth d at slot i of the parallel rollout is step d of a chain drafted through the KV cache from the
     true pairs up to slot i-d+1: the training-time test trains exactly what the drafter computes."""
-    target = tiny_llama(layers=1, seed=0)
-    head = _head(target, decoder_impl=impl)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 32, (2, 9), generator=g)
-    features = torch.randn(2, 9, 32, generator=g, dtype=torch.float64)
+    _, head, ids, features, _ = _random_pairs(1, 2, 9, decoder_impl=impl)
     valid = torch.ones(2, 9, dtype=torch.bool)
     depths = rollout_features(head, ids, features, valid, steps=4)
     for root in (0, 3, 5):
@@ -117,11 +123,7 @@ def test_rollout_features_equal_step_by_step_drafting(impl):
 
 def test_rollout_with_padding_and_condition_slots():
     """Left padding shifts nothing (positions count valid slots); chains never start on a condition slot."""
-    target = tiny_llama(layers=1, seed=0)
-    head = _head(target)
-    g = torch.Generator().manual_seed(2)
-    ids = torch.randint(3, 32, (1, 8), generator=g)
-    features = torch.randn(1, 8, 32, generator=g, dtype=torch.float64)
+    _, head, ids, features, g = _random_pairs(2, 1, 8)
     padded_ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], 1)
     padded_features = torch.cat([torch.randn(1, 3, 32, generator=g, dtype=torch.float64), features], 1)
     valid = torch.cat([torch.zeros(1, 3, dtype=torch.bool), torch.ones(1, 8, dtype=torch.bool)], 1)
@@ -142,11 +144,7 @@ def test_rollout_with_padding_and_condition_slots():
 
 
 def test_one_rollout_step_is_plain_teacher_forcing():
-    target = tiny_llama(layers=1, seed=0)
-    head = _head(target)
-    g = torch.Generator().manual_seed(3)
-    ids = torch.randint(3, 32, (2, 7), generator=g)
-    hidden = torch.randn(2, 7, 32, generator=g, dtype=torch.float64)
+    target, head, ids, hidden, _ = _random_pairs(3, 2, 7)
     out = eagle_loss(head, ids, hidden, rollout_steps=1)
     teacher = head(ids[:, 1:], target_hidden=hidden[:, :-1], use_cache=False)
     probs = target.get_output_embeddings()(hidden[:, 1:]).softmax(-1)
