@@ -16,7 +16,7 @@ all (padding) attend to every key instead, as transformers does, so their output
 because a draft step on one token is bound by per-op overhead, not arithmetic: one matmul computes
 ``q, rotate_half(q), k, rotate_half(k), v`` (rotate_half is a signed permutation of rows, folded into a
 copy of the projection weights), one computes gate and up, and RoPE angles come from a cached table
-(torch's ``rms_norm`` was slower than the plain ops on CPU, so RMSNorm stays as it is). The derived weights are rebuilt whenever a parameter changes (its
+(float32 RMSNorm is torch's fused ``rms_norm``, which computes the same float32 arithmetic). The derived weights are rebuilt whenever a parameter changes (its
 version counter or storage), so training and loading need no care. Same math; outputs agree with the
 autograd path to float rounding (tested).
 """
@@ -50,6 +50,8 @@ class LlamaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
+        if dtype == torch.float32:  # one fused op, the same float32 arithmetic (bit-identical, tested)
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
         return self.weight * x.to(dtype)
@@ -69,16 +71,17 @@ class LeanAttention(nn.Module):
 
     def _build_rope_projection(self, q: nn.Linear, k: nn.Linear, v: nn.Linear
                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Weights (and bias) of ``[q; rotate_half(q); k; rotate_half(k); v]`` in one matrix."""
-        def with_rotation(tensor: torch.Tensor, heads: int) -> list[torch.Tensor]:
+        """Weights (and bias) of ``[q; k; rotate_half(q); rotate_half(k); v]`` in one matrix."""
+        def rotated(tensor: torch.Tensor, heads: int) -> torch.Tensor:
             rows = tensor.reshape(heads, self.head_dim, -1)  # rotate_half acts on each head's rows
-            return [tensor, _rotate_half(rows.transpose(1, 2)).transpose(1, 2).reshape(tensor.shape)]
+            return _rotate_half(rows.transpose(1, 2)).transpose(1, 2).reshape(tensor.shape)
 
-        weight = torch.cat([*with_rotation(q.weight, self.num_heads), *with_rotation(k.weight, self.num_kv_heads),
-                            v.weight])
-        bias = None if q.bias is None else torch.cat([*with_rotation(q.bias, self.num_heads),
-                                                      *with_rotation(k.bias, self.num_kv_heads), v.bias])
-        return weight, bias
+        def stack(q_part: torch.Tensor, k_part: torch.Tensor, v_part: torch.Tensor) -> torch.Tensor:
+            return torch.cat([q_part, k_part, rotated(q_part, self.num_heads), rotated(k_part, self.num_kv_heads),
+                              v_part])
+
+        bias = None if q.bias is None else stack(q.bias, k.bias, v.bias)
+        return stack(q.weight, k.weight, v.weight), bias
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                 cache: KVCache | None, layer: int) -> torch.Tensor:
@@ -88,12 +91,13 @@ class LeanAttention(nn.Module):
             k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             q_rot, k_rot = _rotate_half(q), _rotate_half(k)
-        else:  # inference fast path: one matmul for q, k, v and their rotate_half
+            q, k = q * cos + q_rot * sin, k * cos + k_rot * sin
+        else:  # inference fast path: one matmul for q, k, v and their rotate_half, RoPE on q and k at once
             weight, bias = self._fused.get(self._build_rope_projection, self.q_proj, self.k_proj, self.v_proj)
             projected = F.linear(x, weight, bias).view(b, t, -1, self.head_dim).transpose(1, 2)
-            heads, kv_heads = self.num_heads, self.num_kv_heads
-            q, q_rot, k, k_rot, v = projected.split([heads, heads, kv_heads, kv_heads, kv_heads], dim=1)
-        q, k = q * cos + q_rot * sin, k * cos + k_rot * sin
+            heads = self.num_heads + self.num_kv_heads
+            qk, qk_rot, v = projected.split([heads, heads, self.num_kv_heads], dim=1)
+            q, k = torch.addcmul(qk * cos, qk_rot, sin).split([self.num_heads, self.num_kv_heads], dim=1)
         if cache is not None:
             k, v = cache.update(layer, k, v)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and t > 1,
@@ -180,20 +184,41 @@ class LeanLlamaDecoder(nn.Module):
         if torch.is_grad_enabled():
             cos, sin = _rope_angles(position_ids, self.inv_freq)
         else:
-            needed = int(position_ids.max()) + 1 if position_ids.numel() else 1
             table = self._rope_table
-            if table is None or table[0].shape[0] < needed or table[0].device != position_ids.device:
-                size = max(needed, 2 * table[0].shape[0] if table is not None else 256)
-                table = _rope_angles(torch.arange(size, device=position_ids.device), self.inv_freq)
-                self._rope_table = table
-            cos, sin = table[0][position_ids], table[1][position_ids]
+            if table is None or table[0].device != position_ids.device or table[0].dtype != dtype:
+                size = max(self.config.max_position_embeddings, 256)
+                table = self._rope_table = _rope_table(size, self.inv_freq, dtype, position_ids.device)
+            # Positions past the table (beyond max_position_embeddings) grow it. On CPU an out-of-range
+            # lookup raises IndexError, so the common case needs no max() over the positions; on other
+            # devices it would be a device-side assert, so they check first.
+            if position_ids.device.type != "cpu" and position_ids.numel() and \
+                    int(position_ids.max()) >= table[0].shape[0]:
+                table = self._grow_rope_table(position_ids, dtype)
+            try:
+                cos, sin = table[0][position_ids], table[1][position_ids]
+            except IndexError:
+                table = self._grow_rope_table(position_ids, dtype)
+                cos, sin = table[0][position_ids], table[1][position_ids]
+            return cos.unsqueeze(1), sin.unsqueeze(1)
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
+
+    def _grow_rope_table(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        size = max(int(position_ids.max()) + 1, 2 * self._rope_table[0].shape[0])
+        self._rope_table = _rope_table(size, self.inv_freq, dtype, position_ids.device)
+        return self._rope_table
 
 
 def _stack_linears(*layers: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One linear map computing all ``layers`` (their weights and biases concatenated)."""
     bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
     return torch.cat([layer.weight for layer in layers]), bias
+
+
+def _rope_table(size: int, inv_freq: torch.Tensor, dtype: torch.dtype, device: torch.device
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[size, head_dim]`` of positions 0..size-1 (float32 angles, cast to ``dtype``)."""
+    cos, sin = _rope_angles(torch.arange(size, device=device), inv_freq.to(device))
+    return cos.to(dtype), sin.to(dtype)
 
 
 def _rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -239,8 +264,9 @@ def _visibility(attention_mask: torch.Tensor | None, b: int, t: int, past: int, 
         if attention_mask.shape[1] != past + t:
             raise ValueError(f"attention_mask must cover the {past} cached and {t} new slots, got "
                              f"{tuple(attention_mask.shape)}")
-        if t == 1 and bool(attention_mask.all()):  # one query over valid slots only: sees every key
-            return None
+        if t == 1:  # a single query is the last slot: causality hides nothing, the key mask is all
+            visible = attention_mask.bool()[:, None, None, :]
+            return visible | ~visible.any(-1, keepdim=True)
         keys = torch.arange(past + t, device=device)
         causal = keys.unsqueeze(0) <= (past + torch.arange(t, device=device)).unsqueeze(1)  # [T, S+T]
         visible = causal.unsqueeze(0) & attention_mask.bool().unsqueeze(1)  # [B, T, S+T]

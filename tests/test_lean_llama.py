@@ -108,3 +108,32 @@ def test_fast_path_follows_weight_changes():
                               other(x, use_cache=False).last_hidden_state, atol=1e-10)
         fast = lean(x, use_cache=False).last_hidden_state
     assert torch.allclose(fast, lean(x, use_cache=False).last_hidden_state, atol=1e-10)  # autograd path
+
+
+def test_single_query_over_holes_and_positions_past_the_table(grad_mode):
+    """One new token over a cache with holes (the drafting step's mask path), at positions beyond
+    max_position_embeddings (the no-grad RoPE table grows)."""
+    reference, lean = _pair()
+    hf_cache, cache = DynamicCache(config=reference.config), lean.new_cache(2)
+    mask = torch.tensor([[0, 1, 0, 1], [1, 1, 1, 0]])
+    positions = torch.tensor([[0, 150, 0, 151], [300, 301, 302, 0]])  # past max_position_embeddings=128
+    x = torch.randn(2, 4, 32, dtype=torch.float64)
+    reference(inputs_embeds=x, attention_mask=mask, position_ids=positions, past_key_values=hf_cache)
+    lean(x, attention_mask=mask, position_ids=positions, past_key_values=cache)
+    step = torch.randn(2, 1, 32, dtype=torch.float64)
+    full = torch.cat([mask, torch.ones(2, 1, dtype=torch.long)], 1)
+    pos = torch.tensor([[152], [303]])
+    want = reference(inputs_embeds=step, attention_mask=full, position_ids=pos, past_key_values=hf_cache).last_hidden_state
+    got = lean(step, attention_mask=full, position_ids=pos, past_key_values=cache).last_hidden_state
+    assert torch.allclose(got, want, atol=1e-10)
+
+
+def test_float32_matches_transformers(grad_mode):
+    """In float32 RMSNorm runs torch's fused rms_norm: still transformers' numbers (to float32 rounding)."""
+    reference, lean = _pair()
+    reference, lean = reference.float(), lean.float()
+    x = torch.randn(2, 5, 32)
+    want = reference(inputs_embeds=x, use_cache=False).last_hidden_state
+    got = lean(x, use_cache=False).last_hidden_state
+    assert torch.allclose(got, want, atol=1e-5)
+    assert not torch.allclose(got, reference(inputs_embeds=x + 1e-2, use_cache=False).last_hidden_state, atol=1e-5)
