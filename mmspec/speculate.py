@@ -294,22 +294,27 @@ class _OutputBuffer:
 
     def append(self, new_tokens: torch.Tensor, drafted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append each row's new tokens up to its EOS / length limit; returns what was really appended
-        ``(tokens [B, M] -1 pad, drafted [B, M])`` (nothing for rows that were already done)."""
-        appended = torch.full_like(new_tokens, -1)
-        for b in range(new_tokens.shape[0]):
-            if self.done[b]:
-                continue
-            for i, (token, was_drafted) in enumerate(zip(new_tokens[b].tolist(), drafted[b].tolist())):
-                if token < 0:
-                    break
-                n = int(self.lengths[b])
-                self.tokens[b, n], self.drafted[b, n] = token, was_drafted
-                appended[b, i] = token
-                self.lengths[b] = n + 1
-                if n + 1 >= self.max_new_tokens or (self.eos.numel() and bool((self.eos == token).any())):
-                    self.done[b] = True
-                    break
-        return appended, drafted & (appended >= 0)
+        ``(tokens [B, M] -1 pad, drafted [B, M])`` (nothing for rows that were already done).
+
+        A row's new tokens are its leading non-negative entries; it takes them up to its remaining room
+        and up to (and including) its first EOS. Vectorised over rows and tokens: this runs once per round.
+        """
+        steps = torch.arange(new_tokens.shape[1], device=new_tokens.device)
+        take = (new_tokens >= 0).long().cumprod(-1).bool() & ~self.done.unsqueeze(1)
+        take &= steps < (self.max_new_tokens - self.lengths).unsqueeze(1)
+        if self.eos.numel():
+            is_eos = take & torch.isin(new_tokens, self.eos)
+            after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # strictly after the row's first EOS
+            take &= ~after_eos
+            self.done |= is_eos.any(-1)
+        rows, columns = take.nonzero(as_tuple=True)
+        slots = self.lengths[rows] + columns
+        self.tokens[rows, slots] = new_tokens[rows, columns]
+        self.drafted[rows, slots] = drafted[rows, columns]
+        self.lengths += take.sum(-1)
+        self.done |= self.lengths >= self.max_new_tokens
+        appended = torch.where(take, new_tokens, -1)
+        return appended, drafted & take
 
     def all_done(self) -> bool:
         return bool(self.done.all())

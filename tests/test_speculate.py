@@ -220,3 +220,44 @@ def test_classifier_free_guidance_runner_matches_a_manual_guided_loop(llama_pair
         assert spec.stats.target_calls < baseline.stats.target_calls
     with pytest.raises(ValueError, match="2B prompt rows"):
         speculative_generate(GuidedRunner(CausalLMRunner(target), 3.0), None, prompt[:3], max_new_tokens=2)
+
+
+def _append_reference(tokens, lengths, done, max_new, eos, new_tokens):
+    """The buffer's rule spelled out token by token: leading non-negative tokens, up to the row's room,
+    up to and including its first EOS; finished rows take nothing."""
+    appended = [[-1] * len(row) for row in new_tokens]
+    for b, row in enumerate(new_tokens):
+        for i, token in enumerate(row):
+            if done[b] or token < 0:
+                break
+            tokens[b].append(token)
+            appended[b][i] = token
+            lengths[b] += 1
+            if lengths[b] >= max_new or token in eos:
+                done[b] = True
+    return appended
+
+
+@pytest.mark.parametrize("eos", [[], [3], [3, 5]])
+def test_output_buffer_append_matches_the_token_by_token_rule(eos):
+    from mmspec.speculate import _OutputBuffer
+
+    g = torch.Generator().manual_seed(0)
+    batch, max_new = 5, 9
+    buffer = _OutputBuffer(batch, max_new, torch.tensor(eos, dtype=torch.long), torch.device("cpu"))
+    tokens, lengths, done = [[] for _ in range(batch)], [0] * batch, [False] * batch
+    for _ in range(8):
+        new = torch.randint(0, 8, (batch, 4), generator=g)
+        new[torch.rand(batch, 4, generator=g) < 0.15] = -1  # a -1 ends a row's new tokens
+        drafted = torch.rand(batch, 4, generator=g) < 0.5
+        want = _append_reference(tokens, lengths, done, max_new, eos, new.tolist())
+        got, got_drafted = buffer.append(new, drafted)
+        assert got.tolist() == want
+        assert torch.equal(got_drafted, drafted & (got >= 0))
+        assert buffer.lengths.tolist() == lengths and buffer.done.tolist() == done
+        for b in range(batch):
+            assert buffer.tokens[b, :lengths[b]].tolist() == tokens[b]
+    if eos:  # a stop at EOS was exercised
+        assert any(done[b] and lengths[b] < max_new for b in range(batch))
+    else:  # the room limit was
+        assert any(length == max_new for length in lengths)
