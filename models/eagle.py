@@ -130,13 +130,16 @@ class EagleHead(ModelMixin, ConfigMixin):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = True,
                 output_hidden_states: bool = False, target_hidden: torch.Tensor | None = None,
-                token_embeds: torch.Tensor | None = None) -> EagleOutput:
+                token_embeds: torch.Tensor | None = None, logits_to_keep: int = 0) -> EagleOutput:
         """Predict features ``[B, T, d]`` and their logits ``[B, T, V]``.
 
         Args:
             input_ids: ``[B, T]`` tokens x_i (-1 = no token: condition positions).
             target_hidden: ``[B, T, d]`` the feature preceding each token (h_{i-1}, true or predicted).
             token_embeds: optional ``[B, T, d]`` input embeddings used where ``input_ids`` is -1 (zeros otherwise).
+            logits_to_keep: as in transformers' causal LMs: logits of the last ``logits_to_keep`` slots
+                only (``[B, logits_to_keep, V]``; 0 = every slot). The LM head is the head's largest matmul,
+                and a round's first forward reads one slot's logits.
         """
         if target_hidden is None:
             raise ValueError("EagleHead needs target_hidden [B, T, d], the feature preceding each token")
@@ -144,7 +147,8 @@ class EagleHead(ModelMixin, ConfigMixin):
         out = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=past_key_values, use_cache=use_cache)
         features = out.last_hidden_state
-        logits = self._bound()["head"](features.to(self._bound()["head"].weight.dtype))
+        read = features[:, -logits_to_keep:] if logits_to_keep else features
+        logits = self._bound()["head"](read.to(self._bound()["head"].weight.dtype))
         return EagleOutput(logits, out.past_key_values, (features,))
 
 
@@ -345,11 +349,13 @@ class EagleDrafter(Drafter):
             return self._root
         tokens, features = self._pending_pairs
         self._prefix_valid = tokens >= 0
-        out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features)
         last = self._prefix_valid.long().cumsum(1).argmax(1)  # last valid slot of each row
+        keep = tokens.shape[1] - int(last.min())  # logits from the earliest row's last slot on
+        out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features,
+                                  logits_to_keep=keep)
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         feature_rows = torch.arange(features.shape[0], device=tokens.device)
-        return out.logits[rows, last], out.hidden[feature_rows, last.repeat(self.halves)]
+        return out.logits[rows, last - (tokens.shape[1] - keep)], out.hidden[feature_rows, last.repeat(self.halves)]
 
     def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
         logits, feature = self._start_round()
@@ -393,10 +399,11 @@ class EagleDrafter(Drafter):
         if result.target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states of the committed tokens")
         self.runner.commit(keep_valid_slots(self._prefix_valid))
-        # Next round's pairs: (accepted draft j, h of the token before it), then (new pending, h of the last).
-        width = result.committed.shape[1]
+        # Next round's pairs: (accepted draft j, h of the token before it), then (new pending, h of the last);
+        # columns past the longest row's pairs would be padding in every row, so they are not fed at all.
+        width = min(int(result.num_accepted.max()) + 1, result.committed.shape[1])
         steps = torch.arange(width, device=result.committed.device)
         n = result.num_accepted.unsqueeze(1)
         shifted = torch.cat([result.committed[:, 1:], result.committed.new_full((result.committed.shape[0], 1), -1)], 1)
-        tokens = torch.where(steps < n, shifted, torch.where(steps == n, result.next_tokens.unsqueeze(1), -1))
-        self._pending_pairs = (tokens, result.target_hidden)
+        tokens = torch.where(steps < n, shifted[:, :width], torch.where(steps == n, result.next_tokens.unsqueeze(1), -1))
+        self._pending_pairs = (tokens, result.target_hidden[:, :width])

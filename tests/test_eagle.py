@@ -31,23 +31,15 @@ def test_untrained_head_is_lossless_under_greedy(llama_pair, tree):
     assert spec.stats.draft_calls > 0
 
 
-def test_training_raises_acceptance_and_stays_lossless():
-    """A few dozen EAGLE steps on the target's own samples: loss falls, drafts get accepted."""
-    torch.manual_seed(0)
-    target = tiny_llama(layers=2, seed=0, dtype=torch.float32)
-    target.requires_grad_(False)
-    head = _head(target, dtype=torch.float32)
-    g = torch.Generator().manual_seed(0)
+def _train_on_own_samples(target, head, steps: int, g: torch.Generator) -> list[float]:
+    """EAGLE training steps on the target's own samples; returns the losses."""
     prompts = torch.randint(3, 32, (64, 4), generator=g)
     samples = speculative_generate(CausalLMRunner(target), None, prompts, max_new_tokens=16,
                                    sampling=SamplingConfig(do_sample=True), generator=g).sequences
     sequences = torch.cat([prompts, samples], 1)
-    ids = torch.randint(3, 32, (4, 4), generator=g)
-    before = speculative_generate(CausalLMRunner(target, return_hidden=True), EagleDrafter(head, 4), ids,
-                                  max_new_tokens=16).stats.mean_accepted_length
     optimizer = torch.optim.AdamW(head.parameters(), lr=3e-3)
     losses = []
-    for _ in range(80):
+    for _ in range(steps):
         batch = sequences[torch.randint(0, 64, (32,), generator=g)]
         with torch.no_grad():
             hidden = target(batch, output_hidden_states=True).hidden_states[-1]
@@ -56,11 +48,34 @@ def test_training_raises_acceptance_and_stays_lossless():
         out["loss"].backward()
         optimizer.step()
         losses.append(out["loss"].item())
+    return losses
+
+
+@pytest.fixture(scope="module")
+def trained_pair():
+    """(target, head): a float32 tiny target and a head trained 80 steps on its samples."""
+    torch.manual_seed(0)
+    target = tiny_llama(layers=2, seed=0, dtype=torch.float32)
+    target.requires_grad_(False)
+    head = _head(target, dtype=torch.float32)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 32, (4, 4), generator=g)
+    before = speculative_generate(CausalLMRunner(target, return_hidden=True), EagleDrafter(head, 4), ids,
+                                  max_new_tokens=16).stats.mean_accepted_length
+    losses = _train_on_own_samples(target, head, 80, g)
+    head.requires_grad_(False)
+    return target, head, {"losses": losses, "ids": ids, "before": before}
+
+
+def test_training_raises_acceptance_and_stays_lossless(trained_pair):
+    """A few dozen EAGLE steps on the target's own samples: loss falls, drafts get accepted."""
+    target, head, log = trained_pair
+    losses, ids = log["losses"], log["ids"]
     assert sum(losses[-10:]) < 0.8 * sum(losses[:10])
     baseline = speculative_generate(CausalLMRunner(target), None, ids, max_new_tokens=16)
     spec = speculative_generate(CausalLMRunner(target, return_hidden=True), EagleDrafter(head, 4), ids, max_new_tokens=16)
     assert torch.equal(spec.sequences, baseline.sequences)
-    assert spec.stats.mean_accepted_length > before + 0.1
+    assert spec.stats.mean_accepted_length > log["before"] + 0.1
 
 
 def test_save_load_roundtrip_does_not_store_the_target_head(tmp_path, llama_pair):
@@ -180,3 +195,62 @@ def test_rollout_training_raises_deep_agreement_over_teacher_forcing():
         with torch.no_grad():
             depth3[steps] = float(eagle_loss(head, sequences[held], hidden[held], rollout_steps=3)["top1_depth3"])
     assert depth3[3] > depth3[1] + 0.03, depth3  # measured 0.41 vs 0.36
+
+
+def test_logits_to_keep_reads_the_last_slots():
+    _, head, ids, features, _ = _random_pairs(4, 2, 6)
+    full = head(ids, target_hidden=features, use_cache=False)
+    last = head(ids, target_hidden=features, use_cache=False, logits_to_keep=2)
+    assert last.logits.shape == (2, 2, full.logits.shape[-1])
+    assert torch.allclose(last.logits, full.logits[:, -2:], atol=1e-12)
+    assert torch.equal(last.hidden_states[0], full.hidden_states[0])  # features stay whole
+
+
+class _FullWidthDrafter(EagleDrafter):
+    """Reference: re-feeds the committed pairs at the round's full width (K+1 columns) and reads the root
+    from logits of every slot, as the drafter did before it trimmed both."""
+
+    def _start_round(self):
+        self.runner.begin_round()
+        if self._pending_pairs is None:
+            self._prefix_valid = torch.zeros(self._root[0].shape[0], 0, dtype=torch.bool)
+            return self._root
+        tokens, features = self._pending_pairs
+        width = self._full_width
+        tokens = torch.cat([tokens, tokens.new_full((tokens.shape[0], width - tokens.shape[1]), -1)], 1)
+        features = torch.cat([features, features[:, :1].expand(-1, width - features.shape[1], -1)], 1)
+        self._prefix_valid = tokens >= 0
+        out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features)
+        last = self._prefix_valid.long().cumsum(1).argmax(1)
+        return out.logits[torch.arange(tokens.shape[0]), last], out.hidden[torch.arange(tokens.shape[0]), last]
+
+    def commit(self, result):
+        self._full_width = result.committed.shape[1]
+        super().commit(result)
+
+
+def test_trimmed_round_start_drafts_what_the_full_width_one_does(trained_pair):
+    """The round's first head forward skips padding columns and computes one slot's logits per row; the
+    drafts of every round are those of the untrimmed computation (rows accept different lengths)."""
+    target, head, _ = trained_pair
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 32, (3, 6), generator=g)
+    mask = torch.ones_like(ids)
+    mask[2, :2] = 0
+    runs = {}
+    for name, cls in (("trimmed", EagleDrafter), ("full", _FullWidthDrafter)):
+        drafter = cls(head, 4)
+        proposals, accepted = [], []
+        propose, commit = drafter.propose, drafter.commit
+        drafter.propose = lambda pending, propose=propose, seen=proposals: seen.append(propose(pending)) or seen[-1]
+        drafter.commit = lambda result, commit=commit, seen=accepted: seen.append(result.num_accepted) or commit(result)
+        spec = speculative_generate(CausalLMRunner(target, return_hidden=True), drafter, ids, mask, max_new_tokens=20)
+        runs[name] = (proposals, accepted, spec)
+    (mine, accepted, spec), (reference, _, reference_spec) = runs["trimmed"], runs["full"]
+    assert len(mine) == len(reference) > 3
+    for ours, theirs in zip(mine, reference):
+        assert torch.equal(ours.tokens, theirs.tokens)
+    assert torch.equal(spec.sequences, reference_spec.sequences)
+    # exercised: rounds whose rows accepted different lengths (rows' last slots differ), and trimmed widths
+    assert any(int(a.max()) > int(a.min()) for a in accepted)
+    assert any(0 < int(a.max()) < 4 for a in accepted)
