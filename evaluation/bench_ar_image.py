@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmspec.pipelines.ar_image import FAST_EAGLE_CHAIN, FAST_METHOD_KWARGS
+from mmspec.pipelines.ar_image import fast_method_kwargs
 from mmspec.stats import SpecStats
 from mmspec.world import make_prompt_set
 
@@ -40,20 +40,26 @@ from .speed import RunResult, run_benchmark
 
 DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo", "mulo, sequential", "mulo, reverify",
                    "mulo, reverify, exact")
-#: per-case keyword arguments of the pipeline call (overridable with --method-kwargs); a case named other
-#: than its pipeline method says which with a "method" key
 _MULO = {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1}
-DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
-    "none": {},
-    "eagle": dict(FAST_EAGLE_CHAIN),
-    "lantern": {**FAST_EAGLE_CHAIN, "lantern_k": 64, "lantern_delta": 0.2},
-    "sjd": dict(FAST_METHOD_KWARGS["sjd"]),
-    "gsd": dict(FAST_METHOD_KWARGS["gsd"]),
-    "mulo": dict(_MULO),
-    "mulo, sequential": {**_MULO, "method": "mulo", "mulo_resample": "sequential"},
-    "mulo, reverify": {**_MULO, "method": "mulo", "mulo_resample": "reverify"},
-    "mulo, reverify, exact": {"method": "mulo", "mulo_resample": "reverify", "rule": "exact"},
-}
+
+
+def default_kwargs(greedy: bool) -> dict[str, dict[str, Any]]:
+    """Per-case keyword arguments of the pipeline call in one decoding mode (overridable with
+    --method-kwargs); a case named other than its pipeline method says which with a "method" key. EAGLE and
+    LANTERN chains are the mode's fastest (``fast_method_kwargs``: longer under greedy decoding)."""
+    return {
+        "none": {},
+        "eagle": fast_method_kwargs("eagle", greedy),
+        "lantern": {**fast_method_kwargs("lantern", greedy), "lantern_k": 64, "lantern_delta": 0.2},
+        "sjd": fast_method_kwargs("sjd", greedy),
+        "gsd": fast_method_kwargs("gsd", greedy),
+        "mulo": dict(_MULO),
+        "mulo, sequential": {**_MULO, "method": "mulo", "mulo_resample": "sequential"},
+        "mulo, reverify": {**_MULO, "method": "mulo", "mulo_resample": "reverify"},
+        "mulo, reverify, exact": {"method": "mulo", "mulo_resample": "reverify", "rule": "exact"},
+    }
+
+
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
 
@@ -73,13 +79,14 @@ def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: d
     return images, stats
 
 
-def run(pipe: Any, methods: Sequence[str], kwargs: dict[str, dict], modes: Sequence[str], batch_sizes: Sequence[int],
-        speed_prompts: Sequence[Any], quality_prompts: Sequence[Any], real: torch.Tensor, repeats: int,
-        quality_batch: int, seed: int, log=print) -> dict:
-    """Every measurement of the table; returns a JSON-able dict."""
+def run(pipe: Any, methods: Sequence[str], mode_kwargs: dict[str, dict[str, dict]], modes: Sequence[str],
+        batch_sizes: Sequence[int], speed_prompts: Sequence[Any], quality_prompts: Sequence[Any], real: torch.Tensor,
+        repeats: int, quality_batch: int, seed: int, log=print) -> dict:
+    """Every measurement of the table; ``mode_kwargs[mode][method]`` are the pipeline keywords. Returns a
+    JSON-able dict."""
     results: dict[str, Any] = {"modes": {}}
     for mode_name in modes:
-        mode = MODES[mode_name]
+        mode, kwargs = MODES[mode_name], mode_kwargs[mode_name]
         texts = [p.text for p in quality_prompts]
         scores: dict[str, dict[str, float]] = {}
         for method in methods:
@@ -152,10 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    kwargs = method_kwargs(args.methods, DEFAULT_KWARGS, args.method_kwargs)
+    kwargs = {mode: method_kwargs(args.methods, default_kwargs(greedy=not MODES[mode].get("do_sample", True)),
+                                  args.method_kwargs) for mode in args.modes}
     if args.guidance_scale is not None:
-        for m in kwargs:
-            kwargs[m]["guidance_scale"] = args.guidance_scale
+        for by_method in kwargs.values():
+            for m in by_method:
+                by_method[m]["guidance_scale"] = args.guidance_scale
 
     from mmspec.pipelines import ARImagePipeline
 

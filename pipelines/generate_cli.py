@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from mmspec.pipelines.ar_image import FAST_METHOD_KWARGS, METHODS, ARImagePipeline
+from mmspec.pipelines.ar_image import METHODS, ARImagePipeline, fast_method_kwargs
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guidance-scale", type=float, default=3.0)
     parser.add_argument("--method-kwargs", default="{}",
                         help='JSON of extra pipeline arguments, e.g. \'{"lantern_delta": 0.3}\', over the '
-                             "method's FAST_METHOD_KWARGS (mmspec.pipelines.ar_image)")
+                             "method's fast settings (fast_method_kwargs in mmspec.pipelines.ar_image)")
     parser.add_argument("--scale", type=int, default=8, help="nearest-neighbour upscaling of the written PNGs")
     parser.add_argument("--no-baseline", action="store_true", help="skip the target-only comparison run")
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, OSError, ValueError) as error:
         raise SystemExit(f"cannot load {args.pipeline!r}: {error}") from None
     pipe.set_progress_bar_config(disable=True)
-    fast = {} if "tree" in extra else FAST_METHOD_KWARGS.get(args.method, {})  # a tree replaces the chain
+    fast = {} if "tree" in extra else fast_method_kwargs(args.method, args.greedy)  # a tree replaces the chain
     kwargs = dict(do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   guidance_scale=args.guidance_scale, num_images_per_prompt=args.num_images, output_type="pil",
                   **{**fast, **extra})

@@ -49,18 +49,37 @@ def pipeline_calls(monkeypatch) -> list[dict]:
 
 def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(folder, tmp_path, capsys,
                                                                                pipeline_calls):
-    """eagle runs with FAST_EAGLE_CHAIN unless overridden; the target-only comparison run gets the same
-    keywords and ignores the drafting ones (a threshold once made the baseline raise)."""
+    """eagle runs with the fast chain of its decoding mode (FAST_EAGLE_GREEDY_CHAIN greedy, FAST_EAGLE_CHAIN
+    sampling) unless overridden; the target-only comparison run gets the same keywords and ignores the
+    drafting ones (a threshold once made the baseline raise)."""
     assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "a"),
                      "--greedy"]) == 0
     assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "b"),
                      "--greedy", "--method-kwargs", '{"draft_confidence_threshold": 0.2}']) == 0
     calls = pipeline_calls
     eagle = [c for c in calls if c["method"] == "eagle"]
-    assert eagle[0]["num_draft_tokens"] == 8 and eagle[0]["draft_confidence_threshold"] == 0.5
-    assert eagle[-1]["draft_confidence_threshold"] == 0.2 and eagle[-1]["num_draft_tokens"] == 8
+    assert eagle[0]["num_draft_tokens"] == 12 and eagle[0]["draft_confidence_threshold"] == 0.5
+    assert eagle[-1]["draft_confidence_threshold"] == 0.2 and eagle[-1]["num_draft_tokens"] == 12
     assert any(c["method"] == "none" and c.get("draft_confidence_threshold") == 0.2 for c in calls)
     assert capsys.readouterr().out.count("speedup:") == 2
+    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "c"),
+                     "--no-baseline"]) == 0
+    assert pipeline_calls[-1]["num_draft_tokens"] == 8 and pipeline_calls[-1]["do_sample"]
+
+
+def test_fast_settings_depend_on_the_decoding_mode():
+    from mmspec.pipelines.ar_image import FAST_EAGLE_CHAIN, FAST_EAGLE_GREEDY_CHAIN, fast_method_kwargs
+
+    for method in ("eagle", "lantern"):
+        assert fast_method_kwargs(method, greedy=True) == FAST_EAGLE_GREEDY_CHAIN
+        assert fast_method_kwargs(method, greedy=False) == FAST_EAGLE_CHAIN
+    assert fast_method_kwargs("sjd", greedy=True) == fast_method_kwargs("sjd") == {"sjd_window": 8, "sjd_init": "left"}
+    assert fast_method_kwargs("none", greedy=True) == {}
+    fast_method_kwargs("eagle")["num_draft_tokens"] = 99  # a fresh dict: the table is not changed
+    assert FAST_EAGLE_CHAIN["num_draft_tokens"] == 8
+    greedy, sampling = bench_ar_image.default_kwargs(greedy=True), bench_ar_image.default_kwargs(greedy=False)
+    assert greedy["lantern"]["num_draft_tokens"] == 12 and sampling["lantern"]["num_draft_tokens"] == 8
+    assert greedy["lantern"]["lantern_delta"] == sampling["lantern"]["lantern_delta"] == 0.2
 
 
 def test_generate_runs_jacobi_methods_with_their_fast_window(folder, tmp_path, pipeline_calls):
@@ -108,6 +127,7 @@ def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     quality = data["modes"]["greedy"]["quality"]
     assert set(quality) == {"none", "eagle", "mulo", "mulo, sequential", "mulo, reverify, exact", "none, seed 2"}
     assert quality["mulo, reverify, exact"] == quality["none"]  # lossless: the same images, the same scores
+    assert data["kwargs"]["greedy"]["eagle"]["num_draft_tokens"] == 12  # the mode's fast chain
     mulo_calls = speed["mulo"]["stats"]["target_calls"]
     assert mulo_calls == 3 * (1 + 8 // 2)  # 6 prompts in 3 calls: prefill + one pass per block of 2 rows
     assert speed["mulo, sequential"]["stats"]["target_calls"] > mulo_calls  # redrawn columns cost calls
