@@ -43,16 +43,17 @@ DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo", "mulo, sequ
 _MULO = {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1}
 
 
-def default_kwargs(greedy: bool) -> dict[str, dict[str, Any]]:
-    """Per-case keyword arguments of the pipeline call in one decoding mode (overridable with
-    --method-kwargs); a case named other than its pipeline method says which with a "method" key. EAGLE and
-    LANTERN chains are the mode's fastest (``fast_method_kwargs``: longer under greedy decoding)."""
+def default_kwargs(greedy: bool, batch_size: int = 1) -> dict[str, dict[str, Any]]:
+    """Per-case keyword arguments of the pipeline call in one decoding mode and batch size (overridable
+    with --method-kwargs); a case named other than its pipeline method says which with a "method" key.
+    EAGLE and LANTERN chains are the fastest measured for the mode and batch (``fast_method_kwargs``:
+    longer for greedy decoding at batch 1)."""
     return {
         "none": {},
-        "eagle": fast_method_kwargs("eagle", greedy),
-        "lantern": {**fast_method_kwargs("lantern", greedy), "lantern_k": 64, "lantern_delta": 0.2},
-        "sjd": fast_method_kwargs("sjd", greedy),
-        "gsd": fast_method_kwargs("gsd", greedy),
+        "eagle": fast_method_kwargs("eagle", greedy, batch_size),
+        "lantern": {**fast_method_kwargs("lantern", greedy, batch_size), "lantern_k": 64, "lantern_delta": 0.2},
+        "sjd": fast_method_kwargs("sjd", greedy, batch_size),
+        "gsd": fast_method_kwargs("gsd", greedy, batch_size),
         "mulo": dict(_MULO),
         "mulo, sequential": {**_MULO, "method": "mulo", "mulo_resample": "sequential"},
         "mulo, reverify": {**_MULO, "method": "mulo", "mulo_resample": "reverify"},
@@ -79,14 +80,15 @@ def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: d
     return images, stats
 
 
-def run(pipe: Any, methods: Sequence[str], mode_kwargs: dict[str, dict[str, dict]], modes: Sequence[str],
+def run(pipe: Any, methods: Sequence[str], kwargs_by_case: dict[str, dict[str, dict[str, dict]]], modes: Sequence[str],
         batch_sizes: Sequence[int], speed_prompts: Sequence[Any], quality_prompts: Sequence[Any], real: torch.Tensor,
         repeats: int, quality_batch: int, seed: int, log=print) -> dict:
-    """Every measurement of the table; ``mode_kwargs[mode][method]`` are the pipeline keywords. Returns a
-    JSON-able dict."""
+    """Every measurement of the table. ``kwargs_by_case[mode][str(batch)][method]`` are the pipeline
+    keywords of a timed batch size; quality is measured with those of batch 1 (the headline settings),
+    generated in chunks of ``quality_batch``. Returns a JSON-able dict."""
     results: dict[str, Any] = {"modes": {}}
     for mode_name in modes:
-        mode, kwargs = MODES[mode_name], mode_kwargs[mode_name]
+        mode, kwargs = MODES[mode_name], kwargs_by_case[mode_name]["1"]
         texts = [p.text for p in quality_prompts]
         scores: dict[str, dict[str, float]] = {}
         for method in methods:
@@ -101,7 +103,8 @@ def run(pipe: Any, methods: Sequence[str], mode_kwargs: dict[str, dict[str, dict
         by_batch = {}
         speed_texts = [p.text for p in speed_prompts]
         for batch in batch_sizes:
-            cases = {m: _speed_case(pipe, speed_texts, m, kwargs[m], mode, batch, seed) for m in methods}
+            cases = {m: _speed_case(pipe, speed_texts, m, kwargs_by_case[mode_name][str(batch)][m], mode, batch, seed)
+                     for m in methods}
             report = run_benchmark(cases, baseline=methods[0], warmup=1, repeats=repeats, seed=seed, unit="images")
             for method, c in report.cases.items():
                 c.quality.update(scores[method])
@@ -159,12 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    kwargs = {mode: method_kwargs(args.methods, default_kwargs(greedy=not MODES[mode].get("do_sample", True)),
-                                  args.method_kwargs) for mode in args.modes}
+    kwargs = {mode: {str(batch): method_kwargs(args.methods, default_kwargs(not MODES[mode].get("do_sample", True), batch),
+                                               args.method_kwargs)
+                     for batch in sorted({1, *args.batch_sizes})} for mode in args.modes}
     if args.guidance_scale is not None:
-        for by_method in kwargs.values():
-            for m in by_method:
-                by_method[m]["guidance_scale"] = args.guidance_scale
+        for by_batch in kwargs.values():
+            for by_method in by_batch.values():
+                for m in by_method:
+                    by_method[m]["guidance_scale"] = args.guidance_scale
 
     from mmspec.pipelines import ARImagePipeline
 

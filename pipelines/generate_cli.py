@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, OSError, ValueError) as error:
         raise SystemExit(f"cannot load {args.pipeline!r}: {error}") from None
     pipe.set_progress_bar_config(disable=True)
-    fast = {} if "tree" in extra else fast_method_kwargs(args.method, args.greedy)  # a tree replaces the chain
+    batch = len(args.prompts) * args.num_images  # one call generates every image
+    fast = {} if "tree" in extra else fast_method_kwargs(args.method, args.greedy, batch)  # a tree replaces the chain
     kwargs = dict(do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   guidance_scale=args.guidance_scale, num_images_per_prompt=args.num_images, output_type="pil",
                   **{**fast, **extra})
