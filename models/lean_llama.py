@@ -14,11 +14,12 @@ all (padding) attend to every key instead, as transformers does, so their output
 
 **Inference fast path.** Without autograd (``torch.no_grad``: drafting) each layer runs fewer, larger ops,
 because a draft step on one token is bound by per-op overhead, not arithmetic: one matmul computes
-``q, rotate_half(q), k, rotate_half(k), v`` (rotate_half is a signed permutation of rows, folded into a
-copy of the projection weights), one computes gate and up, and RoPE angles come from a cached table
-(float32 RMSNorm is torch's fused ``rms_norm``, which computes the same float32 arithmetic). The derived weights are rebuilt whenever a parameter changes (its
-version counter or storage), so training and loading need no care. Same math; outputs agree with the
-autograd path to float rounding (tested).
+``q, k, rotate_half(q), rotate_half(k), v`` (rotate_half is a signed permutation of rows, folded into a
+copy of the projection weights) and one ``addcmul`` applies RoPE to q and k together, one matmul computes
+gate and up, RoPE angles come from a cached table, and a single query reads the key mask as it is. The
+derived weights are rebuilt whenever a parameter changes (its version counter or storage), so training and
+loading need no care. Same math; outputs agree with the autograd path to float rounding (tested). On both
+paths a float32 RMSNorm is torch's fused ``rms_norm`` (the same float32 arithmetic as transformers').
 """
 
 from __future__ import annotations
