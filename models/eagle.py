@@ -194,8 +194,9 @@ def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: t
         inputs = inputs + (noise - 0.5) * feature_noise
     pair_valid = valid[:, 1:] & valid[:, :-1]
     targets = target_hidden[:, 1:]
+    lm_head = head.get_output_embeddings()
     with torch.no_grad():
-        target_probs = head.get_output_embeddings()(targets).softmax(-1)
+        target_probs = lm_head(targets).softmax(-1)
     chains = _chain_weights(pair_valid, tokens, rollout_steps)
     result: dict[str, torch.Tensor] = {}
     total = target_hidden.new_zeros(())
@@ -203,7 +204,7 @@ def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: t
         weight = (pair_valid if depth == 1 else chains[depth - 1]).to(predicted.dtype)
         count = weight.sum().clamp_min(1.0)
         feature_loss = (nn.functional.smooth_l1_loss(predicted, targets, reduction="none").mean(-1) * weight).sum() / count
-        logits = head.get_output_embeddings()(predicted.to(head.get_output_embeddings().weight.dtype))
+        logits = lm_head(predicted.to(lm_head.weight.dtype))
         ce_loss = (-(target_probs * logits.log_softmax(-1)).sum(-1) * weight).sum() / count
         agree = (logits.argmax(-1) == target_probs.argmax(-1)).to(weight.dtype)
         total = total + feature_weight * feature_loss + ce_weight * ce_loss
@@ -350,12 +351,12 @@ class EagleDrafter(Drafter):
         tokens, features = self._pending_pairs
         self._prefix_valid = tokens >= 0
         last = self._prefix_valid.long().cumsum(1).argmax(1)  # last valid slot of each row
-        keep = tokens.shape[1] - int(last.min())  # logits from the earliest row's last slot on
+        first = int(last.min())  # logits only from the earliest row's last slot on
         out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features,
-                                  logits_to_keep=keep)
+                                  logits_to_keep=tokens.shape[1] - first)
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         feature_rows = torch.arange(features.shape[0], device=tokens.device)
-        return out.logits[rows, last - (tokens.shape[1] - keep)], out.hidden[feature_rows, last.repeat(self.halves)]
+        return out.logits[rows, last - first], out.hidden[feature_rows, last.repeat(self.halves)]
 
     def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
         logits, feature = self._start_round()
@@ -401,9 +402,10 @@ class EagleDrafter(Drafter):
         self.runner.commit(keep_valid_slots(self._prefix_valid))
         # Next round's pairs: (accepted draft j, h of the token before it), then (new pending, h of the last);
         # columns past the longest row's pairs would be padding in every row, so they are not fed at all.
-        width = min(int(result.num_accepted.max()) + 1, result.committed.shape[1])
-        steps = torch.arange(width, device=result.committed.device)
+        committed = result.committed
+        width = min(int(result.num_accepted.max()) + 1, committed.shape[1])
+        steps = torch.arange(width, device=committed.device)
         n = result.num_accepted.unsqueeze(1)
-        shifted = torch.cat([result.committed[:, 1:], result.committed.new_full((result.committed.shape[0], 1), -1)], 1)
-        tokens = torch.where(steps < n, shifted[:, :width], torch.where(steps == n, result.next_tokens.unsqueeze(1), -1))
+        shifted = torch.cat([committed[:, 1:], committed.new_full((committed.shape[0], 1), -1)], 1)[:, :width]
+        tokens = torch.where(steps < n, shifted, torch.where(steps == n, result.next_tokens.unsqueeze(1), -1))
         self._pending_pairs = (tokens, result.target_hidden[:, :width])

@@ -91,8 +91,7 @@ class LeanAttention(nn.Module):
             q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
             k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
             v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-            q_rot, k_rot = _rotate_half(q), _rotate_half(k)
-            q, k = q * cos + q_rot * sin, k * cos + k_rot * sin
+            q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         else:  # inference fast path: one matmul for q, k, v and their rotate_half, RoPE on q and k at once
             weight, bias = self._fused.get(self._build_rope_projection, self.q_proj, self.k_proj, self.v_proj)
             projected = F.linear(x, weight, bias).view(b, t, -1, self.head_dim).transpose(1, 2)
@@ -185,28 +184,14 @@ class LeanLlamaDecoder(nn.Module):
         if torch.is_grad_enabled():
             cos, sin = _rope_angles(position_ids, self.inv_freq)
         else:
+            needed = int(position_ids.max()) + 1 if position_ids.numel() else 1
             table = self._rope_table
-            if table is None or table[0].device != position_ids.device or table[0].dtype != dtype:
-                size = max(self.config.max_position_embeddings, 256)
+            if table is None or table[0].shape[0] < needed or table[0].device != position_ids.device \
+                    or table[0].dtype != dtype:  # sized for max_position_embeddings, doubled past it
+                size = max(self.config.max_position_embeddings, 2 * needed)
                 table = self._rope_table = _rope_table(size, self.inv_freq, dtype, position_ids.device)
-            # Positions past the table (beyond max_position_embeddings) grow it. On CPU an out-of-range
-            # lookup raises IndexError, so the common case needs no max() over the positions; on other
-            # devices it would be a device-side assert, so they check first.
-            if position_ids.device.type != "cpu" and position_ids.numel() and \
-                    int(position_ids.max()) >= table[0].shape[0]:
-                table = self._grow_rope_table(position_ids, dtype)
-            try:
-                cos, sin = table[0][position_ids], table[1][position_ids]
-            except IndexError:
-                table = self._grow_rope_table(position_ids, dtype)
-                cos, sin = table[0][position_ids], table[1][position_ids]
-            return cos.unsqueeze(1), sin.unsqueeze(1)
+            return table[0][position_ids].unsqueeze(1), table[1][position_ids].unsqueeze(1)
         return cos.to(dtype).unsqueeze(1), sin.to(dtype).unsqueeze(1)
-
-    def _grow_rope_table(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        size = max(int(position_ids.max()) + 1, 2 * self._rope_table[0].shape[0])
-        self._rope_table = _rope_table(size, self.inv_freq, dtype, position_ids.device)
-        return self._rope_table
 
 
 def _stack_linears(*layers: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
