@@ -122,9 +122,8 @@ class CausalLMRunner:
                 drafting/verification; default is causal over valid slots.
         """
         state = self._state()
-        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
         previous = state.num_slots
-        positions, key_mask = state.append(valid, offsets)
+        positions, key_mask = state.append(tokens.shape[1] if valid is None else valid, offsets)
         if attention is None:
             mask: torch.Tensor = key_mask.long()
         else:
@@ -157,15 +156,17 @@ class GuidedRunner:
     Args:
         runner: the wrapped runner (it sees the doubled batch).
         guidance_scale: s (1.0 is plain conditional decoding; callers usually skip the wrapper then).
-        hidden: which hidden states to return: "cond" (the ``B`` conditional rows) or "both" (all ``2B``
-            rows, ``[cond; uncond]``: what a feature-level drafter needs to draft under guidance itself).
+        hidden: which hidden states to return: "cond" (the ``B`` conditional rows), "both" (all ``2B``
+            rows, ``[cond; uncond]``: what a feature-level drafter needs to draft under guidance itself) or
+            "guided" (``B`` rows ``h_u + s (h_c - h_u)``, combined like the logits: the features whose
+            LM-head logits are the guided logits, for a head trained on them).
     """
 
     def __init__(self, runner: CausalLMRunner, guidance_scale: float, hidden: str = "cond") -> None:
         if guidance_scale < 0:
             raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale}")
-        if hidden not in ("cond", "both"):
-            raise ValueError(f"hidden must be 'cond' or 'both', got {hidden!r}")
+        if hidden not in ("cond", "both", "guided"):
+            raise ValueError(f"hidden must be 'cond', 'both' or 'guided', got {hidden!r}")
         self.runner, self.guidance_scale, self.hidden = runner, guidance_scale, hidden
 
     @property
@@ -184,7 +185,12 @@ class GuidedRunner:
         from mmspec.sampling import apply_guidance
 
         half = out.logits.shape[0] // 2
-        hidden = out.hidden if out.hidden is None or self.hidden == "both" else out.hidden[:half]
+        if out.hidden is None or self.hidden == "both":
+            hidden = out.hidden
+        elif self.hidden == "guided":
+            hidden = apply_guidance(out.hidden, self.guidance_scale)
+        else:
+            hidden = out.hidden[:half]
         return StepOutput(apply_guidance(out.logits, self.guidance_scale), hidden)
 
     def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,

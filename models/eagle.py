@@ -31,7 +31,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from mmspec.cache import keep_valid_slots
 from mmspec.drafters import TreeConfig, check_chain_confidence, draft_chain
-from mmspec.models.lean_llama import LeanLlamaDecoder
+from mmspec.models.lean_llama import DerivedWeights, LeanLlamaDecoder
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult
@@ -58,13 +58,18 @@ class EagleHead(ModelMixin, ConfigMixin):
         norm_eps: RMSNorm epsilon.
         decoder_impl: "lean" (:class:`~mmspec.models.lean_llama.LeanLlamaDecoder`, the default) or "transformers"
             (``LlamaModel``); identical outputs and parameter names.
+        feature_guidance: None for a head trained on the target's conditional (or unconditional) features;
+            s for a head trained on its *guided* features ``h_u + s (h_c - h_u)`` at guidance scale s, whose
+            LM-head logits are the guided logits: it drafts the guided target from one row
+            (:class:`EagleDrafter` ``guided_features=True``).
     """
 
     @register_to_config
     def __init__(self, hidden_size: int, vocab_size: int, num_attention_heads: int = 4,
                  num_key_value_heads: int | None = None, intermediate_size: int | None = None,
                  rope_theta: float = 10000.0, input_norm: bool = False, norm_eps: float = 1e-6,
-                 max_position_embeddings: int = 4096, decoder_impl: str = "lean") -> None:
+                 max_position_embeddings: int = 4096, decoder_impl: str = "lean",
+                 feature_guidance: float | None = None) -> None:
         super().__init__()
         if decoder_impl not in ("lean", "transformers"):  # (not "decoder": config keys shadow submodules)
             raise ValueError(f"decoder_impl must be 'lean' or 'transformers', got {decoder_impl!r}")
@@ -82,6 +87,7 @@ class EagleHead(ModelMixin, ConfigMixin):
             self.decoder = LlamaModel(self.llama_config)
             self.decoder.embed_tokens = None  # inputs arrive as embeddings
         self._target: dict[str, nn.Module] = {}
+        self._projected = DerivedWeights()  # inference: fc's token half applied to every token (see fuse)
 
     # -- target binding -------------------------------------------------------------------------------
     def bind_target(self, input_embeddings: nn.Module, output_embeddings: nn.Module) -> EagleHead:
@@ -114,7 +120,20 @@ class EagleHead(ModelMixin, ConfigMixin):
     def fuse(self, input_ids: torch.Tensor | None, target_hidden: torch.Tensor,
              token_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """``fc([embed(x) ; h])``; a missing token id (None or -1) embeds as zeros (condition prefixes), or as
-        ``token_embeds [B, T, d]`` at those slots when given (e.g. compressed image tokens of a VLM drafter)."""
+        ``token_embeds [B, T, d]`` at those slots when given (e.g. compressed image tokens of a VLM drafter).
+
+        Without autograd (drafting) and without an input norm, ``fc`` splits into a token part and a feature
+        part, ``fc([e ; h]) = W_e e + W_h h + b``, and the token part is read from a table of every token's
+        projected embedding (``embed @ W_e^T``, one zero row more for missing ids): one row lookup instead of
+        an embedding, a mask, a concatenation and a matmul of twice the width, which matters in a draft step
+        that is bound by per-op overhead (a plain ``nn.Embedding``; other embeddings, e.g. Janus's image
+        aligner, take the general path). Same math, float rounding aside (tested)."""
+        if (input_ids is not None and token_embeds is None and self.fused_norm is None
+                and isinstance(self._bound()["embed"], nn.Embedding) and not torch.is_grad_enabled()):
+            table, feature_weight = self._projected.get(self._build_projected_tokens, self.fc, self._bound()["embed"])
+            tokens = input_ids.remainder(table.shape[0])  # -1 (no token) -> the zero row at the end
+            return torch.nn.functional.embedding(tokens, table) + \
+                torch.nn.functional.linear(target_hidden.to(feature_weight.dtype), feature_weight, self.fc.bias)
         if input_ids is None:
             embeds = torch.zeros_like(target_hidden) if token_embeds is None else token_embeds.to(target_hidden.dtype)
         else:
@@ -126,6 +145,15 @@ class EagleHead(ModelMixin, ConfigMixin):
         if self.fused_norm is not None:
             fused = self.fused_norm(fused)
         return self.fc(fused)
+
+    def _build_projected_tokens(self, fc: nn.Linear, embed: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(table [V + 1, d], W_h [d, d])``: each token's embedding through the token half of ``fc`` (row V
+        all zeros: a missing id), and the feature half of ``fc``'s weight."""
+        width = self.config.hidden_size
+        token_weight, feature_weight = fc.weight[:, :width], fc.weight[:, width:]
+        projected = embed.weight.to(token_weight.dtype) @ token_weight.T
+        table = torch.cat([projected, projected.new_zeros(1, width)])
+        return table, feature_weight.contiguous()
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = True,
@@ -148,7 +176,8 @@ class EagleHead(ModelMixin, ConfigMixin):
                            past_key_values=past_key_values, use_cache=use_cache)
         features = out.last_hidden_state
         read = features[:, -logits_to_keep:] if logits_to_keep else features
-        logits = self._bound()["head"](read.to(self._bound()["head"].weight.dtype))
+        lm_head = self._bound()["head"]
+        logits = lm_head(read if read.dtype == lm_head.weight.dtype else read.to(lm_head.weight.dtype))
         return EagleOutput(logits, out.past_key_values, (features,))
 
 
@@ -291,6 +320,10 @@ class EagleDrafter(Drafter):
             halves: ``GuidedRunner(CausalLMRunner(model, return_hidden=True), s, hidden="both")``.
         confidence_threshold: dynamic chain length (:func:`~mmspec.drafters.draft_chain`): a chain stops
             once every row's drafted token had less than this probability under the head; 0 drafts K.
+        guided_features: the head was trained on the target's *guided* features (``feature_guidance`` in
+            its config): it drafts one row per token row from ``h_u + s (h_c - h_u)``, which the target
+            returns with ``GuidedRunner(..., hidden="guided")``; ``guidance_scale`` must then be 1.0 (the
+            guidance is in the features). :attr:`target_hidden` names the features the target must return.
     """
 
     needs_target_hidden = True
@@ -298,13 +331,18 @@ class EagleDrafter(Drafter):
     def __init__(self, head: EagleHead, num_draft_tokens: int = 4,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
                  generator: torch.Generator | None = None, guidance_scale: float = 1.0,
-                 confidence_threshold: float = 0.0) -> None:
+                 confidence_threshold: float = 0.0, guided_features: bool = False) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
         check_chain_confidence(confidence_threshold, tree)
+        if guided_features and guidance_scale != 1.0:
+            raise ValueError("guided_features drafts from features that are already guided: leave guidance_scale "
+                             f"at 1.0 (got {guidance_scale})")
         self.confidence_threshold = confidence_threshold
         head._bound()
         self.head = head
         self.halves = 1 if guidance_scale == 1.0 else 2  # feature rows per token row
+        #: the target features this drafter reads (``GuidedRunner``'s ``hidden`` under guidance)
+        self.target_hidden = "guided" if guided_features else ("both" if self.halves == 2 else "cond")
         runner = CausalLMRunner(head, return_hidden=True)
         self.runner: Any = runner if self.halves == 1 else GuidedRunner(runner, guidance_scale, hidden="both")
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
@@ -362,11 +400,11 @@ class EagleDrafter(Drafter):
         logits, feature = self._start_round()
         if self.tree is not None:
             return self._propose_tree(logits, feature)
-        state = {"feature": feature}
+        state = {"feature": feature.unsqueeze(1)}  # [R, 1, d]
 
         def step(token: torch.Tensor) -> torch.Tensor:  # feed the head its own predicted feature
-            out = self.runner.forward(token.unsqueeze(1), target_hidden=state["feature"].unsqueeze(1))
-            state["feature"] = out.hidden[:, 0]
+            out = self.runner.forward(token.unsqueeze(1), target_hidden=state["feature"])
+            state["feature"] = out.hidden
             return out.logits[:, 0]
 
         return draft_chain(logits, step, self.num_draft_tokens, self.sampling, self.generator,

@@ -265,11 +265,29 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
 
+    def _eagle_mode(self, eagle_guided: bool | str | None, guidance_scale: float, sampling: SamplingConfig
+                    ) -> bool | str:
+        """How the EAGLE head drafts under guidance: "features" (one row of guided features, for a head
+        trained on them at this scale), True (both halves, logits combined) or False (conditional half)."""
+        trained_scale = self.eagle_head.config.get("feature_guidance")  # None: trained on plain features
+        if eagle_guided is None:  # auto: what drafts best on the shapes zoo
+            if trained_scale is not None and guidance_scale != 1.0 and trained_scale == guidance_scale:
+                return "features"
+            return sampling.do_sample  # guided drafts for sampling, the conditional half's for greedy
+        if eagle_guided == "features":
+            if guidance_scale == 1.0 or trained_scale != guidance_scale:
+                raise ValueError(f"eagle_guided='features' needs a head trained on guided features at this "
+                                 f"guidance_scale ({guidance_scale}); this head's feature_guidance is {trained_scale}")
+            return "features"
+        if not isinstance(eagle_guided, bool):
+            raise ValueError(f"eagle_guided must be None, True, False or 'features', got {eagle_guided!r}")
+        return eagle_guided
+
     def _build_method(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
                       num_draft_tokens: int, tree: TreeConfig | None, lantern_k: int | None, lantern_delta: float,
                       lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
                       gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
-                      guidance_scale: float, eagle_guided: bool | None, draft_confidence_threshold: float
+                      guidance_scale: float, eagle_guided: bool | str | None, draft_confidence_threshold: float
                       ) -> tuple[Any, AcceptanceRule | None]:
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
@@ -282,11 +300,11 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         if method in ("eagle", "lantern"):
             from mmspec.models.eagle import EagleDrafter
 
-            if eagle_guided is None:  # auto: guided drafts for sampling, the conditional half's for greedy
-                eagle_guided = sampling.do_sample
+            mode = self._eagle_mode(eagle_guided, guidance_scale, sampling)
             drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
-                                   guidance_scale=guidance_scale if eagle_guided else 1.0,
-                                   confidence_threshold=draft_confidence_threshold)
+                                   guidance_scale=guidance_scale if mode is True else 1.0,
+                                   confidence_threshold=draft_confidence_threshold,
+                                   guided_features=mode == "features")
             if method == "eagle":
                 return drafter, None
             k = min(1000, vocab - 1) if lantern_k is None else lantern_k
@@ -320,7 +338,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                  lantern_lam: float | None = None, sjd_window: int = 16, sjd_init: str = "random",
                  gsd_group_size: int = 10, gsd_prob_threshold: float = 0.15,
                  gsd_distance_threshold: float = float("inf"), mulo_k: int = 16, mulo_tau: float = 0.3,
-                 mulo_radius: int = 1, mulo_resample: str = "parallel", eagle_guided: bool | None = None,
+                 mulo_radius: int = 1, mulo_resample: str = "parallel", eagle_guided: bool | str | None = None,
                  draft_confidence_threshold: float = 0.0,
                  rule: AcceptanceRule | None = None,
                  callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
@@ -338,10 +356,11 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             output_type: "pil", "np", "pt" or "tokens" (no decoding).
             num_draft_tokens / tree: EAGLE chain length, or an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`.
             eagle_guided: under guidance, run the EAGLE head on both halves and draft from the guided
-                combination of its logits (True), or draft from the conditional half only (False). None
-                (default) picks what drafts best on the shapes zoo: guided when sampling, conditional for
-                greedy decoding (the guided argmax usually is the conditional one, and the head's
-                unconditional errors, amplified by s - 1, only cost acceptance; docs/pipeline_ar_image.md).
+                combination of its logits (True), draft from the conditional half only (False), or draft one
+                row from the target's guided features ("features": a head trained on them at this guidance
+                scale, ``feature_guidance`` in its config). None (default) picks "features" for such a head,
+                else guided when sampling and conditional for greedy decoding (the head's unconditional
+                errors, amplified by s - 1, cost greedy acceptance; docs/pipeline_ar_image.md).
             draft_confidence_threshold: dynamic EAGLE chain length: a round's chain stops before K once
                 every row's drafted token had less than this probability under the head (0: always K).
                 Lossless like any chain length; it saves head forwards whose drafts would mostly be
@@ -392,8 +411,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                                      return_hidden=bool(getattr(drafter, "needs_target_hidden", False)))
         inputs: dict[str, torch.Tensor] = {"condition_ids": condition}
         if guidance_scale != 1.0:
-            both = getattr(drafter, "halves", 1) == 2  # a guided EAGLE drafter reads both halves' features
-            target = GuidedRunner(target, guidance_scale, hidden="both" if both else "cond")
+            target = GuidedRunner(target, guidance_scale, hidden=getattr(drafter, "target_hidden", "cond"))
             inputs = {"condition_ids": torch.cat([condition, condition]),
                       "condition_drop": torch.arange(2 * batch, device=device) >= batch}
             mask = torch.cat([mask, mask])  # unconditional rows keep their prompt's layout, as LlamaGen's sampler

@@ -50,10 +50,10 @@ def tiny_vq() -> VQTokenizer:
     return vq.fit_codebook(torch.rand(1500, 12, generator=torch.Generator().manual_seed(0)), iters=3)
 
 
-def copy_head(hidden: int = 32) -> EagleHead:
+def copy_head(hidden: int = 32, feature_guidance: float | None = None) -> EagleHead:
     """An EAGLE head that predicts the previous feature (the last token's distribution) again."""
     torch.manual_seed(1)
-    head = EagleHead(hidden_size=hidden, vocab_size=V, num_attention_heads=4).double()
+    head = EagleHead(hidden_size=hidden, vocab_size=V, num_attention_heads=4, feature_guidance=feature_guidance).double()
     with torch.no_grad():
         head.fc.weight.zero_()
         head.fc.weight[:, hidden:] = torch.eye(hidden)
@@ -63,9 +63,11 @@ def copy_head(hidden: int = 32) -> EagleHead:
     return head
 
 
-def make_pipe(model_type: str = "t2i", sharpness: float = 30.0, head: bool = True) -> ARImagePipeline:
+def make_pipe(model_type: str = "t2i", sharpness: float = 30.0, head: bool = True,
+              feature_guidance: float | None = None) -> ARImagePipeline:
     words = WordTokenizer(WORDS) if model_type == "t2i" else None
-    pipe = ARImagePipeline(tiny_transformer(model_type, sharpness), tiny_vq(), copy_head() if head else None, words)
+    pipe = ARImagePipeline(tiny_transformer(model_type, sharpness), tiny_vq(),
+                           copy_head(feature_guidance=feature_guidance) if head else None, words)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -157,11 +159,12 @@ def _exact_first_two_marginals(model: LlamaGenTransformer, words: torch.Tensor, 
 @pytest.mark.parametrize("method,kwargs", [("none", {}), ("eagle", {}),
                                            ("eagle", {"tree": TreeConfig(depth=2, top_k=2, total_tokens=4)}),
                                            ("eagle", {"num_draft_tokens": 3, "draft_confidence_threshold": 0.3}),
+                                           ("eagle", {"eagle_guided": "features"}),
                                            ("sjd", {"sjd_window": 4})],
-                         ids=["none", "eagle", "eagle-tree", "eagle-dynamic-chain", "sjd"])
+                         ids=["none", "eagle", "eagle-tree", "eagle-dynamic-chain", "eagle-guided-features", "sjd"])
 def test_sampling_matches_the_exact_target_marginals(method, kwargs):
     """2000 rows of one prompt at temperature 1 with CFG: tokens 0 and 1 follow the exact guided marginals."""
-    pipe = make_pipe(sharpness=3.0)
+    pipe = make_pipe(sharpness=3.0, feature_guidance=3.0 if kwargs.get("eagle_guided") == "features" else None)
     rows, scale = 2000, 3.0
     out = pipe("a red circle", method=method, num_images_per_prompt=rows, guidance_scale=scale,
                generator=torch.Generator().manual_seed(0), output_type="tokens", **kwargs)
@@ -381,6 +384,28 @@ def test_guided_and_conditional_eagle_drafting_are_both_lossless(pipe):
     assert torch.equal(sampled[None].tokens, sampled[True].tokens)
     assert sampled[None].stats.position_accepts == sampled[True].stats.position_accepts
     assert sampled[True].stats.position_accepts != sampled[False].stats.position_accepts
+
+
+def test_guided_feature_drafting_is_lossless_and_picked_for_its_scale():
+    """A head trained on guided features at scale s (``feature_guidance``) drafts one row from the target's
+    guided features: the baseline's tokens (greedy), chosen by default at that scale only; asking for it
+    at another scale, or an unknown mode, is a clear error."""
+    pipe = make_pipe(feature_guidance=3.0)
+    baseline = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=False)
+    features = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided="features")
+    assert torch.equal(features.tokens, _tokens(pipe, "none", guidance_scale=3.0).tokens)
+    assert torch.equal(features.tokens, baseline.tokens) and features.stats.draft_calls > 0
+    assert features.stats.position_accepts != baseline.stats.position_accepts  # other features, other drafts
+    auto = _tokens(pipe, "eagle", guidance_scale=3.0)
+    assert auto.stats.position_accepts == features.stats.position_accepts
+    other_scale = {flag: _tokens(pipe, "eagle", guidance_scale=2.0, eagle_guided=flag) for flag in (None, False)}
+    assert other_scale[None].stats.position_accepts == other_scale[False].stats.position_accepts
+    with pytest.raises(ValueError, match="feature_guidance is 3.0"):
+        _tokens(pipe, "eagle", guidance_scale=2.0, eagle_guided="features")
+    with pytest.raises(ValueError, match="feature_guidance is None"):
+        _tokens(make_pipe(), "eagle", guidance_scale=3.0, eagle_guided="features")
+    with pytest.raises(ValueError, match="eagle_guided must be"):
+        _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided="both")
 
 
 def test_guided_eagle_drafter_needs_both_halves_of_the_features(pipe):

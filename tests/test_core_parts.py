@@ -148,6 +148,8 @@ def test_kv_cache_update_crop_and_select():
     keys, _ = cache.update(1, torch.ones(2, 1, 9, 1), torch.ones(2, 1, 9, 1))
     assert cache.get_seq_length() == 12 and keys.shape[2] == 12 and cache.max_length >= 12
     assert keys[0, 0, 0, 0].item() == 0.0  # old content survives the growth
+    cache.update(0, torch.full((2, 1, 1, 1), 7.0), torch.full((2, 1, 1, 1), 8.0))  # writes land in the grown buffers
+    assert cache.keys[0, :, 0, 12, 0].tolist() == [7.0, 7.0] and cache.values[0, :, 0, 12, 0].tolist() == [8.0, 8.0]
 
 
 def test_transformers_cache_rollback():
@@ -180,6 +182,13 @@ def test_slot_state_rounds():
     state.commit(torch.tensor([[0, 1], [1, -1]]))
     assert state.valid.tolist() == [[False, True, True, True, True], [True, True, True, True, False]]
     assert state.last_position.tolist() == [3, 3]
+    # appending a count of slots (all valid: a drafting step) is appending that many True columns
+    counted, masked = SlotState(state.valid.clone(), state.last_position.clone()), state
+    for count in (1, 3):
+        want = masked.append(torch.ones(2, count, dtype=torch.bool))
+        got = counted.append(count)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        assert torch.equal(counted.last_position, masked.last_position) and got[1].dtype == torch.bool
 
 
 # ----------------------------------------------------------------------------------------------- stats

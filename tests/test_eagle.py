@@ -105,6 +105,9 @@ def test_mismatched_head_is_a_clear_error(llama_pair):
     head._target = {"embed": target.get_input_embeddings(), "head": target.get_output_embeddings()}
     with pytest.raises(ValueError, match="hidden size mismatch"):
         speculative_generate(CausalLMRunner(wide, return_hidden=True), EagleDrafter(head), ids, max_new_tokens=4)
+    with pytest.raises(ValueError, match="already guided"):
+        EagleDrafter(_head(target), guidance_scale=3.0, guided_features=True)
+    assert EagleDrafter(_head(target), guided_features=True).target_hidden == "guided"
 
 
 def _random_pairs(seed: int, batch: int, length: int, **head_kwargs):
@@ -204,6 +207,22 @@ def test_logits_to_keep_reads_the_last_slots():
     assert last.logits.shape == (2, 2, full.logits.shape[-1])
     assert torch.allclose(last.logits, full.logits[:, -2:], atol=1e-12)
     assert torch.equal(last.hidden_states[0], full.hidden_states[0])  # features stay whole
+
+
+def test_inference_fuse_reads_projected_token_rows():
+    """Without autograd the fused input is a row of the projected-embedding table plus the feature half of
+    fc: the autograd path's numbers, missing ids (-1) included, and rebuilt after fc changes."""
+    _, head, ids, features, _ = _random_pairs(5, 2, 6)
+    ids = ids.clone()
+    ids[0, :2] = -1  # condition slots: no token
+    with torch.enable_grad():
+        want = head.fuse(ids, features)
+    with torch.no_grad():
+        assert torch.allclose(head.fuse(ids, features), want, atol=1e-12)
+        head.fc.weight.mul_(0.5)
+        assert torch.allclose(head.fuse(ids, features), head.fc(torch.cat(
+            [head._bound()["embed"](ids.clamp_min(0)).masked_fill((ids < 0).unsqueeze(-1), 0.0), features], -1)),
+            atol=1e-12)
 
 
 class _FullWidthDrafter(EagleDrafter):

@@ -220,6 +220,13 @@ def test_classifier_free_guidance_runner_matches_a_manual_guided_loop(llama_pair
         assert spec.stats.target_calls < baseline.stats.target_calls
     with pytest.raises(ValueError, match="2B prompt rows"):
         speculative_generate(GuidedRunner(CausalLMRunner(target), 3.0), None, prompt[:3], max_new_tokens=2)
+    # hidden="guided" combines the two halves' features like the logits (h_u + s (h_c - h_u))
+    both = GuidedRunner(CausalLMRunner(target, return_hidden=True), 3.0, hidden="both").prefill(prompt)
+    guided = GuidedRunner(CausalLMRunner(target, return_hidden=True), 3.0, hidden="guided").prefill(prompt)
+    cond, uncond = both.hidden.chunk(2)
+    assert torch.allclose(guided.hidden, uncond + 3.0 * (cond - uncond)) and torch.equal(guided.logits, both.logits)
+    with pytest.raises(ValueError, match="'cond', 'both' or 'guided'"):
+        GuidedRunner(CausalLMRunner(target), 3.0, hidden="mixed")
 
 
 def _append_reference(tokens, lengths, done, max_new, eos, new_tokens):

@@ -46,17 +46,27 @@ from mmspec.models.recipes.common import (
 )
 from mmspec.models.recipes.train_t2i import build_data
 from mmspec.models.text import WordTokenizer
+from mmspec.sampling import apply_guidance
 from mmspec.models.tokenizers import VQTokenizer
 from mmspec.world import vocabulary
 
 
-def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.Tensor, drop: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.Tensor, drop: torch.Tensor,
+                guidance: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Head inputs for a teacher-forced batch: ids ``[B, C+N-1]`` (-1 on condition positions), the
-    target's top features there ``[B, C+N-1, d]`` and the valid mask (condition padding False)."""
+    target's top features there ``[B, C+N-1, d]`` and the valid mask (condition padding False).
+
+    ``guidance = s``: the features are the *guided* ones, ``h_u + s (h_c - h_u)`` of the conditional and
+    unconditional passes (``drop`` is ignored), whose LM-head logits are exactly the guided logits."""
     mask = (words >= 0).long()
     with torch.no_grad():
-        _, hidden = target.forward_train(words, tokens, drop, condition_mask=mask, return_hidden=True)
+        if guidance is None:
+            _, hidden = target.forward_train(words, tokens, drop, condition_mask=mask, return_hidden=True)
+        else:
+            both = torch.arange(2 * len(words)) >= len(words)  # [cond; uncond]
+            _, pair = target.forward_train(torch.cat([words, words]), torch.cat([tokens, tokens]), both,
+                                           condition_mask=torch.cat([mask, mask]), return_hidden=True)
+            hidden = apply_guidance(pair, guidance)
     ids = torch.cat([torch.full_like(words, -1), tokens[:, :-1]], 1)
     valid = torch.cat([mask.bool(), torch.ones_like(tokens[:, :-1], dtype=torch.bool)], 1)
     return ids, hidden.float(), valid
@@ -95,12 +105,17 @@ def main(argv: list[str] | None = None) -> None:
                         help="drafting depths trained (EAGLE-3 training-time test); 1 = teacher forcing only")
     parser.add_argument("--init", type=Path, default=None,
                         help="start from this trained head (a later training stage: fresh optimiser and schedule)")
+    parser.add_argument("--guided-features", type=float, default=None, metavar="S",
+                        help="train on the target's guided features h_u + S (h_c - h_u) (a head that drafts the "
+                             "guided target from one row; needs --uncond-prob 0)")
     add_run_arguments(parser, "runs/train_eagle")
     args = parser.parse_args(argv)
     if args.rollout_steps < 1:
         parser.error(f"--rollout-steps must be >= 1, got {args.rollout_steps}")
     if not 0 <= args.self_distill <= args.train_images:
         parser.error(f"--self-distill must be in [0, --train-images={args.train_images}], got {args.self_distill}")
+    if args.guided_features is not None and args.uncond_prob != 0:
+        parser.error("--guided-features trains on guided features only: pass --uncond-prob 0")
     start_run(args)
 
     target = LlamaGenTransformer.from_pretrained(args.target).float().eval().requires_grad_(False)
@@ -117,14 +132,15 @@ def main(argv: list[str] | None = None) -> None:
         data = {"words": torch.cat([data["words"], own["words"]]), "tokens": torch.cat([data["tokens"], own["tokens"]])}
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,
-                     num_attention_heads=args.heads)
+                     num_attention_heads=args.heads, feature_guidance=args.guided_features)
     if args.init is not None and not (args.work / "checkpoint.pt").is_file():  # a resumed run restores its own
         init_from_folder(head, EagleHead, args.init, "EAGLE head")
     head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         drop = torch.rand(len(index)) < args.uncond_prob
-        ids, hidden, valid = eagle_batch(target, data["words"][index], data["tokens"][index], drop)
+        ids, hidden, valid = eagle_batch(target, data["words"][index], data["tokens"][index], drop,
+                                         args.guided_features)
         return eagle_loss(head, ids, hidden, valid, feature_noise=args.feature_noise,
                           generator=step_generator(), rollout_steps=args.rollout_steps)["loss"]
 
@@ -136,14 +152,16 @@ def main(argv: list[str] | None = None) -> None:
 
     # held-out agreement of the head's argmax with the target's (a proxy for acceptance)
     val = build_data(512, args.seed, vq, words, target.config.cls_token_num, args.difficulty, split="val")
-    ids, hidden, valid = eagle_batch(target, val["words"], val["tokens"], torch.zeros(512, dtype=torch.bool))
+    ids, hidden, valid = eagle_batch(target, val["words"], val["tokens"], torch.zeros(512, dtype=torch.bool),
+                                     args.guided_features)
     with torch.no_grad():
         result = eagle_loss(head, ids, hidden, valid)
     report = {k: round(float(v), 4) for k, v in result.items()}
     # the same on the target's own guided greedy images for 256 of those captions (the sequences a greedy
     # run asks the head to continue), at drafting depths 1-4 (chains of the head's own features)
     own = self_distill_data(target, val["words"][:256], args.self_distill_guidance, args.seed, greedy=True)
-    ids, hidden, valid = eagle_batch(target, own["words"], own["tokens"], torch.zeros(256, dtype=torch.bool))
+    ids, hidden, valid = eagle_batch(target, own["words"], own["tokens"], torch.zeros(256, dtype=torch.bool),
+                                     args.guided_features)
     with torch.no_grad():
         deep = eagle_loss(head, ids, hidden, valid, rollout_steps=4)
     report["own_greedy_top1"] = round(float(deep["top1"]), 4)
