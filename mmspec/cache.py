@@ -32,16 +32,9 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
                  growable: bool = True) -> None:
         shape = (num_layers, batch_size, num_heads, max_length, head_dim)
-        self._set_buffers(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
         self.num_layers, self.max_length, self.length, self.growable = num_layers, max_length, 0, growable
-
-    def _set_buffers(self, keys: torch.Tensor, values: torch.Tensor) -> None:
-        self.keys, self.values = keys, values
-        # per-layer views, so that a decoding step's update is a narrow + copy (it runs once per layer per
-        # forward, where a handful of tokens make per-op overhead count)
-        # (one select each: unbind's views could not be written in place under autograd)
-        self._layer_keys = [keys[layer] for layer in range(keys.shape[0])]
-        self._layer_values = [values[layer] for layer in range(values.shape[0])]
 
     def update(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         new = keys.shape[2]
@@ -50,17 +43,16 @@ class KVCache:
             if not self.growable:
                 raise ValueError(f"KVCache overflow: {end} slots needed, max_length is {self.max_length}")
             self._grow(max(end, 2 * self.max_length))
-        layer_keys, layer_values = self._layer_keys[layer], self._layer_values[layer]
-        layer_keys.narrow(2, self.length, new).copy_(keys)
-        layer_values.narrow(2, self.length, new).copy_(values)
+        self.keys[layer, :, :, self.length:end] = keys
+        self.values[layer, :, :, self.length:end] = values
         if layer == self.num_layers - 1:
             self.length = end
-        return layer_keys.narrow(2, 0, end), layer_values.narrow(2, 0, end)
+        return self.keys[layer, :, :, :end], self.values[layer, :, :, :end]
 
     def _grow(self, capacity: int) -> None:
         pad = capacity - self.max_length
-        self._set_buffers(torch.nn.functional.pad(self.keys, (0, 0, 0, pad)),
-                          torch.nn.functional.pad(self.values, (0, 0, 0, pad)))
+        self.keys = torch.nn.functional.pad(self.keys, (0, 0, 0, pad))
+        self.values = torch.nn.functional.pad(self.values, (0, 0, 0, pad))
         self.max_length = capacity
 
     def get_seq_length(self) -> int:
@@ -183,24 +175,13 @@ class SlotState:
         self.round_start = self.num_slots
         self.round_base = self.last_position.clone()
 
-    def append(self, new_valid: torch.Tensor | int, offsets: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, new_valid: torch.Tensor, offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``T`` slots; returns ``(positions [B, T], key_mask [B, S + T])``.
 
-        ``new_valid`` is bool ``[B, T]``, or the number ``T`` of slots when all are valid (a drafting step:
-        fewer tensor ops). Without ``offsets`` the slots continue each row's chain (invalid slots do not
-        advance it). With ``offsets [B, T]`` (tree nodes) slot t gets position ``last_position + 1 +
-        offsets[:, t]`` and the chain position is left unchanged (each row keeps its own positions, e.g.
-        padded prompts).
+        Without ``offsets`` the slots continue each row's chain (invalid slots do not advance it). With
+        ``offsets [B, T]`` (tree nodes) slot t gets position ``last_position + 1 + offsets[:, t]`` and the
+        chain position is left unchanged (each row keeps its own positions, e.g. padded prompts).
         """
-        if isinstance(new_valid, int):
-            if offsets is None:
-                steps = torch.arange(1, new_valid + 1, device=self.valid.device)
-                positions = self.last_position.unsqueeze(-1) + steps
-                self.last_position = self.last_position + new_valid
-                self.valid = torch.cat([self.valid, self.valid.new_ones(self.valid.shape[0], new_valid)], dim=1)
-                return positions, self.valid
-            new_valid = self.valid.new_ones(self.valid.shape[0], new_valid)
         new_valid = new_valid.bool()
         key_mask = torch.cat([self.valid, new_valid], dim=1)
         if offsets is not None:

@@ -62,16 +62,12 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
     tokens, dists = [], []
     for i in range(num_tokens):
         probs = to_probs(logits)
-        if sampling.do_sample:
-            token = sample(probs, generator)
-            confidence = probs.gather(-1, token.unsqueeze(-1)) if confidence_threshold > 0 else None
-        else:
-            confidence, token = probs.max(-1)  # the argmax and its probability in one op
+        token = sample(probs, generator) if sampling.do_sample else probs.argmax(-1)
         tokens.append(token)
         dists.append(probs)
         if i == num_tokens - 1:
             break
-        if confidence_threshold > 0 and confidence.max() < confidence_threshold:
+        if confidence_threshold > 0 and probs.gather(-1, token.unsqueeze(-1)).max() < confidence_threshold:
             break
         logits = step(token)
     return DraftChain(torch.stack(tokens, 1), torch.stack(dists, 1) if sampling.do_sample else None)

@@ -122,8 +122,9 @@ class CausalLMRunner:
                 drafting/verification; default is causal over valid slots.
         """
         state = self._state()
+        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
         previous = state.num_slots
-        positions, key_mask = state.append(tokens.shape[1] if valid is None else valid, offsets)
+        positions, key_mask = state.append(valid, offsets)
         if attention is None:
             mask: torch.Tensor = key_mask.long()
         else:

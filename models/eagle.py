@@ -31,7 +31,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaModel
 
 from mmspec.cache import keep_valid_slots
 from mmspec.drafters import TreeConfig, check_chain_confidence, draft_chain
-from mmspec.models.lean_llama import DerivedWeights, LeanLlamaDecoder
+from mmspec.models.lean_llama import LeanLlamaDecoder
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult
@@ -87,7 +87,6 @@ class EagleHead(ModelMixin, ConfigMixin):
             self.decoder = LlamaModel(self.llama_config)
             self.decoder.embed_tokens = None  # inputs arrive as embeddings
         self._target: dict[str, nn.Module] = {}
-        self._projected = DerivedWeights()  # inference: fc's token half applied to every token (see fuse)
 
     # -- target binding -------------------------------------------------------------------------------
     def bind_target(self, input_embeddings: nn.Module, output_embeddings: nn.Module) -> EagleHead:
@@ -120,20 +119,7 @@ class EagleHead(ModelMixin, ConfigMixin):
     def fuse(self, input_ids: torch.Tensor | None, target_hidden: torch.Tensor,
              token_embeds: torch.Tensor | None = None) -> torch.Tensor:
         """``fc([embed(x) ; h])``; a missing token id (None or -1) embeds as zeros (condition prefixes), or as
-        ``token_embeds [B, T, d]`` at those slots when given (e.g. compressed image tokens of a VLM drafter).
-
-        Without autograd (drafting) and without an input norm, ``fc`` splits into a token part and a feature
-        part, ``fc([e ; h]) = W_e e + W_h h + b``, and the token part is read from a table of every token's
-        projected embedding (``embed @ W_e^T``, one zero row more for missing ids): one row lookup instead of
-        an embedding, a mask, a concatenation and a matmul of twice the width, which matters in a draft step
-        that is bound by per-op overhead (a plain ``nn.Embedding``; other embeddings, e.g. Janus's image
-        aligner, take the general path). Same math, float rounding aside (tested)."""
-        if (input_ids is not None and token_embeds is None and self.fused_norm is None
-                and isinstance(self._bound()["embed"], nn.Embedding) and not torch.is_grad_enabled()):
-            table, feature_weight = self._projected.get(self._build_projected_tokens, self.fc, self._bound()["embed"])
-            tokens = input_ids.remainder(table.shape[0])  # -1 (no token) -> the zero row at the end
-            return torch.nn.functional.embedding(tokens, table) + \
-                torch.nn.functional.linear(target_hidden.to(feature_weight.dtype), feature_weight, self.fc.bias)
+        ``token_embeds [B, T, d]`` at those slots when given (e.g. compressed image tokens of a VLM drafter)."""
         if input_ids is None:
             embeds = torch.zeros_like(target_hidden) if token_embeds is None else token_embeds.to(target_hidden.dtype)
         else:
@@ -145,15 +131,6 @@ class EagleHead(ModelMixin, ConfigMixin):
         if self.fused_norm is not None:
             fused = self.fused_norm(fused)
         return self.fc(fused)
-
-    def _build_projected_tokens(self, fc: nn.Linear, embed: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(table [V + 1, d], W_h [d, d])``: each token's embedding through the token half of ``fc`` (row V
-        all zeros: a missing id), and the feature half of ``fc``'s weight."""
-        width = self.config.hidden_size
-        token_weight, feature_weight = fc.weight[:, :width], fc.weight[:, width:]
-        projected = embed.weight.to(token_weight.dtype) @ token_weight.T
-        table = torch.cat([projected, projected.new_zeros(1, width)])
-        return table, feature_weight.contiguous()
 
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = True,
@@ -176,8 +153,7 @@ class EagleHead(ModelMixin, ConfigMixin):
                            past_key_values=past_key_values, use_cache=use_cache)
         features = out.last_hidden_state
         read = features[:, -logits_to_keep:] if logits_to_keep else features
-        lm_head = self._bound()["head"]
-        logits = lm_head(read if read.dtype == lm_head.weight.dtype else read.to(lm_head.weight.dtype))
+        logits = self._bound()["head"](read.to(self._bound()["head"].weight.dtype))
         return EagleOutput(logits, out.past_key_values, (features,))
 
 
@@ -400,11 +376,11 @@ class EagleDrafter(Drafter):
         logits, feature = self._start_round()
         if self.tree is not None:
             return self._propose_tree(logits, feature)
-        state = {"feature": feature.unsqueeze(1)}  # [R, 1, d]
+        state = {"feature": feature}
 
         def step(token: torch.Tensor) -> torch.Tensor:  # feed the head its own predicted feature
-            out = self.runner.forward(token.unsqueeze(1), target_hidden=state["feature"])
-            state["feature"] = out.hidden
+            out = self.runner.forward(token.unsqueeze(1), target_hidden=state["feature"].unsqueeze(1))
+            state["feature"] = out.hidden[:, 0]
             return out.logits[:, 0]
 
         return draft_chain(logits, step, self.num_draft_tokens, self.sampling, self.generator,

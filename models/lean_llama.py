@@ -68,7 +68,7 @@ class LeanAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self._fused = DerivedWeights()
+        self._fused = _DerivedWeights()
 
     def _build_rope_projection(self, q: nn.Linear, k: nn.Linear, v: nn.Linear
                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -112,7 +112,7 @@ class LeanMLP(nn.Module):
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
-        self._fused = DerivedWeights()
+        self._fused = _DerivedWeights()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
@@ -213,18 +213,17 @@ def _rope_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch
     return angles.cos(), angles.sin()
 
 
-class DerivedWeights:
-    """A cache of tensors derived from some layers' parameters (e.g. their concatenation), rebuilt when any
-    parameter's storage or version counter changes (an optimiser step, load_state_dict, .to()). ``layers``
-    are modules with a ``weight`` and an optional ``bias`` (linear layers, embeddings)."""
+class _DerivedWeights:
+    """A cache of tensors derived from some linear layers' parameters (e.g. their concatenation), rebuilt
+    when any parameter's storage or version counter changes (an optimiser step, load_state_dict, .to())."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self._value: Any = None
 
-    def get(self, build: Any, *layers: nn.Module) -> Any:
-        key = tuple((p.data_ptr(), p._version, p.dtype) for layer in layers
-                    for p in (layer.weight, getattr(layer, "bias", None)) if p is not None)
+    def get(self, build: Any, *layers: nn.Linear) -> Any:
+        key = tuple((p.data_ptr(), p._version, p.dtype) for layer in layers for p in (layer.weight, layer.bias)
+                    if p is not None)
         if key != self._key:
             self._value, self._key = build(*layers), key
         return self._value

@@ -182,13 +182,6 @@ def test_slot_state_rounds():
     state.commit(torch.tensor([[0, 1], [1, -1]]))
     assert state.valid.tolist() == [[False, True, True, True, True], [True, True, True, True, False]]
     assert state.last_position.tolist() == [3, 3]
-    # appending a count of slots (all valid: a drafting step) is appending that many True columns
-    counted, masked = SlotState(state.valid.clone(), state.last_position.clone()), state
-    for count in (1, 3):
-        want = masked.append(torch.ones(2, count, dtype=torch.bool))
-        got = counted.append(count)
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
-        assert torch.equal(counted.last_position, masked.last_position) and got[1].dtype == torch.bool
 
 
 # ----------------------------------------------------------------------------------------------- stats

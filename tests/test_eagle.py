@@ -209,22 +209,6 @@ def test_logits_to_keep_reads_the_last_slots():
     assert torch.equal(last.hidden_states[0], full.hidden_states[0])  # features stay whole
 
 
-def test_inference_fuse_reads_projected_token_rows():
-    """Without autograd the fused input is a row of the projected-embedding table plus the feature half of
-    fc: the autograd path's numbers, missing ids (-1) included, and rebuilt after fc changes."""
-    _, head, ids, features, _ = _random_pairs(5, 2, 6)
-    ids = ids.clone()
-    ids[0, :2] = -1  # condition slots: no token
-    with torch.enable_grad():
-        want = head.fuse(ids, features)
-    with torch.no_grad():
-        assert torch.allclose(head.fuse(ids, features), want, atol=1e-12)
-        head.fc.weight.mul_(0.5)
-        assert torch.allclose(head.fuse(ids, features), head.fc(torch.cat(
-            [head._bound()["embed"](ids.clamp_min(0)).masked_fill((ids < 0).unsqueeze(-1), 0.0), features], -1)),
-            atol=1e-12)
-
-
 class _FullWidthDrafter(EagleDrafter):
     """Reference: re-feeds the committed pairs at the round's full width (K+1 columns) and reads the root
     from logits of every slot, as the drafter did before it trimmed both."""
