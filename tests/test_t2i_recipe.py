@@ -102,3 +102,31 @@ def test_eagle_init_starts_a_later_stage_from_a_trained_head(tmp_path):
     with pytest.raises(FileNotFoundError, match="no trained EAGLE head"):
         train_eagle.main([*common, "--steps", "1", "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "c"),
                           "--work", str(tmp_path / "wc")])
+
+
+def test_eagle_guided_features_train_on_the_guided_combination(tmp_path):
+    """``train_eagle --guided-features S``: the head's features are h_u + S (h_c - h_u) of the two passes (their
+    LM-head logits are the guided logits), the saved config records S, and the flag needs --uncond-prob 0."""
+    from mmspec.models.eagle import EagleHead
+    from mmspec.models.recipes import train_eagle
+    from mmspec.sampling import apply_guidance
+
+    train_t2i.main([*TINY, "--steps", "2", "--out", str(tmp_path / "target"), "--work", str(tmp_path / "wt")])
+    target = LlamaGenTransformer.from_pretrained(tmp_path / "target").float().eval()
+    data = torch.load(tmp_path / "wt" / "data.pt")
+    words, tokens = data["words"][:3], data["tokens"][:3]
+    mask = (words >= 0).long()
+    with torch.no_grad():
+        halves = [target.forward_train(words, tokens, torch.full((3,), drop), condition_mask=mask, return_hidden=True)
+                  for drop in (False, True)]
+    _, hidden, _ = train_eagle.eagle_batch(target, words, tokens, torch.zeros(3, dtype=torch.bool), guidance=3.0)
+    assert torch.allclose(hidden, halves[1][1] + 3.0 * (halves[0][1] - halves[1][1]), atol=1e-5)
+    with torch.no_grad():  # logits row k (token k) reads the feature at slot C - 1 + k: the last N slots
+        logits = target.get_output_embeddings()(hidden[:, -tokens.shape[1]:])
+    assert torch.allclose(logits, apply_guidance(torch.cat([halves[0][0], halves[1][0]]), 3.0), atol=1e-4)
+    common = ["--target", str(tmp_path / "target"), "--heads", "2", "--train-images", "40", "--batch", "4",
+              "--threads", "1", "--steps", "1", "--guided-features", "3"]
+    train_eagle.main([*common, "--uncond-prob", "0", "--out", str(tmp_path / "g"), "--work", str(tmp_path / "wg")])
+    assert EagleHead.from_pretrained(tmp_path / "g").config.feature_guidance == 3.0
+    with pytest.raises(SystemExit):
+        train_eagle.main([*common, "--out", str(tmp_path / "x"), "--work", str(tmp_path / "wx")])

@@ -46,8 +46,8 @@ from mmspec.models.recipes.common import (
 )
 from mmspec.models.recipes.train_t2i import build_data
 from mmspec.models.text import WordTokenizer
-from mmspec.sampling import apply_guidance
 from mmspec.models.tokenizers import VQTokenizer
+from mmspec.sampling import apply_guidance
 from mmspec.world import vocabulary
 
 
