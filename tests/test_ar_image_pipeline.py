@@ -391,11 +391,11 @@ def test_guided_feature_drafting_is_lossless_and_picked_for_its_scale():
     guided features: the baseline's tokens (greedy), chosen by default at that scale only; asking for it
     at another scale, or an unknown mode, is a clear error."""
     pipe = make_pipe(feature_guidance=3.0)
-    baseline = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=False)
+    conditional = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=False)
     features = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided="features")
     assert torch.equal(features.tokens, _tokens(pipe, "none", guidance_scale=3.0).tokens)
-    assert torch.equal(features.tokens, baseline.tokens) and features.stats.draft_calls > 0
-    assert features.stats.position_accepts != baseline.stats.position_accepts  # other features, other drafts
+    assert torch.equal(features.tokens, conditional.tokens) and features.stats.draft_calls > 0
+    assert features.stats.position_accepts != conditional.stats.position_accepts  # other features, other drafts
     auto = _tokens(pipe, "eagle", guidance_scale=3.0)
     assert auto.stats.position_accepts == features.stats.position_accepts
     other_scale = {flag: _tokens(pipe, "eagle", guidance_scale=2.0, eagle_guided=flag) for flag in (None, False)}
