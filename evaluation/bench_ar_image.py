@@ -162,14 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    kwargs = {mode: {str(batch): method_kwargs(args.methods, default_kwargs(not MODES[mode].get("do_sample", True), batch),
-                                               args.method_kwargs)
-                     for batch in sorted({1, *args.batch_sizes})} for mode in args.modes}
-    if args.guidance_scale is not None:
-        for by_batch in kwargs.values():
-            for by_method in by_batch.values():
-                for m in by_method:
-                    by_method[m]["guidance_scale"] = args.guidance_scale
+
+    def case_kwargs(mode: str, batch: int) -> dict[str, dict[str, Any]]:
+        """Every method's keywords for one mode and batch size: defaults, --method-kwargs, --guidance-scale."""
+        by_method = method_kwargs(args.methods, default_kwargs(not MODES[mode].get("do_sample", True), batch),
+                                  args.method_kwargs)
+        if args.guidance_scale is not None:
+            for case in by_method.values():
+                case["guidance_scale"] = args.guidance_scale
+        return by_method
+
+    kwargs = {mode: {str(batch): case_kwargs(mode, batch) for batch in sorted({1, *args.batch_sizes})}
+              for mode in args.modes}
 
     from mmspec.pipelines import ARImagePipeline
 

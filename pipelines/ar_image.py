@@ -270,12 +270,11 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         """How the EAGLE head drafts under guidance: "features" (one row of guided features, for a head
         trained on them at this scale), True (both halves, logits combined) or False (conditional half)."""
         trained_scale = self.eagle_head.config.get("feature_guidance")  # None: trained on plain features
-        if eagle_guided is None:  # auto: what drafts best on the shapes zoo
-            if trained_scale is not None and guidance_scale != 1.0 and trained_scale == guidance_scale:
-                return "features"
-            return sampling.do_sample  # guided drafts for sampling, the conditional half's for greedy
+        fits = guidance_scale != 1.0 and trained_scale == guidance_scale
+        if eagle_guided is None:  # auto; otherwise guided drafts for sampling, the conditional half's for greedy
+            return "features" if fits else sampling.do_sample
         if eagle_guided == "features":
-            if guidance_scale == 1.0 or trained_scale != guidance_scale:
+            if not fits:
                 raise ValueError(f"eagle_guided='features' needs a head trained on guided features at this "
                                  f"guidance_scale ({guidance_scale}); this head's feature_guidance is {trained_scale}")
             return "features"
