@@ -102,6 +102,17 @@ def test_eagle_init_starts_a_later_stage_from_a_trained_head(tmp_path):
     with pytest.raises(FileNotFoundError, match="no trained EAGLE head"):
         train_eagle.main([*common, "--steps", "1", "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "c"),
                           "--work", str(tmp_path / "wc")])
+    # --device: an explicit --device cpu is the default run; the saved head is a CPU checkpoint either way
+    train_eagle.main([*common, "--steps", "2", "--device", "cpu", "--out", str(tmp_path / "d"),
+                      "--work", str(tmp_path / "wd")])
+    assert all(torch.equal(first[k], v) for k, v in EagleHead.from_pretrained(tmp_path / "d").state_dict().items())
+    gpu_run = [*common, "--steps", "2", "--device", "cuda", "--out", str(tmp_path / "g"), "--work", str(tmp_path / "wg")]
+    if torch.cuda.is_available():
+        train_eagle.main(gpu_run)
+        assert all(v.device.type == "cpu" for v in EagleHead.from_pretrained(tmp_path / "g").state_dict().values())
+    else:
+        with pytest.raises(RuntimeError, match="--device cuda: torch sees no CUDA GPU"):
+            train_eagle.main(gpu_run)
 
 
 def test_eagle_guided_features_train_on_the_guided_combination(tmp_path):

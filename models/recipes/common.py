@@ -31,9 +31,10 @@ def add_run_arguments(parser: argparse.ArgumentParser, work: str) -> None:
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
     """``--device`` (cpu, cuda, cuda:1, ...) that :func:`train_loop` trains on, for the recipes whose loss
-    moves its batch there (train_t2i, train_mar, train_video; the others train on the CPU). Batches are drawn on the
-    CPU (indices and noise from torch's CPU generator) and moved there, so a run's random stream is the
-    same on every device (the numbers differ only by the device's floating-point arithmetic)."""
+    moves its batch there (train_t2i, train_eagle, train_vlm, train_mar, train_video; the others train on
+    the CPU). Batches are drawn on the CPU (indices and noise from torch's CPU generator) and moved there,
+    so a run's random stream is the same on every device (the numbers differ only by the device's
+    floating-point arithmetic)."""
     parser.add_argument("--device", default="cpu", help="train on this torch device (e.g. cuda on a GPU machine)")
 
 

@@ -23,6 +23,9 @@ depths 1-4 of drafting chains over image-token slots only (``own_greedy_top1_dep
 
     python -m mmspec.models.recipes.train_eagle --target models/zoo/shapes-t2i/transformer \\
         --out models/zoo/shapes-t2i/eagle_head
+
+``--device cuda`` runs the frozen target, the self-distillation and the head on a GPU (data and random
+draws stay on the CPU, so the run's random stream is the one a CPU run draws).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import torch
 from mmspec.models.eagle import EagleHead, eagle_loss
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.recipes.common import (
+    add_device_argument,
     add_run_arguments,
     cached_data,
     init_from_folder,
@@ -63,7 +67,7 @@ def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.
         if guidance is None:
             _, hidden = target.forward_train(words, tokens, drop, condition_mask=mask, return_hidden=True)
         else:
-            both = torch.arange(2 * len(words)) >= len(words)  # [cond; uncond]
+            both = torch.arange(2 * len(words), device=words.device) >= len(words)  # [cond; uncond]
             _, pair = target.forward_train(torch.cat([words, words]), torch.cat([tokens, tokens]), both,
                                            condition_mask=torch.cat([mask, mask]), return_hidden=True)
             hidden = apply_guidance(pair, guidance)
@@ -74,8 +78,9 @@ def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.
 
 def self_distill_data(target: LlamaGenTransformer, words: torch.Tensor, guidance_scale: float, seed: int,
                       batch: int = 100, greedy: bool = False) -> dict[str, torch.Tensor]:
-    """The target's own guided samples for the conditions ``words`` ``[N, C]``, temperature 1 or greedy
-    (argmax): ``{"words": words, "tokens": [N, block_size]}`` (deterministic for a seed)."""
+    """The target's own guided samples for the conditions ``words`` ``[N, C]`` (on the target's device),
+    temperature 1 or greedy (argmax): ``{"words": words, "tokens": [N, block_size]}`` on the CPU
+    (deterministic for a seed)."""
     from mmspec.models.recipes.report_t2i import generate_tokens
     from mmspec.sampling import SamplingConfig
 
@@ -83,7 +88,7 @@ def self_distill_data(target: LlamaGenTransformer, words: torch.Tensor, guidance
     sampling = SamplingConfig(do_sample=not greedy)
     tokens = [generate_tokens(target, words[lo:lo + batch], guidance_scale, sampling, generator)
               for lo in range(0, words.shape[0], batch)]
-    return {"words": words, "tokens": torch.cat(tokens)}
+    return {"words": words.cpu(), "tokens": torch.cat(tokens).cpu()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -109,6 +114,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="train on the target's guided features h_u + S (h_c - h_u) (a head that drafts the "
                              "guided target from one row; needs --uncond-prob 0)")
     add_run_arguments(parser, "runs/train_eagle")
+    add_device_argument(parser)
     args = parser.parse_args(argv)
     if args.rollout_steps < 1:
         parser.error(f"--rollout-steps must be >= 1, got {args.rollout_steps}")
@@ -118,18 +124,19 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--guided-features trains on guided features only: pass --uncond-prob 0")
     start_run(args)
 
-    target = LlamaGenTransformer.from_pretrained(args.target).float().eval().requires_grad_(False)
+    device = torch.device(args.device)
+    target = LlamaGenTransformer.from_pretrained(args.target).float().eval().requires_grad_(False).to(device)
     vq = VQTokenizer.from_pretrained(args.vq)
     words = WordTokenizer(vocabulary())
     cond_len = target.config.cls_token_num
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, cond_len,
                                                      args.difficulty))
     if args.self_distill:
-        own = cached_data(args.work, lambda: self_distill_data(target, data["words"][: args.self_distill],
+        own = cached_data(args.work, lambda: self_distill_data(target, data["words"][: args.self_distill].to(device),
                                                                args.self_distill_guidance, args.seed,
                                                                greedy=args.self_distill_greedy),
                           name="self_distill_greedy.pt" if args.self_distill_greedy else "self_distill.pt")
-        data = {"words": torch.cat([data["words"], own["words"]]), "tokens": torch.cat([data["tokens"], own["tokens"]])}
+        data = {key: torch.cat([data[key], own[key]]) for key in ("words", "tokens")}
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,
                      num_attention_heads=args.heads, feature_guidance=args.guided_features)
@@ -139,29 +146,29 @@ def main(argv: list[str] | None = None) -> None:
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         drop = torch.rand(len(index)) < args.uncond_prob
-        ids, hidden, valid = eagle_batch(target, data["words"][index], data["tokens"][index], drop,
-                                         args.guided_features)
+        ids, hidden, valid = eagle_batch(target, data["words"][index].to(device), data["tokens"][index].to(device),
+                                         drop.to(device), args.guided_features)
         return eagle_loss(head, ids, hidden, valid, feature_noise=args.feature_noise,
                           generator=step_generator(), rollout_steps=args.rollout_steps)["loss"]
 
     def save(model: EagleHead) -> None:
-        copy.deepcopy(model).eval().save_pretrained(args.out)
+        copy.deepcopy(model).eval().to("cpu").save_pretrained(args.out)
 
     train_loop(head, loss_fn, data["tokens"].shape[0], steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, weight_decay=0.0)
+               work=args.work, save=save, weight_decay=0.0, device=device)
 
     # held-out agreement of the head's argmax with the target's (a proxy for acceptance)
     val = build_data(512, args.seed, vq, words, target.config.cls_token_num, args.difficulty, split="val")
-    ids, hidden, valid = eagle_batch(target, val["words"], val["tokens"], torch.zeros(512, dtype=torch.bool),
-                                     args.guided_features)
+    ids, hidden, valid = eagle_batch(target, val["words"].to(device), val["tokens"].to(device),
+                                     torch.zeros(512, dtype=torch.bool, device=device), args.guided_features)
     with torch.no_grad():
         result = eagle_loss(head, ids, hidden, valid)
     report = {k: round(float(v), 4) for k, v in result.items()}
     # the same on the target's own guided greedy images for 256 of those captions (the sequences a greedy
     # run asks the head to continue), at drafting depths 1-4 (chains of the head's own features)
-    own = self_distill_data(target, val["words"][:256], args.self_distill_guidance, args.seed, greedy=True)
-    ids, hidden, valid = eagle_batch(target, own["words"], own["tokens"], torch.zeros(256, dtype=torch.bool),
-                                     args.guided_features)
+    own = self_distill_data(target, val["words"][:256].to(device), args.self_distill_guidance, args.seed, greedy=True)
+    ids, hidden, valid = eagle_batch(target, own["words"].to(device), own["tokens"].to(device),
+                                     torch.zeros(256, dtype=torch.bool, device=device), args.guided_features)
     with torch.no_grad():
         deep = eagle_loss(head, ids, hidden, valid, rollout_steps=4)
     report["own_greedy_top1"] = round(float(deep["top1"]), 4)

@@ -22,7 +22,9 @@ enriched in scenes whose descriptions compare the listed objects (``--duplicate-
 :func:`mmspec.models.shapes_vlm.build_training_set`); ``--aux-weight 0`` keeps the fresh patch probe from
 pushing on the trained vision tower.
 
-Run long jobs in the background (``nohup ... &``).
+Run long jobs in the background (``nohup ... &``). ``--device cuda`` trains on a GPU (batches are built
+on the CPU and moved there; the saved model is the same CPU fp16 checkpoint); raise ``--max-tokens`` there
+so that a step is a few large micro-batches rather than many small ones.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from torch import nn
 
 from mmspec.models import shapes_vlm as sv
 from mmspec.models.recipes.common import (
+    add_device_argument,
     add_run_arguments,
     cached_data,
     load_trained_weights,
@@ -106,7 +109,8 @@ class Trainee(nn.Module):
 
 
 def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weight: float = 1.0,
-                 blind_fraction: float = 0.0, task_weights: dict[str, float] | None = None):
+                 blind_fraction: float = 0.0, task_weights: dict[str, float] | None = None,
+                 device: str | torch.device = "cpu"):
     """``loss_fn(indices)`` for :func:`train_loop`: mean cross-entropy per answer token over the batch, plus
     ``aux_weight`` x the patch probe's loss per frame (when the data carries patch labels). Each length
     chunk is read blind (no ``pixel_values``) with probability ``blind_fraction`` (torch's RNG, which the
@@ -115,21 +119,23 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
 
     ``task_weights`` (task name -> weight, 1 for tasks not named) counts each answer token of a task's
     examples that many times: a one-word ``qa`` answer is about 1 % of a batch's answer tokens next to
-    90-token descriptions, too little gradient for the question-answering path to be learnt well."""
+    90-token descriptions, too little gradient for the question-answering path to be learnt well.
+
+    Batches are built on the CPU (the blind draws use torch's CPU generator) and moved to ``device``."""
     projector = trainee.vlm.model.multi_modal_projector
     task_weights = check_task_weights(task_weights or {})
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         total, count, aux, frames = 0.0, 0, 0.0, 0
         for rows in chunks_by_length(data, index.tolist(), max_tokens):
-            batch = sv.training_batch(data, rows)
+            batch = {key: value.to(device) for key, value in sv.training_batch(data, rows).items()}
             if blind_fraction and torch.rand(()) < blind_fraction:
                 batch.pop("pixel_values")
             captured = []
             handle = projector.register_forward_hook(lambda module, args, output, store=captured: store.append(output))
             weights = None
             if task_weights:
-                weights = torch.tensor([task_weights.get(data["examples"][r]["task"], 1.0) for r in rows])
+                weights = torch.tensor([task_weights.get(data["examples"][r]["task"], 1.0) for r in rows], device=device)
             try:
                 loss, n = sv.answer_loss(trainee.vlm, batch, weights)
             finally:
@@ -165,7 +171,7 @@ def parse_task_weights(items: list[str]) -> dict[str, float]:
     return check_task_weights(out)
 
 
-def make_vision_loss_fn(trainee: Trainee, data: dict):
+def make_vision_loss_fn(trainee: Trainee, data: dict, device: str | torch.device = "cpu"):
     """Stage 1 ``loss_fn(frame indices)``: the patch probe's loss per frame on the vision tower + projector
     alone (no language model), over every frame of the training set (images, then the videos' frames)."""
     num_images = data["images"].shape[0]
@@ -173,9 +179,10 @@ def make_vision_loss_fn(trainee: Trainee, data: dict):
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         pixels = torch.stack([data["images"][i] if i < num_images else frames[i - num_images] for i in index.tolist()])
-        features = trainee.vlm.model.get_image_features(pixel_values=sv.pixel_values_from_uint8(pixels))
+        features = trainee.vlm.model.get_image_features(pixel_values=sv.pixel_values_from_uint8(pixels).to(device))
         features = torch.stack(list(features.pooler_output))  # [N, 64, D] projected image features
-        loss = trainee.probe(features, data["patch_classes"][index].long(), data["patch_offsets"][index])
+        loss = trainee.probe(features, data["patch_classes"][index].long().to(device),
+                             data["patch_offsets"][index].to(device))
         return loss / index.shape[0]
 
     return loss_fn
@@ -213,6 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
                         help="model size entries to change, e.g. text_dim=192 text_layers=6")
     add_run_arguments(parser, "")
+    add_device_argument(parser)
     parser.set_defaults(train_images=24000, difficulty=sv.DIFFICULTY, threads=1)
     args = parser.parse_args(argv)
     for key in ("steps", "batch", "lr", "vision_steps", "blind_fraction"):
@@ -242,22 +250,23 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
 
     def save(trained: Trainee) -> None:
-        copy.deepcopy(trained.vlm).eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
+        copy.deepcopy(trained.vlm).eval().to("cpu", torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
         processor.save_pretrained(out)
 
     if args.vision_steps > 0:  # stage 1 (resumable on its own): vision tower + projector + probe
         stage1 = args.work / "vision"
         if not (stage1 / "done").is_file():
-            train_loop(trainee, make_vision_loss_fn(trainee, data), data["patch_classes"].shape[0],
+            train_loop(trainee, make_vision_loss_fn(trainee, data, args.device), data["patch_classes"].shape[0],
                        steps=args.vision_steps, batch=args.vision_batch, lr=args.lr, work=stage1,
-                       save=lambda trained: None, save_every=args.save_every)
+                       save=lambda trained: None, save_every=args.save_every, device=args.device)
             (stage1 / "done").write_text("ok\n")
         else:
-            trainee.load_state_dict(torch.load(stage1 / "checkpoint.pt")["model"])
+            trainee.load_state_dict(torch.load(stage1 / "checkpoint.pt", map_location="cpu")["model"])
     torch.manual_seed(args.seed + 1)  # stage 2 draws the same batches whether or not stage 1 ran in this process
-    loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction, task_weights)
+    loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction, task_weights,
+                           args.device)
     train_loop(trainee, loss_fn, len(data["examples"]), steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, save_every=args.save_every)
+               work=args.work, save=save, save_every=args.save_every, device=args.device)
 
 
 if __name__ == "__main__":
