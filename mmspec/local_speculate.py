@@ -51,7 +51,6 @@ from mmspec.speculate import Target, default_rule, target_probs_fn
 from mmspec.stats import SpecStats
 from mmspec.validation import check_positive_int, value_checks
 
-
 #: How rejected drafts of a verified block are replaced (module docstring).
 RESAMPLE_MODES = ("parallel", "sequential", "reverify")
 

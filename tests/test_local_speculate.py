@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from stats_utils import P_VALUE_FLOOR, two_sample_chi2_pvalue
 
 from mmspec.local_speculate import BlockDrafter, local_speculative_generate
 from mmspec.models.llamagen import LlamaGenTransformer
@@ -12,7 +13,6 @@ from mmspec.rules import AcceptanceRule, ExactRule, GreedyRule, PoolingThreshold
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import speculative_generate
-from stats_utils import P_VALUE_FLOOR, two_sample_chi2_pvalue
 
 V, GRID, COND = 24, 4, 5
 

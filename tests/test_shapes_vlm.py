@@ -279,7 +279,9 @@ def test_recipe_later_stage_starts_from_a_trained_model(tmp_path):
                           "--seed", "1"])
     later, fresh = (sv.load_model(tmp_path / name).state_dict() for name in ("b", "c"))
     # one small step from the trained weights stays near them; a fresh start (other seed) does not
-    distance = lambda a: sum(float((a[k].float() - trained[k]).abs().sum()) for k in trained)
+    def distance(a):
+        return sum(float((a[k].float() - trained[k]).abs().sum()) for k in trained)
+
     assert 0 < distance(later) < distance(fresh) / 5
     assert not (tmp_path / "wb" / "vision").exists()  # no vision stage on top of a trained tower
     sv.build_model("tiny", seed=0, text_layers=1).save_pretrained(tmp_path / "other")

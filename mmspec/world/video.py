@@ -18,7 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from .captions import DIRECTION_PHRASES, DIRECTIONS, article, reading_key, reading_order, region_phrase, with_article
+from .captions import (
+    DIRECTION_PHRASES,
+    DIRECTIONS,
+    article,
+    reading_key,
+    reading_order,
+    region_phrase,
+    with_article,
+)
 from .prompts import NUMBER_WORDS, RELATION_PHRASES
 from .render import check_difficulty, check_image_size, render_scene
 from .scene import (
