@@ -153,7 +153,8 @@ class EagleHead(ModelMixin, ConfigMixin):
                            past_key_values=past_key_values, use_cache=use_cache)
         features = out.last_hidden_state
         read = features[:, -logits_to_keep:] if logits_to_keep else features
-        logits = self._bound()["head"](read.to(self._bound()["head"].weight.dtype))
+        lm_head = self._bound()["head"]
+        logits = lm_head(read.to(lm_head.weight.dtype))
         return EagleOutput(logits, out.past_key_values, (features,))
 
 

@@ -58,10 +58,12 @@ from mmspec.world import vocabulary
 def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.Tensor, drop: torch.Tensor,
                 guidance: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Head inputs for a teacher-forced batch: ids ``[B, C+N-1]`` (-1 on condition positions), the
-    target's top features there ``[B, C+N-1, d]`` and the valid mask (condition padding False).
+    target's top features there ``[B, C+N-1, d]`` and the valid mask (condition padding False), all on the
+    target's device (the inputs may come from the CPU).
 
     ``guidance = s``: the features are the *guided* ones, ``h_u + s (h_c - h_u)`` of the conditional and
     unconditional passes (``drop`` is ignored), whose LM-head logits are exactly the guided logits."""
+    words, tokens, drop = (t.to(target.device) for t in (words, tokens, drop))
     mask = (words >= 0).long()
     with torch.no_grad():
         if guidance is None:
@@ -78,15 +80,15 @@ def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.
 
 def self_distill_data(target: LlamaGenTransformer, words: torch.Tensor, guidance_scale: float, seed: int,
                       batch: int = 100, greedy: bool = False) -> dict[str, torch.Tensor]:
-    """The target's own guided samples for the conditions ``words`` ``[N, C]`` (on the target's device),
-    temperature 1 or greedy (argmax): ``{"words": words, "tokens": [N, block_size]}`` on the CPU
+    """The target's own guided samples for the conditions ``words`` ``[N, C]``, temperature 1 or greedy
+    (argmax), generated on the target's device: ``{"words": words, "tokens": [N, block_size]}`` on the CPU
     (deterministic for a seed)."""
     from mmspec.models.recipes.report_t2i import generate_tokens
     from mmspec.sampling import SamplingConfig
 
     generator = torch.Generator().manual_seed(seed)
     sampling = SamplingConfig(do_sample=not greedy)
-    tokens = [generate_tokens(target, words[lo:lo + batch], guidance_scale, sampling, generator)
+    tokens = [generate_tokens(target, words[lo:lo + batch].to(target.device), guidance_scale, sampling, generator)
               for lo in range(0, words.shape[0], batch)]
     return {"words": words.cpu(), "tokens": torch.cat(tokens).cpu()}
 
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, cond_len,
                                                      args.difficulty))
     if args.self_distill:
-        own = cached_data(args.work, lambda: self_distill_data(target, data["words"][: args.self_distill].to(device),
+        own = cached_data(args.work, lambda: self_distill_data(target, data["words"][: args.self_distill],
                                                                args.self_distill_guidance, args.seed,
                                                                greedy=args.self_distill_greedy),
                           name="self_distill_greedy.pt" if args.self_distill_greedy else "self_distill.pt")
@@ -146,8 +148,8 @@ def main(argv: list[str] | None = None) -> None:
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         drop = torch.rand(len(index)) < args.uncond_prob
-        ids, hidden, valid = eagle_batch(target, data["words"][index].to(device), data["tokens"][index].to(device),
-                                         drop.to(device), args.guided_features)
+        ids, hidden, valid = eagle_batch(target, data["words"][index], data["tokens"][index], drop,
+                                         args.guided_features)
         return eagle_loss(head, ids, hidden, valid, feature_noise=args.feature_noise,
                           generator=step_generator(), rollout_steps=args.rollout_steps)["loss"]
 
@@ -159,16 +161,16 @@ def main(argv: list[str] | None = None) -> None:
 
     # held-out agreement of the head's argmax with the target's (a proxy for acceptance)
     val = build_data(512, args.seed, vq, words, target.config.cls_token_num, args.difficulty, split="val")
-    ids, hidden, valid = eagle_batch(target, val["words"].to(device), val["tokens"].to(device),
-                                     torch.zeros(512, dtype=torch.bool, device=device), args.guided_features)
+    ids, hidden, valid = eagle_batch(target, val["words"], val["tokens"], torch.zeros(512, dtype=torch.bool),
+                                     args.guided_features)
     with torch.no_grad():
         result = eagle_loss(head, ids, hidden, valid)
     report = {k: round(float(v), 4) for k, v in result.items()}
     # the same on the target's own guided greedy images for 256 of those captions (the sequences a greedy
     # run asks the head to continue), at drafting depths 1-4 (chains of the head's own features)
-    own = self_distill_data(target, val["words"][:256].to(device), args.self_distill_guidance, args.seed, greedy=True)
-    ids, hidden, valid = eagle_batch(target, own["words"].to(device), own["tokens"].to(device),
-                                     torch.zeros(256, dtype=torch.bool, device=device), args.guided_features)
+    own = self_distill_data(target, val["words"][:256], args.self_distill_guidance, args.seed, greedy=True)
+    ids, hidden, valid = eagle_batch(target, own["words"], own["tokens"], torch.zeros(256, dtype=torch.bool),
+                                     args.guided_features)
     with torch.no_grad():
         deep = eagle_loss(head, ids, hidden, valid, rollout_steps=4)
     report["own_greedy_top1"] = round(float(deep["top1"]), 4)
