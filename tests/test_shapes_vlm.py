@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from mmspec import speculative_generate
 from mmspec.models import shapes_vlm as sv
 from mmspec.models.recipes import train_vlm
+from mmspec.models.recipes.common import grown_layer_sources
 from mmspec.models.vlm_targets import VLMRunner
 from mmspec.world import caption_scene, caption_video, describe_scene, qa_pairs, sample_scene, split_words
 from mmspec.world.captions import article, reading_order
@@ -289,6 +290,46 @@ def test_recipe_later_stage_starts_from_a_trained_model(tmp_path):
         train_vlm.init_from(trainee, tmp_path / "other")
     with pytest.raises(FileNotFoundError, match="no trained model"):
         train_vlm.init_from(trainee, tmp_path / "missing")
+
+
+def test_grown_layer_sources_spread_the_new_layers():
+    assert grown_layer_sources(8, 12) == [0, 1, None, 2, 3, None, 4, 5, None, 6, 7, None]
+    assert grown_layer_sources(8, 10) == [0, 1, 2, 3, None, 4, 5, 6, 7, None]
+    assert grown_layer_sources(3, 3) == [0, 1, 2]
+    assert grown_layer_sources(2, 7) == [0, None, None, 1, None, None, None]
+    with pytest.raises(ValueError, match="grow"):
+        grown_layer_sources(4, 3)
+
+
+def test_recipe_grows_a_trained_captioner_deeper_with_the_same_outputs(tmp_path, processor):
+    trained = sv.build_model("tiny", seed=2)
+    with torch.no_grad():
+        for parameter in trained.parameters():  # a non-trivial stack: every layer writes into the residual
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    trained.save_pretrained(tmp_path / "trained")
+    trained = sv.load_model(tmp_path / "trained")
+    trainee = train_vlm.Trainee(sv.build_model("tiny", seed=5, text_layers=5))
+    with pytest.raises(ValueError, match="another architecture"):  # growing is asked for explicitly
+        train_vlm.init_from(trainee, tmp_path / "trained")
+    train_vlm.init_from(trainee, tmp_path / "trained", grow=True)
+    grown = trainee.vlm.eval()
+    weights = grown.state_dict()
+    prefix = train_vlm.TEXT_LAYERS_PREFIX
+    assert torch.equal(weights[f"{prefix}2.mlp.up_proj.weight"], trained.state_dict()[f"{prefix}1.mlp.up_proj.weight"])
+    assert not weights[f"{prefix}3.self_attn.o_proj.weight"].any() and not weights[f"{prefix}3.mlp.down_proj.weight"].any()
+    assert weights[f"{prefix}3.self_attn.q_proj.weight"].any()  # the rest of an inserted layer is a fresh start
+    image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    inputs = sv.vlm_inputs(processor, [image], ["describe"])
+    with torch.no_grad():
+        expected, actual = trained(**inputs).logits, grown(**inputs).logits
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
+    shallow = train_vlm.Trainee(sv.build_model("tiny", seed=5, text_layers=1))
+    with pytest.raises(ValueError, match="more than"):
+        train_vlm.init_from(shallow, tmp_path / "trained", grow=True)
+    with pytest.raises(ValueError, match="--init"):
+        train_vlm.main(["--size", "tiny", "--out", str(tmp_path / "x"), "--override", "text_layers=3",
+                        "--grow-text-layers"])
 
 
 def test_duplicate_fraction_enriches_comparison_scenes(processor):

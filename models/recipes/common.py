@@ -84,6 +84,47 @@ def load_trained_weights(model: nn.Module, trained: dict[str, torch.Tensor], sou
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in trained.items()})
 
 
+def grown_layer_sources(old_layers: int, new_layers: int) -> list[int | None]:
+    """Where each layer of a deeper stack comes from when a trained stack of ``old_layers`` grows to
+    ``new_layers``: the old layer's index, or None for an inserted layer. The inserted layers are spread
+    evenly, each after a block of old layers (8 -> 12: old 0, 1, new, 2, 3, new, ...), so every part of
+    the trained stack keeps its neighbours."""
+    if not 0 < old_layers <= new_layers:
+        raise ValueError(f"can only grow a stack of layers: {old_layers} -> {new_layers}")
+    extra = new_layers - old_layers
+    sources: list[int | None] = []
+    for old in range(old_layers):  # old layer i is followed by its share of the insertions
+        sources += [old] + [None] * ((old + 1) * extra // old_layers - old * extra // old_layers)
+    return sources
+
+
+def grow_layer_stack(own: dict[str, torch.Tensor], trained: dict[str, torch.Tensor], prefix: str,
+                     old_layers: int, new_layers: int, residual_outputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """A state dict for ``own``'s deeper model from a ``trained`` one with fewer layers under ``prefix``
+    (e.g. ``"model.language_model.layers."``), computing the same function (depth growth, as in progressive
+    stacking): trained layers are renumbered by :func:`grown_layer_sources`; an inserted layer keeps its fresh
+    initialisation except the weights named by ``residual_outputs`` (the projections that write into the
+    residual stream, e.g. ``("self_attn.o_proj", "mlp.down_proj")``), which start at zero, so the inserted
+    layer is the identity until training moves it. Every other weight is copied as it is (a weight missing
+    from ``trained`` is left out, for :func:`load_trained_weights` to report)."""
+    sources = grown_layer_sources(old_layers, new_layers)
+    grown = {}
+    for key, value in own.items():
+        if not key.startswith(prefix):
+            if key in trained:
+                grown[key] = trained[key]
+            continue
+        index, _, rest = key[len(prefix):].partition(".")
+        source = sources[int(index)]
+        if source is not None:
+            grown[key] = trained[f"{prefix}{source}.{rest}"]
+        elif rest.rsplit(".", 1)[0] in residual_outputs:
+            grown[key] = torch.zeros_like(value)
+        else:
+            grown[key] = value
+    return grown
+
+
 def init_from_folder(model: nn.Module, model_class: Any, folder: Path, what: str = "model") -> None:
     """``--init FOLDER``: load the trained ``model_class`` saved there into ``model`` (same architecture).
     Raises ``FileNotFoundError`` if the folder holds no saved model, ``ValueError`` on another architecture."""

@@ -42,6 +42,7 @@ from mmspec.models.recipes.common import (
     add_device_argument,
     add_run_arguments,
     cached_data,
+    grow_layer_stack,
     load_trained_weights,
     start_run,
     train_loop,
@@ -188,11 +189,31 @@ def make_vision_loss_fn(trainee: Trainee, data: dict, device: str | torch.device
     return loss_fn
 
 
-def init_from(trainee: Trainee, folder: Path) -> None:
-    """Copy a trained captioner's weights into ``trainee.vlm`` (same architecture; the probe stays fresh)."""
+#: Prefix of the text model's decoder layers in a ``LlavaForConditionalGeneration`` state dict, and the
+#: projections of a layer that write into the residual stream (zero in a grown layer: the identity).
+TEXT_LAYERS_PREFIX = "model.language_model.layers."
+RESIDUAL_OUTPUTS = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def init_from(trainee: Trainee, folder: Path, grow: bool = False) -> None:
+    """Copy a trained captioner's weights into ``trainee.vlm`` (same architecture; the probe stays fresh).
+
+    ``grow=True`` also accepts a captioner with fewer text-model layers: its layers are spread over the
+    deeper text model and the inserted layers start as identities (:func:`grow_layer_stack`), so training
+    starts from the trained captioner's exact outputs with more depth to use."""
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--init: no trained model at {folder}")
-    load_trained_weights(trainee.vlm, sv.load_model(folder).state_dict(), str(folder))
+    trained = sv.load_model(folder)
+    weights = trained.state_dict()
+    old_layers = trained.config.text_config.num_hidden_layers
+    new_layers = trainee.vlm.config.text_config.num_hidden_layers
+    if grow:
+        if old_layers > new_layers:
+            raise ValueError(f"--grow-text-layers: {folder} has {old_layers} text layers, more than the "
+                             f"{new_layers} of the model to train")
+        weights = grow_layer_stack(trainee.vlm.state_dict(), weights, TEXT_LAYERS_PREFIX, old_layers, new_layers,
+                                   RESIDUAL_OUTPUTS)
+    load_trained_weights(trainee.vlm, weights, str(folder))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -219,6 +240,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="loss weight per answer token of a task's examples, e.g. qa=20 (default 1 each)")
     parser.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
                         help="model size entries to change, e.g. text_dim=192 text_layers=6")
+    parser.add_argument("--grow-text-layers", action="store_true",
+                        help="with --init and --override text_layers=N: start a deeper text model from a "
+                             "trained captioner (its layers spread out, the new ones starting as identities)")
     add_run_arguments(parser, "")
     add_device_argument(parser)
     parser.set_defaults(train_images=24000, difficulty=sv.DIFFICULTY, threads=1)
@@ -235,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--override takes KEY=INT entries, got {item!r}")
         overrides[key] = int(value)
     task_weights = parse_task_weights(args.task_weight)
+    if args.grow_text_layers and args.init is None:
+        raise ValueError("--grow-text-layers grows a trained captioner: give it with --init")
     start_run(args)
 
     processor = sv.build_processor()
@@ -246,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.init is not None:
         args.vision_steps = 0
         if not (args.work / "checkpoint.pt").is_file():
-            init_from(trainee, args.init)  # a resumed run restores its own checkpoint instead
+            init_from(trainee, args.init, grow=args.grow_text_layers)  # a resumed run restores its own checkpoint instead
     out = Path(args.out)
 
     def save(trained: Trainee) -> None:
