@@ -20,7 +20,10 @@ A later stage starts from a trained captioner (``--init FOLDER``: its weights, a
 schedule, no vision stage) in its own ``--work`` folder, typically on another training mix, e.g. one
 enriched in scenes whose descriptions compare the listed objects (``--duplicate-fraction``, see
 :func:`mmspec.models.shapes_vlm.build_training_set`); ``--aux-weight 0`` keeps the fresh patch probe from
-pushing on the trained vision tower.
+pushing on the trained vision tower. ``--grow-text-layers`` with ``--override text_layers=N`` starts a
+deeper text model from the trained one: its layers are spread over the N (8 -> 12: two old, one new, ...)
+and each inserted layer starts as the identity (its two projections into the residual stream at zero), so
+training continues from the trained captioner's exact outputs with more depth to use.
 
 Run long jobs in the background (``nohup ... &``). ``--device cuda`` trains on a GPU (batches are built
 on the CPU and moved there; the saved model is the same CPU fp16 checkpoint); raise ``--max-tokens`` there
