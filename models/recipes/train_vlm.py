@@ -208,10 +208,10 @@ def init_from(trainee: Trainee, folder: Path, grow: bool = False) -> None:
         raise FileNotFoundError(f"--init: no trained model at {folder}")
     trained = sv.load_model(folder)
     weights = trained.state_dict()
-    old_layers = trained.config.text_config.num_hidden_layers
-    new_layers = trainee.vlm.config.text_config.num_hidden_layers
     if grow:
-        if old_layers > new_layers:
+        old_layers = trained.config.text_config.num_hidden_layers
+        new_layers = trainee.vlm.config.text_config.num_hidden_layers
+        if old_layers > new_layers:  # in the recipe's terms (grown_layer_sources checks it too, generically)
             raise ValueError(f"--grow-text-layers: {folder} has {old_layers} text layers, more than the "
                              f"{new_layers} of the model to train")
         weights = grow_layer_stack(trainee.vlm.state_dict(), weights, TEXT_LAYERS_PREFIX, old_layers, new_layers,
