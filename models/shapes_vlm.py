@@ -624,22 +624,32 @@ def training_batch(data: dict, rows: Sequence[int], pad_id: int = 0) -> dict[str
     return batch
 
 
-def answer_loss(model, batch: dict[str, torch.Tensor],
-                row_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+def answer_loss(model, batch: dict[str, torch.Tensor], row_weights: torch.Tensor | None = None,
+                token_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
     """Summed next-token cross-entropy over the answer tokens of a :func:`training_batch`, and their count.
     A batch without ``pixel_values`` is read blind: the placeholders keep the ``<image>`` token embedding,
     which is what a draft model sees in transformers' assisted generation (it never gets the pixels).
 
-    ``row_weights`` (float ``[B]``, optional) counts every answer token of row b ``row_weights[b]`` times,
-    in the sum and in the count, so ``sum / count`` stays a (weighted) mean per token."""
+    ``row_weights`` (float ``[B]``, optional) counts every answer token of row b ``row_weights[b]`` times and
+    ``token_weights`` (float ``[B, L]`` like ``input_ids``, optional) counts answer token ``input_ids[b, t]``
+    ``token_weights[b, t]`` times (both given: their product), in the sum and in the count, so
+    ``sum / count`` stays a (weighted) mean per token."""
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    pixel_values=batch.get("pixel_values")).logits  # [B, L, V]
     target = batch["loss_mask"][:, 1:]  # position t predicts token t + 1
     losses = torch.nn.functional.cross_entropy(logits[:, :-1][target].float(), batch["input_ids"][:, 1:][target],
                                                reduction="none")
-    if row_weights is None:
+    if row_weights is None and token_weights is None:
         return losses.sum(), int(target.sum())
-    if row_weights.shape != (target.shape[0],):
-        raise ValueError(f"row_weights must have shape [{target.shape[0]}], got {tuple(row_weights.shape)}")
-    weights = row_weights.float()[:, None].expand_as(target)[target]
+    weights = torch.ones(target.shape, dtype=torch.float32, device=losses.device)
+    if row_weights is not None:
+        if row_weights.shape != (target.shape[0],):
+            raise ValueError(f"row_weights must have shape [{target.shape[0]}], got {tuple(row_weights.shape)}")
+        weights = weights * row_weights.float()[:, None]
+    if token_weights is not None:
+        if token_weights.shape != batch["input_ids"].shape:
+            raise ValueError(f"token_weights must have the shape of input_ids {tuple(batch['input_ids'].shape)}, "
+                             f"got {tuple(token_weights.shape)}")
+        weights = weights * token_weights[:, 1:].float()
+    weights = weights[target]
     return (losses * weights).sum(), float(weights.sum())

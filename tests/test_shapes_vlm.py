@@ -362,6 +362,36 @@ def test_task_weights_option_parses_and_rejects_bad_entries():
             train_vlm.parse_task_weights(bad)
 
 
+def test_name_token_weights_mark_the_token_after_each_cue(processor):
+    tokenizer = processor.tokenizer
+    cue = tokenizer.convert_tokens_to_ids(train_vlm.NAME_CUE)
+    assert cue != tokenizer.unk_token_id
+    words = "the small pink square is to the left of the pink diamond ."
+    ids = torch.tensor([tokenizer(words, add_special_tokens=False)["input_ids"]] * 2)
+    weights = train_vlm.name_token_weights(ids, torch.tensor([True, False]), cue, 4.0)
+    weighted = [w for w, wt in zip(words.split(), weights[0].tolist()) if wt == 4.0]
+    assert weighted == ["small", "left", "pink"]  # the words after each "the"
+    assert set(weights[0].tolist()) == {1.0, 4.0} and torch.equal(weights[1], torch.ones(ids.shape[1]))
+
+
+def test_name_weight_raises_the_loss_on_description_names(processor):
+    """make_loss_fn(name_weight=W) counts the description tokens after "the" W times: on an untrained model
+    (every token about equally hard) the mean stays near the plain one, and W needs the cue's id."""
+    data = sv.build_training_set(4, 1, seed=0, tokenizer=processor.tokenizer)
+    cue = processor.tokenizer.convert_tokens_to_ids(train_vlm.NAME_CUE)
+    trainee = train_vlm.Trainee(sv.build_model("tiny", seed=0))
+    index = torch.arange(len(data["examples"]))
+    plain = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0)(index)
+    weighted = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0, name_weight=5.0, name_cue_id=cue)(index)
+    assert torch.isfinite(weighted) and not torch.allclose(plain, weighted)
+    assert torch.allclose(train_vlm.make_loss_fn(trainee, data, aux_weight=0.0, name_weight=1.0,
+                                                 name_cue_id=cue)(index), plain)
+    with pytest.raises(ValueError, match="name_cue_id"):
+        train_vlm.make_loss_fn(trainee, data, name_weight=5.0)
+    with pytest.raises(ValueError, match="name_weight"):
+        train_vlm.make_loss_fn(trainee, data, name_weight=0.0, name_cue_id=cue)
+
+
 def test_training_batch_masks_answers_only(processor):
     data = sv.build_training_set(5, 2, seed=0)
     tasks = [e["task"] for e in data["examples"]]
@@ -390,6 +420,20 @@ def test_training_batch_masks_answers_only(processor):
     assert torch.allclose(weighted, per_row[0] + per_row[1] + 15 * per_row[2], rtol=1e-4)
     with pytest.raises(ValueError, match="row_weights"):
         sv.answer_loss(model, batch, torch.ones(2))
+    # token weights: weight w on one answer token counts it w times; both kinds multiply
+    token_weights = torch.ones(batch["input_ids"].shape)
+    position = int(batch["loss_mask"][0].nonzero()[3])  # the fourth answer token of the description
+    token_weights[0, position] = 5.0
+    one_token, c = sv.answer_loss(model, batch, token_weights=token_weights)
+    assert c == pytest.approx(n + 4)
+    logits = model(input_ids=batch["input_ids"][:1], attention_mask=batch["attention_mask"][:1],
+                   pixel_values=batch["pixel_values"][:1]).logits
+    single = torch.nn.functional.cross_entropy(logits[0, position - 1], batch["input_ids"][0, position])
+    assert torch.allclose(one_token, seeing + 4 * single, rtol=1e-4)
+    both, d = sv.answer_loss(model, batch, torch.tensor([2.0, 1.0, 1.0]), token_weights)
+    assert d == pytest.approx(n + int(batch["loss_mask"][0, 1:].sum()) + 8)  # row 0 twice, its token 10 times
+    with pytest.raises(ValueError, match="token_weights"):
+        sv.answer_loss(model, batch, token_weights=torch.ones(3, 2))
     chunks = train_vlm.chunks_by_length(data, list(range(len(tasks))), max_tokens=400)
     assert sorted(r for c in chunks for r in c) == list(range(len(tasks)))
     assert all(len(c) * max(len(data["examples"][r]["ids"]) for r in c) <= 400 or len(c) == 1 for c in chunks)

@@ -112,3 +112,29 @@ def test_head_set_clips_each_head_on_its_own():
     assert torch.allclose(small.weight.grad, torch.full_like(small.weight, 0.01))  # untouched by the other's norm
     total = torch.sqrt(sum((p.grad ** 2).sum() for p in large.parameters()))
     assert abs(total.item() - 1.0) < 1e-4
+
+
+def test_init_starts_from_trained_heads(tiny_target, tmp_path):
+    """--init loads trained heads (a pipeline folder for several methods, the head's folder for one): with a
+    zero learning rate the saved heads are the loaded ones; a missing folder or another head class is
+    refused with a clear error."""
+    first = tmp_path / "first"
+    recipe.main(["--method", "eagle", "flash", "--target", str(tiny_target), "--out", str(first), "--work",
+                 str(tmp_path / "w1"), *SMALL])
+    again = tmp_path / "again"
+    recipe.main(["--method", "eagle", "flash", "--target", str(tiny_target), "--out", str(again), "--work",
+                 str(tmp_path / "w2"), "--init", str(first), *SMALL, "--lr", "0"])
+    for method in ("eagle", "flash"):
+        a = recipe.HEADS[method].from_pretrained(first / recipe.COMPONENTS[method]).state_dict()
+        b = recipe.HEADS[method].from_pretrained(again / recipe.COMPONENTS[method]).state_dict()
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    fresh = recipe.build_head("eagle", sv.load_model(tiny_target), recipe.build_parser().parse_args(
+        ["--method", "eagle", "--target", "t", "--out", "o", "--seed", "1"])).state_dict()
+    trained = recipe.HEADS["eagle"].from_pretrained(first / "eagle_head").state_dict()
+    assert any(not torch.equal(fresh[k], trained[k].float()) for k in fresh)  # init is not a fresh head
+    single = ["--target", str(tiny_target), "--out", str(tmp_path / "h"), "--work", str(tmp_path / "w3"), *SMALL]
+    recipe.main(["--method", "eagle", "--init", str(first / "eagle_head"), *single])
+    with pytest.raises(ValueError, match="class EagleVLMHead, not FlashHead"):
+        recipe.main(["--method", "flash", "--init", str(first / "eagle_head"), *single])
+    with pytest.raises(FileNotFoundError, match="no trained eagle head"):
+        recipe.main(["--method", "eagle", "--init", str(tmp_path / "missing"), *single])

@@ -16,6 +16,10 @@ from another seed stream)::
     python -m mmspec.models.recipes.train_vlm_drafter --method eagle \\
         --target models/zoo/shapes-vlm/target --out models/zoo/shapes-vlm/eagle_head
 
+``--init`` starts from trained heads instead (their own architecture; a fresh optimiser and schedule):
+a later stage on new data, or the previous target's heads when the target is retrained, which keeps what
+they learnt about the shared vocabulary and images instead of relearning it from scratch.
+
 Several methods in one run share each step's teacher forward (the frozen target is most of a step's
 cost); every head still trains on its own loss with its own gradient clipping, so each is what its own
 run would give up to the random streams. ``--out`` is then the pipeline folder and head ``m`` goes to its
@@ -80,6 +84,19 @@ def build_head(method: str, target: Any, args: argparse.Namespace) -> VLMDraftHe
                              "specvlm": {"stride": args.stride}}.get(method, {})
     torch.manual_seed(args.seed)
     return HEADS[method](**common, **extra).bind_target(target)
+
+
+def load_head(method: str, folder: Path, target: Any) -> VLMDraftHead:
+    """A trained head of ``method`` from ``folder`` (its own config: the architecture options are ignored),
+    in float32 and bound to ``target``: the start of a later stage (``--init``), e.g. the heads of the
+    previous target when the target is retrained. Raises ``FileNotFoundError`` without a saved head there
+    and ``ValueError`` for a head of another class or of another target's width or vocabulary."""
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"--init: no trained {method} head at {folder} (no config.json)")
+    saved_class = json.loads((folder / "config.json").read_text()).get("_class_name")
+    if saved_class != HEADS[method].__name__:
+        raise ValueError(f"--init: {folder} holds a head of class {saved_class}, not {HEADS[method].__name__} ({method})")
+    return HEADS[method].from_pretrained(folder).to(torch.float32).bind_target(target)
 
 
 class HeadSet(nn.Module):
@@ -220,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True,
                         help="where the trained head is saved (several methods: the pipeline folder; head m "
                              "goes to its component folder, e.g. eagle_head)")
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start from trained heads (a later stage): the head's folder, or with several "
+                             "methods a pipeline folder with one component folder per head")
     parser.add_argument("--data", default="shapes", help="'shapes' (the zoo's world) or a JSON-lines file")
     parser.add_argument("--work", type=Path, default=None, help="checkpoints and logs (default runs/train_vlm_<method>[_<method>...])")
     parser.add_argument("--steps", type=int, default=1200)
@@ -262,7 +282,12 @@ def main(argv: list[str] | None = None) -> None:
     processor = AutoProcessor.from_pretrained(args.target)
     data: ShapesData | JsonlData = ShapesData(work, args.train_images, args.train_videos, args.seed) \
         if args.data == "shapes" else JsonlData(Path(args.data), processor, args.held_out)
-    heads = {method: build_head(method, target, args).to(device) for method in methods}
+    def initial_head(method: str) -> VLMDraftHead:
+        if args.init is None:
+            return build_head(method, target, args)
+        return load_head(method, args.init if len(methods) == 1 else args.init / COMPONENTS[method], target)
+
+    heads = {method: initial_head(method).to(device) for method in methods}
     trainee: nn.Module = heads[methods[0]] if len(methods) == 1 else HeadSet(heads)
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
