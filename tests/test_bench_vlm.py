@@ -58,6 +58,9 @@ def test_rebuilding_an_assembled_folder_keeps_every_part(zoo_folder, tmp_path):
     for name in ("target", "draft_model"):
         assert sv.load_processor(folder / name).tokenizer.padding_side == "left"
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in zoo_folder.iterdir())
+    # diffusers records where a component was loaded from; the zoo keeps no such build-local paths
+    for config in folder.glob("*/config.json"):
+        assert "_name_or_path" not in json.loads(config.read_text()), config
 
 
 def test_benchmark_table(zoo_folder, tmp_path):

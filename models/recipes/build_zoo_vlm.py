@@ -13,6 +13,7 @@ Missing heads are left out (their methods are then unavailable); the parts folde
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 from pathlib import Path
 
@@ -27,6 +28,15 @@ SHAPES_CHAT_TEMPLATE = (
     " assistant:{% endif %}{% endfor %}"
 )
 HEADS = ("eagle_head", "flash_head", "vispec_head", "specvlm_head")
+
+
+def drop_load_paths(folder: Path) -> None:
+    """Remove the ``_name_or_path`` that diffusers records in a component's config.json when it was loaded
+    from a folder: here the build's local staging paths, which mean nothing in a clone of the zoo."""
+    for config in folder.glob("*/config.json"):
+        data = json.loads(config.read_text())
+        if data.pop("_name_or_path", None) is not None:
+            config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,6 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     pipe = VLMPipeline(target=target, processor=processor, draft_model=draft, **heads)
     staging = folder.with_name(folder.name + ".staging")
     pipe.save_pretrained(staging)
+    drop_load_paths(staging)
     # keep the files save_pretrained does not write (processor and tokenizer files, training reports) beside
     # the parts; the draft comes from draft/ (fresh from the recipe) or draft_model/ (a rebuilt folder)
     for source, name in ((folder / "target", "target"), (draft_dir, "draft_model")):
