@@ -143,9 +143,11 @@ def to_markdown(results: dict, command: str, meta: dict) -> str:
              f"Machine: {meta['machine']}. {meta['examples']} held-out examples per task, {meta['repeats']} timed "
              f"repeats (median), up to {meta['max_new_tokens']} new tokens. Speedups are end to end (image encoding "
              "and prefill included) against `none` in the same run. Mean accepted length counts the bonus token. "
-             "hf_* rows are transformers' `generate` on the same target (batch 1 only).", ""]
-    header = ("| method | speedup | mean acc. len | tokens/s | draft visual tokens | peak mem MiB | accuracy |\n"
-              "|---|---|---|---|---|---|---|")
+             "hf_* rows are transformers' `generate` on the same target (batch 1 only). Time spread: the "
+             "interquartile range of the repeats' times over their median (how much this machine moved during the "
+             "case; a speedup is only as steady as its row's and `none`'s).", ""]
+    header = ("| method | speedup | time spread | mean acc. len | tokens/s | draft visual tokens | peak mem MiB | "
+              "accuracy |\n|---|---|---|---|---|---|---|---|")
     for key, report in results.items():
         lines += [f"### {key}", "", header]
         for name, c in report["cases"].items():
@@ -153,7 +155,8 @@ def to_markdown(results: dict, command: str, meta: dict) -> str:
             visual = q.get("draft visual tokens")
             peak = c["peak_memory_bytes"] / 2**20 if c["peak_memory_bytes"] else float("nan")
             mal = c["mean_accepted_length"]
-            lines.append(f"| {name} | {c['speedup']:.2f}x | {'-' if mal is None else f'{mal:.2f}'} | "
+            spread = 100 * c["iqr_s"] / c["median_s"] if c["median_s"] else float("nan")
+            lines.append(f"| {name} | {c['speedup']:.2f}x | {spread:.0f} % | {'-' if mal is None else f'{mal:.2f}'} | "
                          f"{c['items_per_s']:.1f} | {'-' if visual is None else f'{visual:.0f}'} | {peak:.0f} | "
                          f"{q['accuracy']:.3f} |")
         lines.append("")

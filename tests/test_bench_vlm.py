@@ -74,6 +74,7 @@ def test_benchmark_table(zoo_folder, tmp_path):
     for name in ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm", "hf_generate", "hf_assisted",
                  "hf_prompt_lookup"):
         assert f"| {name} |" in table
+    assert "| time spread |" in table and "| 0 % |" in table  # one repeat: no spread
     results = json.loads(out.with_suffix(".json").read_text())["results"]
     assert set(results) == {f"{t} / temperature_0 / batch {b}" for t in ("image", "video") for b in (1, 2)}
     for report in results.values():
