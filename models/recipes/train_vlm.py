@@ -23,7 +23,9 @@ enriched in scenes whose descriptions compare the listed objects (``--duplicate-
 pushing on the trained vision tower. ``--grow-text-layers`` with ``--override text_layers=N`` starts a
 deeper text model from the trained one: its layers are spread over the N (8 -> 12: two old, one new, ...)
 and each inserted layer starts as the identity (its two projections into the residual stream at zero), so
-training continues from the trained captioner's exact outputs with more depth to use.
+training continues from the trained captioner's exact outputs with more depth to use. ``--task-weight
+TASK=W`` counts a task's answer tokens W times in the loss, ``--name-weight W`` the description tokens that
+decide how far a name is qualified (the word after "the"; tried, docs/zoo_shapes_vlm.md, not used by the zoo).
 
 Run long jobs in the background (``nohup ... &``). ``--device cuda`` trains on a GPU (batches are built
 on the CPU and moved there; the saved model is the same CPU fp16 checkpoint); raise ``--max-tokens`` there
