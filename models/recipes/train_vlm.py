@@ -126,7 +126,8 @@ def name_token_weights(input_ids: torch.Tensor, weighted_rows: torch.Tensor, cue
 
     With the cue :data:`NAME_CUE` in descriptions these are the tokens that decide a name's qualification
     (the size word of "the small pink square", or the colour word of "the pink diamond" when no look-alike
-    needs the size): about one answer token in six, and the ones a trained captioner still gets wrong."""
+    needs the size): about one answer token in six, among them the ones a trained captioner still gets
+    wrong."""
     after_cue = torch.zeros_like(input_ids, dtype=torch.bool)
     after_cue[:, 1:] = input_ids[:, :-1] == cue_id
     weights = torch.ones(input_ids.shape, dtype=torch.float32, device=input_ids.device)
