@@ -58,6 +58,12 @@ def test_rebuilding_an_assembled_folder_keeps_every_part(zoo_folder, tmp_path):
     for name in ("target", "draft_model"):
         assert sv.load_processor(folder / name).tokenizer.padding_side == "left"
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in zoo_folder.iterdir())
+    # every part stays fp16 on disk (the heads too: they load in fp32 unless asked otherwise)
+    from safetensors import safe_open
+
+    for weights in folder.glob("*/*.safetensors"):
+        with safe_open(weights, "pt") as f:
+            assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F16"}, weights
     # diffusers records where a component was loaded from; the zoo keeps no such build-local paths
     for config in folder.glob("*/config.json"):
         assert "_name_or_path" not in json.loads(config.read_text()), config

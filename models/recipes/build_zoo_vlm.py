@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     processor.chat_template = SHAPES_CHAT_TEMPLATE
     classes = {"eagle_head": EagleVLMHead, "flash_head": FlashHead, "vispec_head": ViSpecHead,
                "specvlm_head": SpecVLMHead}
-    heads = {name: classes[name].from_pretrained(folder / name) for name in HEADS if (folder / name).is_dir()}
+    heads = {name: classes[name].from_pretrained(folder / name, torch_dtype=half)  # diffusers loads fp32 otherwise
+             for name in HEADS if (folder / name).is_dir()}
     draft_dir = folder / ("draft" if (folder / "draft").is_dir() else "draft_model")
     draft = LlavaForConditionalGeneration.from_pretrained(draft_dir, dtype=half) if draft_dir.is_dir() else None
     target = LlavaForConditionalGeneration.from_pretrained(folder / "target", dtype=half)
