@@ -151,8 +151,7 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
     Batches are built on the CPU (the blind draws use torch's CPU generator) and moved to ``device``."""
     projector = trainee.vlm.model.multi_modal_projector
     task_weights = check_task_weights(task_weights or {})
-    if not math.isfinite(name_weight) or name_weight <= 0:
-        raise ValueError(f"name_weight must be a finite positive number, got {name_weight!r}")
+    name_weight = check_loss_weight("name_weight", name_weight)
     if name_weight != 1.0 and name_cue_id is None:
         raise ValueError("name_weight != 1 needs name_cue_id, the token id of NAME_CUE")
 
@@ -184,14 +183,19 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
     return loss_fn
 
 
+def check_loss_weight(what: str, weight: float) -> float:
+    """``weight`` as a float if it is a finite positive number (a loss weight), else ``ValueError`` naming ``what``."""
+    if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+        raise ValueError(f"{what} must be a finite positive number, got {weight!r}")
+    return float(weight)
+
+
 def check_task_weights(task_weights: dict[str, float]) -> dict[str, float]:
     """Validate a task -> loss weight mapping (known tasks, finite positive weights)."""
-    for task, weight in task_weights.items():
+    for task in task_weights:
         if task not in sv.TASKS:
             raise ValueError(f"unknown task {task!r} in task weights; tasks: {list(sv.TASKS)}")
-        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
-            raise ValueError(f"the weight of task {task!r} must be a finite positive number, got {weight!r}")
-    return {task: float(weight) for task, weight in task_weights.items()}
+    return {task: check_loss_weight(f"the weight of task {task!r}", weight) for task, weight in task_weights.items()}
 
 
 def parse_task_weights(items: list[str]) -> dict[str, float]:
@@ -296,8 +300,7 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--override takes KEY=INT entries, got {item!r}")
         overrides[key] = int(value)
     task_weights = parse_task_weights(args.task_weight)
-    if not math.isfinite(args.name_weight) or args.name_weight <= 0:
-        parser.error(f"--name-weight must be a finite positive number, got {args.name_weight}")
+    check_loss_weight("--name-weight", args.name_weight)  # before the minutes of building the data
     if args.grow_text_layers and args.init is None:
         raise ValueError("--grow-text-layers grows a trained captioner: give it with --init")
     start_run(args)
