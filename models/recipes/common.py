@@ -34,8 +34,13 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     moves its batch there (train_t2i, train_eagle, train_vlm, train_mar, train_video; the others train on
     the CPU). Batches are drawn on the CPU (indices and noise from torch's CPU generator) and moved there,
     so a run's random stream is the same on every device (the numbers differ only by the device's
-    floating-point arithmetic)."""
+    floating-point arithmetic). ``--time-limit`` counts from :func:`start_run`; what is left of it when
+    training starts (:func:`time_left`) is :func:`train_loop`'s ``time_limit``."""
     parser.add_argument("--device", default="cpu", help="train on this torch device (e.g. cuda on a GPU machine)")
+    parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                        help="end the command within about this many seconds, data building included (a GPU "
+                             "lease): the schedule is shortened after timing steps 10-60 and logged, so "
+                             "--steps N repeats it")
 
 
 def start_run(args: argparse.Namespace) -> None:
@@ -43,9 +48,20 @@ def start_run(args: argparse.Namespace) -> None:
     device = torch.device(getattr(args, "device", "cpu"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"--device {device}: torch sees no CUDA GPU on this machine (use --device cpu)")
+    time_limit = getattr(args, "time_limit", None)
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"--time-limit must be a positive number of seconds, got {time_limit}")
+    args.started = time.time()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     args.work.mkdir(parents=True, exist_ok=True)
+
+
+def time_left(args: argparse.Namespace) -> float | None:
+    """Seconds left of ``--time-limit`` since :func:`start_run` (``None`` without a limit)."""
+    if getattr(args, "time_limit", None) is None:
+        return None
+    return args.time_limit - (time.time() - args.started)
 
 
 def cached_data(work: Path, build: Callable[[], dict], name: str = "data.pt") -> dict:
@@ -133,11 +149,25 @@ def init_from_folder(model: nn.Module, model_class: Any, folder: Path, what: str
     load_trained_weights(model, model_class.from_pretrained(folder).state_dict(), str(folder))
 
 
+PROBE_FROM, PROBE_TO = 10, 60  # the steps a time-limited run times (inside the 100-step warm-up)
+
+
+def fit_schedule(steps: int, done: int, seconds_per_step: float, seconds_left: float, floor: int = 100) -> int:
+    """The schedule total for a time-limited run: ``steps`` if the ``steps - done`` steps left fit in
+    ``seconds_left`` at ``seconds_per_step``, else the total that does (kept at 95 % of the time, for
+    the saves and a slower step now and then), never below ``floor`` (the warm-up length) or ``done``."""
+    if seconds_per_step <= 0 or (steps - done) * seconds_per_step <= seconds_left:
+        return steps
+    fits = done + int(0.95 * seconds_left / seconds_per_step)
+    return max(floor, done, min(steps, fits))
+
+
 def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor], num_items: int, *, steps: int,
                batch: int, lr: float, work: Path, save: Callable[[nn.Module], None], save_every: int = 200,
                weight_decay: float = 0.05, log_every: int = 20,
                evaluate: Callable[[nn.Module, int], dict] | None = None, eval_every: int = 0,
-               stop_at: int | None = None, device: str | torch.device = "cpu") -> None:
+               stop_at: int | None = None, device: str | torch.device = "cpu",
+               time_limit: float | None = None) -> None:
     """Minimise ``loss_fn(indices)`` over random mini-batches of ``num_items`` training items.
 
     AdamW (betas 0.9/0.95), gradient clipping at 1 (per part where the model has ``clip_gradients``).
@@ -149,6 +179,13 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
     torch's global RNG (use its own generator) so that resumed runs stay identical. ``stop_at`` ends this
     run after that step (saved) without changing the schedule of ``steps``: a long schedule run in pieces.
     The model is moved to ``device``; ``loss_fn`` moves its batch there.
+
+    ``time_limit`` (seconds of this run; for a lease of fixed length) sizes the schedule to the machine:
+    a run that starts at step 0 times steps 10 to 60 (after the device has warmed up, before the
+    100-step warm-up ends, so the learning rate so far is the same for any total) and, if ``steps`` would
+    not fit, lowers the total to what fits (at least 100), logging ``{"steps": N, "reason": "time
+    limit"}``: rerunning with ``steps=N`` repeats the run exactly. Any run also ends (saved) once the
+    limit has passed, like ``stop_at``.
     """
     work.mkdir(parents=True, exist_ok=True)
     model.to(device)
@@ -164,8 +201,21 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
     model.train()
     start = time.time()
     last = steps if stop_at is None else min(steps, stop_at)
+    first = step
+    probe_start = None
     with (work / "log.jsonl").open("a") as log:
         while step < last:
+            if time_limit is not None and first == 0 and step in (PROBE_FROM, PROBE_TO):
+                if step == PROBE_FROM:
+                    probe_start = time.time()
+                else:
+                    fitted = fit_schedule(steps, step, (time.time() - probe_start) / (PROBE_TO - PROBE_FROM),
+                                          time_limit - (time.time() - start))
+                    if fitted != steps:
+                        steps = fitted
+                        last = steps if stop_at is None else min(steps, stop_at)
+                        log.write(json.dumps({"steps": steps, "reason": "time limit"}) + "\n")
+                        log.flush()
             index = torch.randint(0, num_items, (batch,))
             loss = loss_fn(index)
             for group in optimizer.param_groups:
@@ -189,6 +239,8 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
                 model.train()
                 log.write(json.dumps({"step": step, "eval": result}) + "\n")
                 log.flush()
+            if time_limit is not None and time.time() - start > time_limit:
+                last = step  # out of time: save now and end
             if step % save_every == 0 or step == last:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                             "rng": torch.get_rng_state()}, ckpt)

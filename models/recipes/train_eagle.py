@@ -46,6 +46,7 @@ from mmspec.models.recipes.common import (
     init_from_folder,
     start_run,
     step_generator,
+    time_left,
     train_loop,
 )
 from mmspec.models.recipes.train_t2i import build_data
@@ -157,7 +158,8 @@ def main(argv: list[str] | None = None) -> None:
         copy.deepcopy(model).eval().to("cpu").save_pretrained(args.out)
 
     train_loop(head, loss_fn, data["tokens"].shape[0], steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, weight_decay=0.0, device=device)
+               work=args.work, save=save, weight_decay=0.0, device=device,
+               time_limit=time_left(args))
 
     # held-out agreement of the head's argmax with the target's (a proxy for acceptance)
     val = build_data(512, args.seed, vq, words, target.config.cls_token_num, args.difficulty, split="val")

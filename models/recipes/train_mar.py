@@ -32,6 +32,7 @@ from mmspec.models.recipes.common import (
     cached_data,
     init_from_folder,
     start_run,
+    time_left,
     train_loop,
 )
 from mmspec.models.text import WordTokenizer
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
         return model.forward_train(data["tokens"][index].to(device).float(), data["words"][index].to(device))
 
     train_loop(trainer, loss_fn, data["tokens"].shape[0], steps=size["steps"], batch=size["batch"], lr=size["lr"],
-               work=args.work, save=save, save_every=args.save_every, stop_at=args.stop_at, device=device)
+               work=args.work, save=save, save_every=args.save_every, stop_at=args.stop_at, device=device,
+               time_limit=time_left(args))
 
 
 if __name__ == "__main__":

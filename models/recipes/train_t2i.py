@@ -30,6 +30,7 @@ from mmspec.models.recipes.common import (
     cached_data,
     init_from_folder,
     start_run,
+    time_left,
     train_loop,
 )
 from mmspec.models.text import WordTokenizer
@@ -96,7 +97,8 @@ def main(argv: list[str] | None = None) -> None:
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
 
     train_loop(model, loss_fn, data["tokens"].shape[0], steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, save_every=args.save_every, device=device)
+               work=args.work, save=save, save_every=args.save_every, device=device,
+               time_limit=time_left(args))
 
 
 if __name__ == "__main__":

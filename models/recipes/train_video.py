@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmspec.models.recipes.common import add_device_argument, cached_data, start_run, train_loop
+from mmspec.models.recipes.common import add_device_argument, cached_data, start_run, time_left, train_loop
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.models.video import BlockCausalVideoTransformer, flow_matching_loss
@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
 
     np.random.seed(args.seed)
     train_loop(model, loss_fn, num_clips, steps=args.steps, batch=args.batch, lr=args.lr, work=args.work, save=save,
-               save_every=args.save_every, stop_at=args.stop_at, device=device)
+               save_every=args.save_every, stop_at=args.stop_at, device=device,
+               time_limit=time_left(args))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ from mmspec.models.recipes.common import (
     grow_layer_stack,
     load_trained_weights,
     start_run,
+    time_left,
     train_loop,
 )
 
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction, task_weights,
                            args.device, args.name_weight, processor.tokenizer.convert_tokens_to_ids(NAME_CUE))
     train_loop(trainee, loss_fn, len(data["examples"]), steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, save_every=args.save_every, device=args.device)
+               work=args.work, save=save, save_every=args.save_every, device=args.device, time_limit=time_left(args))
 
 
 if __name__ == "__main__":

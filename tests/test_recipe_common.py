@@ -1,0 +1,102 @@
+"""The shared training loop of the recipes: a time-limited run (a GPU lease of fixed length)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from mmspec.models.recipes import common
+from mmspec.models.recipes.common import fit_schedule, start_run, train_loop
+
+
+def test_fit_schedule_keeps_what_fits_and_shortens_what_does_not():
+    assert fit_schedule(1000, 60, seconds_per_step=0.1, seconds_left=200.0) == 1000  # 94 s of work: fits
+    assert fit_schedule(1000, 60, seconds_per_step=1.0, seconds_left=90.0) == 60 + int(0.95 * 90)
+    assert fit_schedule(1000, 60, seconds_per_step=10.0, seconds_left=5.0) == 100  # never below the warm-up
+    assert fit_schedule(1000, 160, seconds_per_step=10.0, seconds_left=5.0) == 160  # nor below the steps done
+    assert fit_schedule(80, 60, seconds_per_step=10.0, seconds_left=5.0) == 100  # a floor above a short schedule
+    assert fit_schedule(1000, 60, seconds_per_step=0.0, seconds_left=5.0) == 1000
+
+
+class _Clock:
+    """Stands in for ``time.time`` in the loop: each training step costs one second."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+
+def _run(tmp_path, name: str, steps: int, clock: _Clock, time_limit: float | None, seconds_per_step: float = 1.0):
+    torch.manual_seed(0)
+    model = nn.Linear(3, 1)
+    data = torch.randn(50, 3)
+
+    def loss_fn(index: torch.Tensor) -> torch.Tensor:
+        clock.now += seconds_per_step
+        return model(data[index]).pow(2).mean()
+
+    saved = []
+    train_loop(model, loss_fn, 50, steps=steps, batch=4, lr=1e-2, work=tmp_path / name,
+               save=lambda m: saved.append({k: v.clone() for k, v in m.state_dict().items()}), save_every=1000,
+               time_limit=time_limit)
+    log = [json.loads(line) for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+    return saved[-1], log, torch.load(tmp_path / name / "checkpoint.pt")["step"]
+
+
+def test_a_time_limited_run_shortens_its_schedule_and_equals_the_run_of_that_length(tmp_path, monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(common, "time", clock)
+    limited, log, last = _run(tmp_path, "limited", 1000, clock, time_limit=150.0)
+    fitted = [entry for entry in log if entry.get("reason") == "time limit"]
+    assert fitted == [{"steps": 145, "reason": "time limit"}]  # 60 + 0.95 * 90 s left at 1 s a step
+    assert last == 145 and clock.now <= 150.0
+    plain, _, _ = _run(tmp_path, "plain", 145, clock, time_limit=None)  # --steps 145 repeats it
+    assert all(torch.equal(limited[k], plain[k]) for k in plain)
+
+
+def test_a_time_limited_run_that_fits_keeps_its_schedule(tmp_path, monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(common, "time", clock)
+    _, log, last = _run(tmp_path, "fits", 120, clock, time_limit=1000.0)
+    assert last == 120 and not [entry for entry in log if "reason" in entry]
+
+
+def test_a_resumed_run_stops_saved_when_its_time_is_up(tmp_path, monkeypatch):
+    """A resumed run cannot reshape a schedule already under way; it ends (saved) once the limit passes."""
+    clock = _Clock()
+    monkeypatch.setattr(common, "time", clock)
+    _run(tmp_path, "pieces", 20, clock, time_limit=None)  # a finished 20-step run to resume from ...
+    checkpoint = torch.load(tmp_path / "pieces" / "checkpoint.pt")
+    checkpoint["step"] = 5  # ... rewound, as if it had stopped at step 5 of 400
+    torch.save(checkpoint, tmp_path / "pieces" / "checkpoint.pt")
+    _, log, last = _run(tmp_path, "pieces", 400, clock, time_limit=30.5)
+    assert last == 5 + 31  # the step that crossed 30.5 s was the last, and it was saved
+    assert not [entry for entry in log if "reason" in entry]
+
+
+@pytest.mark.parametrize("limit", [0.0, -5.0, float("nan")])
+def test_time_limit_must_be_positive(limit):
+    args = argparse.Namespace(device="cpu", time_limit=limit, threads=1, seed=0, work=None)
+    with pytest.raises(ValueError, match="--time-limit must be a positive number of seconds"):
+        start_run(args)
+
+
+def test_a_recipe_with_a_time_limit_it_does_not_reach_trains_as_without(tmp_path):
+    from mmspec.models.recipes import train_video
+    from mmspec.models.video import BlockCausalVideoTransformer
+
+    small = ["--dim", "32", "--layers", "1", "--heads", "4", "--num-frames", "4", "--train-clips", "6", "--batch", "2",
+             "--save-every", "100", "--threads", "1", "--steps", "3"]
+    train_video.main(["--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa"), *small])
+    train_video.main(["--out", str(tmp_path / "b"), "--work", str(tmp_path / "wb"), "--time-limit", "3600", *small])
+    plain = BlockCausalVideoTransformer.from_pretrained(tmp_path / "a").state_dict()
+    limited = BlockCausalVideoTransformer.from_pretrained(tmp_path / "b").state_dict()
+    assert all(torch.equal(plain[k], limited[k]) for k in plain)
+    with pytest.raises(ValueError, match="--time-limit must be a positive"):
+        train_video.main(["--out", str(tmp_path / "c"), "--work", str(tmp_path / "wc"), "--time-limit", "0", *small])
