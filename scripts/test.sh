@@ -14,7 +14,8 @@ bash scripts/setup.sh
 bash scripts/setup_browser.sh
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
-export TRITON_INTERPRET="${TRITON_INTERPRET:-1}"   # Triton kernels run on CPU through the interpreter
+# TRITON_INTERPRET: tests/conftest.py sets it to 1 when torch sees no GPU (Triton kernels run on the CPU
+# through the interpreter); with a GPU the kernels run compiled.
 export GRADIO_ANALYTICS_ENABLED=False
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 

@@ -77,7 +77,7 @@ def test_a_resumed_run_stops_saved_when_its_time_is_up(tmp_path, monkeypatch):
     torch.save(checkpoint, tmp_path / "pieces" / "checkpoint.pt")
     _, log, last = _run(tmp_path, "pieces", 400, clock, time_limit=30.5)
     assert last == 5 + 31  # the step that crossed 30.5 s was the last, and it was saved
-    assert not [entry for entry in log if "reason" in entry]
+    assert [entry for entry in log if "reason" in entry] == [{"stopped_at": 36, "reason": "time limit"}]
 
 
 @pytest.mark.parametrize("limit", [0.0, -5.0, float("nan")])

@@ -13,11 +13,12 @@ Missing heads are left out (their methods are then unavailable); the parts folde
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 from pathlib import Path
 
 import torch
+
+from mmspec.models.recipes.common import drop_load_paths
 
 #: the captioner's prompt layout ("user: <image> describe the image in detail. assistant:") as a chat
 #: template, so that plain-text prompts are formatted like the training prompts
@@ -28,15 +29,6 @@ SHAPES_CHAT_TEMPLATE = (
     " assistant:{% endif %}{% endfor %}"
 )
 HEADS = ("eagle_head", "flash_head", "vispec_head", "specvlm_head")
-
-
-def drop_load_paths(folder: Path) -> None:
-    """Remove the ``_name_or_path`` that diffusers records in a component's config.json when it was loaded
-    from a folder: here the build's local staging paths, which mean nothing in a clone of the zoo."""
-    for config in folder.glob("*/config.json"):
-        data = json.loads(config.read_text())
-        if data.pop("_name_or_path", None) is not None:
-            config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -64,6 +64,15 @@ def time_left(args: argparse.Namespace) -> float | None:
     return args.time_limit - (time.time() - args.started)
 
 
+def drop_load_paths(folder: Path) -> None:
+    """Remove the ``_name_or_path`` that diffusers records in a component's config.json when it was loaded
+    from a folder: in a built zoo entry the build's local training paths, which mean nothing in a clone."""
+    for config in Path(folder).glob("*/config.json"):
+        data = json.loads(config.read_text())
+        if data.pop("_name_or_path", None) is not None:
+            config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
 def cached_data(work: Path, build: Callable[[], dict], name: str = "data.pt") -> dict:
     """The run's training set: ``work/<name>`` when a previous run saved it, else ``build()`` saved there."""
     path = work / name
@@ -185,7 +194,8 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
     100-step warm-up ends, so the learning rate so far is the same for any total) and, if ``steps`` would
     not fit, lowers the total to what fits (at least 100), logging ``{"steps": N, "reason": "time
     limit"}``: rerunning with ``steps=N`` repeats the run exactly. Any run also ends (saved) once the
-    limit has passed, like ``stop_at``.
+    limit has passed (a step slower than timed), logging ``{"stopped_at": S, ...}``: ``stop_at=S`` with
+    the same ``steps`` repeats that.
     """
     work.mkdir(parents=True, exist_ok=True)
     model.to(device)
@@ -239,8 +249,10 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
                 model.train()
                 log.write(json.dumps({"step": step, "eval": result}) + "\n")
                 log.flush()
-            if time_limit is not None and time.time() - start > time_limit:
-                last = step  # out of time: save now and end
+            if time_limit is not None and step < last and time.time() - start > time_limit:
+                last = step  # out of time: save now and end (--stop-at N repeats it)
+                log.write(json.dumps({"stopped_at": step, "reason": "time limit"}) + "\n")
+                log.flush()
             if step % save_every == 0 or step == last:
                 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
                             "rng": torch.get_rng_state()}, ckpt)
