@@ -343,3 +343,26 @@ def test_benchmark_script_writes_its_table(tmp_path):
     assert set(data["quality"]) == {*bench_continuous.DEFAULT_CONFIGS, "none, seed 2"}
     assert data["speed"]["2"]["cases"]["none"]["speedup"] == pytest.approx(1.0)
     assert data["speed"]["2"]["cases"]["cspd"]["stats"]["draft_calls"] > 0
+
+
+def test_cspd_token_distances_diagnostic():
+    """The diagnostic of docs/pipeline_continuous.md: a rejected token's residual sample is a draw of the
+    target's own last step (about one last-step standard deviation per channel from its mean)."""
+    from mmspec.evaluation.cspd_tokens import recording_verifications, token_distances
+
+    twin = token_distances(make_pipe(tiny_mar(0)), class_labels=[1, 3, 4], num_iter=8, draft_length=1,
+                           prefill_ratio=0.1)
+    assert twin["verified_tokens"] > 0 and twin["rejected_tokens"] == 0  # an identical draft: nothing rejected
+    assert math.isnan(twin["residual_to_target_mean"])
+    other = token_distances(make_pipe(tiny_mar(7, depth=1, width=16)), class_labels=[1, 3, 4], num_iter=8,
+                            prefill_ratio=0.1)
+    assert other["rejected_tokens"] > 0
+    spread = other["target_last_step_std_x_sqrt_channels"]
+    assert 0.3 * spread < other["residual_to_target_mean"] < 3 * spread
+    assert other["draft_to_target_mean"] > other["residual_to_target_mean"]
+    from mmspec.pipelines import continuous_ar_image
+
+    original = continuous_ar_image.cspd_verify
+    with recording_verifications():
+        assert continuous_ar_image.cspd_verify is not original
+    assert continuous_ar_image.cspd_verify is original  # restored after the block
