@@ -2,9 +2,9 @@
 
 A diagnostic for docs/pipeline_continuous.md. It runs one CSpD call and records, for every verified token,
 the draft's token (the draft chain's x_0), the mean of the target's last denoising step (the target's own
-chain, driven by the same noise) and the committed token, and reports over the rejected tokens the
-median distances between them (L2 over the token's channels) next to the target's last-step standard
-deviation (per channel, times sqrt(C) to compare with the distances). It answers whether a rejected
+chain, driven by the same noise) and the committed token, and reports the 50th and 90th percentiles of
+the distances between them (L2 over the token's channels) next to the target's last-step standard
+deviation (per channel, times sqrt(C) to compare with the distances) and the tokens' norms. It answers whether a rejected
 token's residual sample is the target's own token or stays near the draft's, and how far apart the two
 chains' tokens are when the surrogate ratio rejects.
 
@@ -47,27 +47,30 @@ def recording_verifications() -> Iterator[list[dict[str, torch.Tensor]]]:
 
 
 def token_distances(pipe: Any, seed: int = 0, **call_kwargs: Any) -> dict[str, float]:
-    """One ``pipe(method="cspd", **call_kwargs)`` call (``prompt=`` or ``class_labels=`` among them);
-    counts of its verified and rejected tokens and medians over the rejected ones (``nan`` when none was)."""
+    """One ``pipe(method="cspd", **call_kwargs)`` call (``prompt=`` or ``class_labels=`` among them):
+    counts of its verified and rejected tokens and the 50th/90th percentiles of the distances over the
+    rejected (and accepted) ones (``nan`` where there are none)."""
     with recording_verifications() as records:
         pipe(method="cspd", generator=torch.Generator().manual_seed(seed), output_type="latent", **call_kwargs)
     if not records:
         raise RuntimeError("the call verified no token: is prefill_ratio leaving nothing to draft?")
     cat = {key: torch.cat([r[key] for r in records]) for key in records[0]}
     rejected = ~cat["accepted"]
-    out = {"verified_tokens": int(cat["accepted"].numel()), "rejected_tokens": int(rejected.sum())}
+    out: dict[str, float] = {"verified_tokens": int(rejected.numel()), "rejected_tokens": int(rejected.sum())}
 
-    def median(values: torch.Tensor) -> float:
-        return float(values.median()) if values.numel() else float("nan")
+    def quantiles(name: str, values: torch.Tensor) -> None:
+        for q in (50, 90):  # shapes images are mostly background: the 90th percentile shows the objects
+            out[f"{name}_p{q}"] = float(values.float().quantile(q / 100)) if values.numel() else float("nan")
 
-    def dist(a: str, b: str) -> float:
-        return median((cat[a][rejected] - cat[b][rejected]).norm(dim=-1))
+    def distance(a: str, b: str, mask: torch.Tensor) -> torch.Tensor:
+        return (cat[a][mask] - cat[b][mask]).norm(dim=-1)
 
-    channels = cat["draft"].shape[-1]
-    out.update({"draft_to_target_mean": dist("draft", "target_mean"),
-                "residual_to_target_mean": dist("committed", "target_mean"),
-                "residual_to_draft": dist("committed", "draft"),
-                "target_last_step_std_x_sqrt_channels": median(cat["target_std"][rejected].mean(-1)) * channels**0.5})
+    quantiles("rejected_draft_to_target_mean", distance("draft", "target_mean", rejected))
+    quantiles("rejected_residual_to_target_mean", distance("committed", "target_mean", rejected))
+    quantiles("rejected_residual_to_draft", distance("committed", "draft", rejected))
+    quantiles("accepted_draft_to_target_mean", distance("draft", "target_mean", ~rejected))
+    quantiles("target_last_step_std_x_sqrt_channels", cat["target_std"].mean(-1) * cat["draft"].shape[-1] ** 0.5)
+    quantiles("token_norm", cat["committed"].norm(dim=-1))
     return out
 
 

@@ -353,13 +353,14 @@ def test_cspd_token_distances_diagnostic():
     twin = token_distances(make_pipe(tiny_mar(0)), class_labels=[1, 3, 4], num_iter=8, draft_length=1,
                            prefill_ratio=0.1)
     assert twin["verified_tokens"] > 0 and twin["rejected_tokens"] == 0  # an identical draft: nothing rejected
-    assert math.isnan(twin["residual_to_target_mean"])
+    assert math.isnan(twin["rejected_residual_to_target_mean_p50"])
+    assert twin["accepted_draft_to_target_mean_p90"] < 1e-9  # the twin's tokens are the target's
     other = token_distances(make_pipe(tiny_mar(7, depth=1, width=16)), class_labels=[1, 3, 4], num_iter=8,
                             prefill_ratio=0.1)
     assert other["rejected_tokens"] > 0
-    spread = other["target_last_step_std_x_sqrt_channels"]
-    assert 0.3 * spread < other["residual_to_target_mean"] < 3 * spread
-    assert other["draft_to_target_mean"] > other["residual_to_target_mean"]
+    spread = other["target_last_step_std_x_sqrt_channels_p50"]
+    assert 0.3 * spread < other["rejected_residual_to_target_mean_p50"] < 3 * spread
+    assert other["rejected_draft_to_target_mean_p50"] > other["rejected_residual_to_target_mean_p50"]
     from mmspec.pipelines import continuous_ar_image
 
     original = continuous_ar_image.cspd_verify
