@@ -17,7 +17,7 @@ cases of one configuration are interleaved round-robin so that a neighbour's job
 hits them alike, and each sample loops a call enough times to last about 2 ms.
 
     python -m mmspec.evaluation.bench_verify --out docs/benchmarks/verify_cpu.md
-    python -m mmspec.evaluation.bench_verify --device cuda --out docs/benchmarks/verify_h100.md  # on a GPU
+    python -m mmspec.evaluation.bench_verify --device cuda --out docs/benchmarks/verify_h200.md  # on a GPU
 
 writes the markdown table there and the raw numbers next to it (same name, ``.json``).
 """
