@@ -30,7 +30,11 @@ docs/pipeline_continuous.md):
   exactly that iteration's context, all rows in one batched forward call (gamma times the rows): each
   token is verified against the distribution a target-only run would have sampled it from.
 * **Verification order** (``verify_order``): ``"chain"`` (the paper) commits the leading accepted run
-  and the first rejected token's residual sample and discards the rest of the round; ``"independent"``
+  and the first rejected token's residual sample and discards the rest of the round; ``"iteration"``
+  commits every drafted MAR iteration up to and including the first one with a rejection (its tokens
+  were sampled in parallel from one context, so keeping all of them, residuals for the rejected, is as
+  consistent as the token chain and commits more; with one token per iteration it is ``"chain"``);
+  ``"independent"
   (the official code) verifies every drafted token on its own and commits all of them (accepted drafts,
   residual samples for the rejected).
 
@@ -67,7 +71,7 @@ from mmspec.stats import SpecStats
 
 METHODS = ("none", "cspd")
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
-VERIFY_ORDERS = ("chain", "independent")
+VERIFY_ORDERS = ("chain", "iteration", "independent")
 VERIFY_CONTEXTS = ("round", "exact")
 CFG_SCHEDULES = ("linear", "constant")
 
@@ -417,8 +421,9 @@ class ContinuousARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             draft_length: gamma, draft MAR iterations per target pass.
             prefill_ratio: fraction of the tokens the target generates before drafting starts (whole
                 iterations, until at least ``ceil(prefill_ratio * L)`` tokens exist).
-            verify_order: "independent" (official code: every drafted token verified and committed) or
-                "chain" (paper: stop at the first rejection).
+            verify_order: "independent" (official code: every drafted token verified and committed),
+                "chain" (paper: stop at the first rejected token) or "iteration" (stop after the first
+                MAR iteration holding a rejection, keeping all of that iteration's tokens).
             verify_context: "round" (official code: the target conditions every drafted token on the tokens
                 before the round) or "exact" (each on its own iteration's context, one batched target call).
             density_temperature: multiplies the last-step standard deviations in the acceptance densities
@@ -653,6 +658,14 @@ def _cspd_rounds(state: _State, target: _BoundMAR, draft: _BoundMAR, gamma: int,
                 dense[slot_row, local] = accepted
                 lead = dense.long().cumprod(1).sum(1)                                # accepted run per row
                 keep = local <= lead[slot_row]                                       # run + first rejected
+            elif verify_order == "iteration":
+                # per row, keep the drafted iterations up to the first one with a rejection, all of its tokens
+                iteration = torch.cat(iter_k)
+                slot_row = torch.searchsorted(rows_active, rows_tok)
+                first_rejected = torch.full((rows_active.shape[0],), gamma, dtype=torch.long,
+                                            device=accepted.device)
+                first_rejected.scatter_reduce_(0, slot_row[~accepted], iteration[~accepted], reduce="amin")
+                keep = iteration <= first_rejected[slot_row]
             else:
                 keep = torch.ones_like(accepted)
             verified = keep                                                          # chain: later ones unverified

@@ -83,7 +83,7 @@ def test_mar_schedule():
 # ---------------------------------------------------------------------------------------------------- exactness
 
 
-@pytest.mark.parametrize("verify_order", ["chain", "independent"])
+@pytest.mark.parametrize("verify_order", ["chain", "iteration", "independent"])
 @pytest.mark.parametrize("verify_context,gamma", [("exact", 3), ("exact", 1), ("round", 1)])
 def test_identical_draft_is_accepted_and_reproduces_the_target(verify_order, verify_context, gamma):
     pipe = make_pipe(tiny_mar(0))  # the draft is the target's twin
@@ -367,3 +367,19 @@ def test_cspd_token_distances_diagnostic():
     with recording_verifications():
         assert continuous_ar_image.cspd_verify is not original
     assert continuous_ar_image.cspd_verify is original  # restored after the block
+
+
+def test_iteration_order_keeps_whole_iterations_and_equals_chain_with_one_token_each():
+    pipe = make_pipe(tiny_mar(7, depth=1, width=16))
+    kwargs = dict(prefill_ratio=0.1, draft_length=3, verify_context="exact")
+    # one token per MAR iteration: the first iteration with a rejection is the first rejected token
+    one_each = {order: run(pipe, "cspd", num_iter=16, verify_order=order, **kwargs) for order in ("chain", "iteration")}
+    assert torch.equal(one_each["chain"].tokens, one_each["iteration"].tokens)
+    # several tokens per iteration: the rejected token's iteration-mates are kept, so rounds commit more
+    chain = run(pipe, "cspd", num_iter=6, verify_order="chain", **kwargs)
+    iteration = run(pipe, "cspd", num_iter=6, verify_order="iteration", **kwargs)
+    assert iteration.stats.target_calls < chain.stats.target_calls
+    assert torch.isfinite(iteration.tokens).all() and iteration.stats.drafted_tokens > 0
+    assert iteration.stats.acceptance_rate < 1.0  # a draft that differs: rejections happened
+    with pytest.raises(ValueError, match="verify_order must be one of"):
+        run(pipe, "cspd", verify_order="tokens")
