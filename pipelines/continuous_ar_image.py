@@ -38,7 +38,7 @@ docs/pipeline_continuous.md):
   (the official code) verifies every drafted token on its own and commits all of them (accepted drafts,
   residual samples for the rejected).
 
-With ``verify_context="exact"`` (either order), or ``"round"`` with ``draft_length=1``, a draft identical
+With ``verify_context="exact"`` (any order), or ``"round"`` with ``draft_length=1``, a draft identical
 to the target is accepted everywhere (log ratio 0) and the images equal ``method="none"``'s exactly.
 """
 
