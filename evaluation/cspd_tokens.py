@@ -4,9 +4,9 @@ A diagnostic for docs/pipeline_continuous.md. It runs one CSpD call and records,
 the draft's token (the draft chain's x_0), the mean of the target's last denoising step (the target's own
 chain, driven by the same noise) and the committed token, and reports the 50th and 90th percentiles of
 the distances between them (L2 over the token's channels) next to the target's last-step standard
-deviation (per channel, times sqrt(C) to compare with the distances) and the tokens' norms. It answers whether a rejected
-token's residual sample is the target's own token or stays near the draft's, and how far apart the two
-chains' tokens are when the surrogate ratio rejects.
+deviation (per channel, times sqrt(C) to compare with the distances) and the tokens' norms. It answers
+whether a rejected token's residual sample is the target's own token or stays near the draft's, and how
+far apart the two chains' tokens are when the surrogate ratio rejects.
 
     python -m mmspec.evaluation.cspd_tokens [--pipeline mmspec/shapes-t2i-continuous] [--prompts 24] [--seed 0]
 """

@@ -34,8 +34,7 @@ docs/pipeline_continuous.md):
   commits every drafted MAR iteration up to and including the first one with a rejection (its tokens
   were sampled in parallel from one context, so keeping all of them, residuals for the rejected, is as
   consistent as the token chain and commits more; with one token per iteration it is ``"chain"``);
-  ``"independent"
-  (the official code) verifies every drafted token on its own and commits all of them (accepted drafts,
+  ``"independent"`` (the official code) verifies every drafted token on its own and commits all of them (accepted drafts,
   residual samples for the rejected).
 
 With ``verify_context="exact"`` (any order), or ``"round"`` with ``draft_length=1``, a draft identical
@@ -624,7 +623,9 @@ def _cspd_rounds(state: _State, target: _BoundMAR, draft: _BoundMAR, gamma: int,
                 d_vars.append(variances)
                 cursor[live] = end
         rows_tok, pos_tok = torch.cat(tokens_rows), torch.cat(tokens_pos)           # [N] drafted tokens
-        ctx_tok = torch.cat(contexts)
+        iter_tok, ctx_tok = torch.cat(iter_k), torch.cat(contexts)                  # draft iteration, context
+        slot_row = torch.searchsorted(rows_active, rows_tok)                        # active row of each token
+        local = pos_tok - begin[slot_row]                                           # position within the round
         draft_x0 = torch.cat(x0s)
         draft_means, draft_vars = torch.cat(d_means, dim=1), torch.cat(d_vars, dim=1)   # [T, N, C]
 
@@ -633,9 +634,9 @@ def _cspd_rounds(state: _State, target: _BoundMAR, draft: _BoundMAR, gamma: int,
             if verify_context == "round":
                 row_ctx = starts[schedule.iteration_of(begin)]                        # context of each round's start
                 z, z_u = target.condition_vectors(rows_active, row_ctx, state.values, state.orders)
-                slot = torch.searchsorted(rows_active, rows_tok)                     # row of z per token
+                slot = slot_row                                                      # row of z per token
             else:  # one target row per (row, draft iteration), each with that iteration's context
-                pair = torch.stack([rows_tok, torch.cat(iter_k)], 1)
+                pair = torch.stack([rows_tok, iter_tok], 1)
                 pairs, slot = torch.unique(pair, dim=0, return_inverse=True)
                 pair_ctx = torch.zeros(pairs.shape[0], dtype=torch.long, device=pair.device).scatter_(0, slot, ctx_tok)
                 z, z_u = target.condition_vectors(pairs[:, 0], pair_ctx, state.values, state.orders)
@@ -651,21 +652,17 @@ def _cspd_rounds(state: _State, target: _BoundMAR, draft: _BoundMAR, gamma: int,
             accepted = result.accepted
             if verify_order == "chain":
                 # per row, the drafted tokens in generation order: keep up to the first rejection
-                local = pos_tok - begin[torch.searchsorted(rows_active, rows_tok)]
                 width = int(local.max()) + 1
                 dense = torch.ones(rows_active.shape[0], width, dtype=torch.bool, device=accepted.device)
-                slot_row = torch.searchsorted(rows_active, rows_tok)
                 dense[slot_row, local] = accepted
                 lead = dense.long().cumprod(1).sum(1)                                # accepted run per row
                 keep = local <= lead[slot_row]                                       # run + first rejected
             elif verify_order == "iteration":
                 # per row, keep the drafted iterations up to the first one with a rejection, all of its tokens
-                iteration = torch.cat(iter_k)
-                slot_row = torch.searchsorted(rows_active, rows_tok)
                 first_rejected = torch.full((rows_active.shape[0],), gamma, dtype=torch.long,
                                             device=accepted.device)
-                first_rejected.scatter_reduce_(0, slot_row[~accepted], iteration[~accepted], reduce="amin")
-                keep = iteration <= first_rejected[slot_row]
+                first_rejected.scatter_reduce_(0, slot_row[~accepted], iter_tok[~accepted], reduce="amin")
+                keep = iter_tok <= first_rejected[slot_row]
             else:
                 keep = torch.ones_like(accepted)
             verified = keep                                                          # chain: later ones unverified
@@ -674,14 +671,13 @@ def _cspd_rounds(state: _State, target: _BoundMAR, draft: _BoundMAR, gamma: int,
             state.drafted[commit_rows, commit_pos] = accepted[keep]
             before = state.done.clone()
             new_done = begin.clone()
-            new_done.scatter_reduce_(0, torch.searchsorted(rows_active, commit_rows), commit_pos + 1, reduce="amax")
+            new_done.scatter_reduce_(0, slot_row[keep], commit_pos + 1, reduce="amax")
             state.done[rows_active] = new_done
             state.after_target_pass(before)
             stats.drafted_tokens += int(verified.sum())
             stats.accepted_tokens += int((accepted & verified).sum())
             stats.residual_fallbacks += int(result.num_fallbacks)
-            _record_positions(stats, rows_tok[verified], (pos_tok - begin[torch.searchsorted(rows_active, rows_tok)])[verified],
-                              accepted[verified])
+            _record_positions(stats, rows_tok[verified], local[verified], accepted[verified])
 
 
 def _ranks(sizes: torch.Tensor) -> torch.Tensor:

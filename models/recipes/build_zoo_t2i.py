@@ -18,7 +18,7 @@ import torch
 from mmspec.models.eagle import EagleHead
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.mulo import TokenUpsampler
-from mmspec.models.recipes.common import DEFAULT_VQ, drop_load_paths
+from mmspec.models.recipes.common import DEFAULT_VQ, save_zoo_folder
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
 
@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         mulo_drafter=LlamaGenTransformer.from_pretrained(folder / "mulo_drafter", torch_dtype=half),
         mulo_upsampler=TokenUpsampler.from_pretrained(folder / "mulo_upsampler", torch_dtype=half),
     )
-    pipe.save_pretrained(folder)
-    drop_load_paths(folder)
+    save_zoo_folder(pipe, folder)
     print(f"wrote {folder}/model_index.json")
 
 

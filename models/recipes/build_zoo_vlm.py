@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from mmspec.models.recipes.common import drop_load_paths
+from mmspec.models.recipes.common import save_zoo_folder
 
 #: the captioner's prompt layout ("user: <image> describe the image in detail. assistant:") as a chat
 #: template, so that plain-text prompts are formatted like the training prompts
@@ -55,8 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     target = LlavaForConditionalGeneration.from_pretrained(folder / "target", dtype=half)
     pipe = VLMPipeline(target=target, processor=processor, draft_model=draft, **heads)
     staging = folder.with_name(folder.name + ".staging")
-    pipe.save_pretrained(staging)
-    drop_load_paths(staging)
+    save_zoo_folder(pipe, staging)
     # keep the files save_pretrained does not write (processor and tokenizer files, training reports) beside
     # the parts; the draft comes from draft/ (fresh from the recipe) or draft_model/ (a rebuilt folder)
     for source, name in ((folder / "target", "target"), (draft_dir, "draft_model")):

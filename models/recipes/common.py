@@ -64,9 +64,11 @@ def time_left(args: argparse.Namespace) -> float | None:
     return args.time_limit - (time.time() - args.started)
 
 
-def drop_load_paths(folder: Path) -> None:
-    """Remove the ``_name_or_path`` that diffusers records in a component's config.json when it was loaded
-    from a folder: in a built zoo entry the build's local training paths, which mean nothing in a clone."""
+def save_zoo_folder(pipe: Any, folder: Path) -> None:
+    """``pipe.save_pretrained(folder)`` without the ``_name_or_path`` that diffusers records in a component's
+    config.json when it was loaded from a folder: in a built zoo entry the build's local training paths,
+    which mean nothing in a clone."""
+    pipe.save_pretrained(folder)
     for config in Path(folder).glob("*/config.json"):
         data = json.loads(config.read_text())
         if data.pop("_name_or_path", None) is not None:

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from mmspec.models.mar import MARModel
-from mmspec.models.recipes.common import drop_load_paths
+from mmspec.models.recipes.common import save_zoo_folder
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.world import evaluate, make_prompt_set, render_scene, scene_for_prompt
@@ -52,8 +52,7 @@ def build(target: Path, draft: Path, folder: Path, tokenizer: Path, clip_denoise
     pipe = ContinuousARImagePipeline(transformer=models[0], vae=ContinuousTokenizer.from_pretrained(tokenizer),
                                      draft_transformer=models[1],
                                      text_tokenizer=WordTokenizer.load(target / "text_vocab.json"))
-    pipe.save_pretrained(folder)
-    drop_load_paths(folder)
+    save_zoo_folder(pipe, folder)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     print(f"wrote {folder} ({size / 1e6:.1f} MB)")
 

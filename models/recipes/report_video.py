@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmspec.models.recipes.common import drop_load_paths
+from mmspec.models.recipes.common import save_zoo_folder
 from mmspec.models.recipes.train_video import DIFFICULTY, TEXT_VOCAB_FILE, build_data
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
@@ -50,8 +50,7 @@ def build(target: Path, drafter: Path, folder: Path, tokenizer: Path) -> None:
         drafter=BlockCausalVideoTransformer.from_pretrained(drafter, torch_dtype=half),
         text_tokenizer=WordTokenizer.load(target / TEXT_VOCAB_FILE),
     )
-    pipe.save_pretrained(folder)
-    drop_load_paths(folder)
+    save_zoo_folder(pipe, folder)
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
     print(f"wrote {folder} ({size / 2**20:.1f} MiB)")
 
