@@ -222,7 +222,11 @@ class LlamaGenVQModel(ModelMixin, ConfigMixin):
         z_channels: encoder output width (256). dropout_p: ResNet dropout (0).
         ch, num_res_blocks, in_channels, out_channels, norm_groups: fixed in LlamaGen's code (128, 2, 3,
             3, 32); configurable here for tiny test models (widths must be multiples of norm_groups).
+
+    ``decode`` returns LlamaGen's pixel range ``decode_range`` = (-1, 1); pipelines map it to [0, 1].
     """
+
+    decode_range: tuple[float, float] = (-1.0, 1.0)
 
     @register_to_config
     def __init__(self, codebook_size: int = 16384, codebook_embed_dim: int = 8, codebook_l2_norm: bool = True,

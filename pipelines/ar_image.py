@@ -41,6 +41,7 @@ from diffusers.utils import BaseOutput
 
 from mmspec.drafters import JacobiDrafter, TreeConfig
 from mmspec.local_speculate import local_speculative_generate
+from mmspec.models.llamagen_text import caption_features, check_text_encoder
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines.conditioning import (
     WordVocabularyMixin,
@@ -155,6 +156,12 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             :class:`~mmspec.models.mulo.TokenUpsampler` (None: "mulo" is unavailable).
         text_tokenizer: word vocabulary of a t2i model with ``text_vocab_size`` (a
             :class:`~mmspec.models.text.WordTokenizer`); saved as ``transformer/text_vocab.json``.
+        text_encoder / tokenizer: a t2i model that reads caption features (LlamaGen's official t2i
+            checkpoints: ``text_vocab_size=None``) gets them from this transformers encoder (T5) and its
+            tokenizer, in LlamaGen's layout (:mod:`mmspec.models.llamagen_text`).
+
+    ``vqvae.decode`` gives images in ``vqvae.decode_range`` (default ``(0, 1)``; LlamaGen's VQ: ``(-1, 1)``),
+    mapped to [0, 1] for the outputs.
 
     Example::
 
@@ -163,17 +170,19 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         >>> out.images[0], out.stats.mean_accepted_length, out.drafted_overlay()[0]
     """
 
-    _optional_components = ["eagle_head", "mulo_drafter", "mulo_upsampler"]
+    _optional_components = ["eagle_head", "mulo_drafter", "mulo_upsampler", "text_encoder", "tokenizer"]
 
     def __init__(self, transformer: Any, vqvae: Any, eagle_head: Any = None, text_tokenizer: WordTokenizer | None = None,
-                 mulo_drafter: Any = None, mulo_upsampler: Any = None) -> None:
+                 mulo_drafter: Any = None, mulo_upsampler: Any = None, text_encoder: Any = None,
+                 tokenizer: Any = None) -> None:
         super().__init__()
         if int(vqvae.vocab_size) != int(transformer.config.vocab_size):
             raise ValueError(f"vqvae has {vqvae.vocab_size} codebook entries but the transformer predicts "
                              f"{transformer.config.vocab_size} image tokens")
         _check_mulo(transformer, mulo_drafter, mulo_upsampler)
+        check_text_encoder(transformer, text_encoder, tokenizer)
         self.register_modules(transformer=transformer, vqvae=vqvae, eagle_head=eagle_head, mulo_drafter=mulo_drafter,
-                              mulo_upsampler=mulo_upsampler)
+                              mulo_upsampler=mulo_upsampler, text_encoder=text_encoder, tokenizer=tokenizer)
         if eagle_head is not None:
             eagle_head.bind_target(transformer.get_input_embeddings(), transformer.get_output_embeddings())
         self._set_text_tokenizer(text_tokenizer, getattr(transformer.config, "text_vocab_size", None))
@@ -187,7 +196,8 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         path = resolve_pretrained(pretrained_model_name_or_path)
         load_text_vocabulary(path, kwargs)
         if (Path(path) / "model_index.json").is_file():
-            names = ("transformer", "vqvae", "eagle_head", "mulo_drafter", "mulo_upsampler")
+            names = ("transformer", "vqvae", "eagle_head", "mulo_drafter", "mulo_upsampler", "text_encoder",
+                     "tokenizer")
             return cls._from_saved_folder(Path(path), names, **kwargs)
         return super().from_pretrained(path, **kwargs)
 
@@ -218,11 +228,18 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         codebook = getattr(self.vqvae, "codebook", None)
         return codebook.detach() if isinstance(codebook, torch.Tensor) else None
 
-    def encode_prompt(self, prompt: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Word ids ``[B, C]`` (left-padded with -1, LlamaGen's layout; longer prompts keep their first
-        C words) and their attention mask."""
-        ids = self.text_tokenizer.batch(prompt, self.transformer.config.cls_token_num)
-        return ids.to(self.transformer.device), (ids >= 0).long().to(self.transformer.device)
+    def encode_prompt(self, prompt: list[str]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The transformer's condition input for ``prompt`` and its attention mask ``[B, C]``, in LlamaGen's
+        layout (left-padded; longer prompts keep their first C tokens): ``{"condition_ids": word ids [B, C]}``
+        (-1 pads) from the word vocabulary, or ``{"condition_embeds": [B, C, caption_dim]}`` (zero pads)
+        from the text encoder."""
+        length = self.transformer.config.cls_token_num
+        if self.text_encoder is not None:
+            features, mask = caption_features(prompt, self.tokenizer, self.text_encoder, length)
+            features, mask = self.transformer.pad_condition(features.to(self.transformer.device), mask)
+            return {"condition_embeds": features}, mask.to(self.transformer.device)
+        ids = self.text_tokenizer.batch(prompt, length)
+        return {"condition_ids": ids.to(self.transformer.device)}, (ids >= 0).long().to(self.transformer.device)
 
     def check_inputs(self, prompt: Any, class_labels: Any, method: str, do_sample: bool, top_k: int | None,
                      guidance_scale: float, num_images_per_prompt: int, output_type: str,
@@ -236,10 +253,14 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                         ("text-conditioned (t2i)", "class-conditioned (c2i)"))
         if prompt is not None:
             prompts = as_prompt_list(prompt)
-            if getattr(config, "text_vocab_size", None) is None:
-                raise NotImplementedError("this t2i transformer reads caption features (no word table): the text "
-                                          "encoder (T5) is not wired into ARImagePipeline yet")
-            self._check_word_prompts(prompts)
+            if getattr(config, "text_vocab_size", None) is not None:
+                self._check_word_prompts(prompts)
+            elif self.text_encoder is None:
+                raise ValueError("this t2i transformer reads caption features (text_vocab_size=None): build the "
+                                 "pipeline with its text_encoder and tokenizer (LlamaGen: flan-t5-xl; see "
+                                 "load_llamagen_components)")
+            elif any(not p.strip() for p in prompts):
+                raise ValueError(f"prompt {[not p.strip() for p in prompts].index(True)} is empty")
         else:
             check_class_labels(class_labels, config.num_classes)
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
@@ -395,23 +416,24 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                                                   guidance_scale, eagle_guided, draft_confidence_threshold)
         rule = rule if rule is not None else method_rule
 
-        # 1. Condition rows: [B, C] word ids (t2i) or [B] class ids (c2i), repeated per image.
+        # 1. Condition rows: word ids or caption features [B, C(, D)] (t2i) or [B] class ids (c2i), per image.
         if prompt is not None:
             condition, mask = self.encode_prompt([prompt] if isinstance(prompt, str) else list(prompt))
         else:
-            condition = torch.as_tensor(class_labels, dtype=torch.long, device=device).reshape(-1)
-            mask = torch.ones(condition.shape[0], 1, dtype=torch.long, device=device)
-        condition = condition.repeat_interleave(num_images_per_prompt, 0)
+            condition = {"condition_ids": torch.as_tensor(class_labels, dtype=torch.long, device=device).reshape(-1)}
+            mask = torch.ones(condition["condition_ids"].shape[0], 1, dtype=torch.long, device=device)
+        (name, values), = condition.items()
+        values = values.repeat_interleave(num_images_per_prompt, 0)
         mask = mask.repeat_interleave(num_images_per_prompt, 0)
-        batch = condition.shape[0]
+        batch = values.shape[0]
 
         # 2. Target: the transformer, with a doubled [cond; uncond] batch under guidance.
         target: Any = CausalLMRunner(self.transformer,
                                      return_hidden=bool(getattr(drafter, "needs_target_hidden", False)))
-        inputs: dict[str, torch.Tensor] = {"condition_ids": condition}
+        inputs: dict[str, torch.Tensor] = {name: values}
         if guidance_scale != 1.0:
             target = GuidedRunner(target, guidance_scale, hidden=getattr(drafter, "target_hidden", "cond"))
-            inputs = {"condition_ids": torch.cat([condition, condition]),
+            inputs = {name: torch.cat([values, values]),
                       "condition_drop": torch.arange(2 * batch, device=device) >= batch}
             mask = torch.cat([mask, mask])  # unconditional rows keep their prompt's layout, as LlamaGen's sampler
 
@@ -448,7 +470,8 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         drafted = out.drafted.reshape(batch, grid, grid)
         images: Any = None
         if output_type != "tokens":
-            pixels = self.vqvae.decode(tokens).float().clamp(0.0, 1.0)  # [B, 3, H, W]
+            low, high = getattr(self.vqvae, "decode_range", (0.0, 1.0))
+            pixels = ((self.vqvae.decode(tokens).float() - low) / (high - low)).clamp(0.0, 1.0)  # [B, 3, H, W]
             images = images_for_output_type(pixels, output_type)
         return ARImagePipelineOutput(images=images, tokens=tokens, stats=out.stats, drafted=drafted)
 

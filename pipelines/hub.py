@@ -90,11 +90,10 @@ def load_components(pipeline_class: type, path: Path, names: Sequence[str], *, t
                 raise ValueError(f"{path}/model_index.json has no {name!r} component")
             components[name] = None
             continue
-        if library == "transformers" and class_name.endswith(("Processor", "Tokenizer", "TokenizerFast")):
-            component = getattr(importlib.import_module(library), class_name).from_pretrained(str(Path(path) / name))
-            components[name] = component
-            continue
         component_class = getattr(importlib.import_module(library), class_name)
+        if not issubclass(component_class, torch.nn.Module):  # tokenizers, processors: no dtype, no eval mode
+            components[name] = component_class.from_pretrained(str(Path(path) / name))
+            continue
         components[name] = _load_model(component_class, Path(path) / name, torch_dtype).eval()
     return components
 

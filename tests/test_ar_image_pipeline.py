@@ -170,7 +170,7 @@ def test_sampling_matches_the_exact_target_marginals(method, kwargs):
                generator=torch.Generator().manual_seed(0), output_type="tokens", **kwargs)
     if method != "none":
         assert 1.05 < out.stats.mean_accepted_length  # drafts are accepted and rejected
-    words = pipe.encode_prompt(["a red circle"])[0]
+    words = pipe.encode_prompt(["a red circle"])[0]["condition_ids"]
     for j, marginal in enumerate(_exact_first_two_marginals(pipe.transformer, words, scale)):
         assert chi_square_pvalue(empirical(out.tokens.flatten(1)[:, j], V), marginal) > P_VALUE_FLOOR, f"token {j}"
 
@@ -180,7 +180,7 @@ def test_the_distribution_test_detects_a_lossy_method():
     pipe = make_pipe(sharpness=3.0)
     out = pipe("a red circle", method="lantern", lantern_delta=0.3, lantern_k=8, num_images_per_prompt=2000,
                guidance_scale=3.0, generator=torch.Generator().manual_seed(0), output_type="tokens")
-    marginal = _exact_first_two_marginals(pipe.transformer, pipe.encode_prompt(["a red circle"])[0], 3.0)[1]
+    marginal = _exact_first_two_marginals(pipe.transformer, pipe.encode_prompt(["a red circle"])[0]["condition_ids"], 3.0)[1]
     assert chi_square_pvalue(empirical(out.tokens.flatten(1)[:, 1], V), marginal) < 1e-10
 
 
@@ -207,7 +207,7 @@ def _manual_guided_loop(model, words, scale, sampling, generator):
 def test_guided_baseline_equals_a_manual_guided_loop(do_sample):
     pipe = make_pipe(sharpness=3.0)
     sampling = SamplingConfig(do_sample=do_sample, temperature=0.8, top_k=12)
-    words = pipe.encode_prompt(PROMPTS)[0]
+    words = pipe.encode_prompt(PROMPTS)[0]["condition_ids"]
     reference = _manual_guided_loop(pipe.transformer, words, 2.5, sampling, torch.Generator().manual_seed(3))
     out = pipe(PROMPTS, do_sample=do_sample, temperature=0.8, top_k=12, guidance_scale=2.5,
                generator=torch.Generator().manual_seed(3), output_type="tokens")
@@ -412,7 +412,8 @@ def test_guided_eagle_drafter_needs_both_halves_of_the_features(pipe):
     from mmspec.models.eagle import EagleDrafter
     from mmspec.speculate import speculative_generate
 
-    words, mask = pipe.encode_prompt(["a red circle"])
+    condition, mask = pipe.encode_prompt(["a red circle"])
+    words = condition["condition_ids"]
     inputs = {"condition_ids": torch.cat([words, words]), "condition_drop": torch.tensor([False, True])}
     target = GuidedRunner(CausalLMRunner(pipe.transformer, return_hidden=True), 3.0)  # conditional features only
     drafter = EagleDrafter(pipe.eagle_head, 3, guidance_scale=3.0)
