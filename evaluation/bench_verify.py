@@ -94,8 +94,10 @@ def _time_cases(cases: dict[str, Callable[[], object]], repeats: int,
     return out
 
 
-def bench_config(B: int, K: int, V: int, repeats: int, seed: int = 0, device: str | torch.device = "cpu") -> dict:
-    """Time every case for one (B, K, V) on ``device`` (inputs drawn on the CPU, then moved there)."""
+def bench_config(B: int, K: int, V: int, repeats: int, seed: int = 0, device: str | torch.device = "cpu",
+                 splits: int | None = None) -> dict:
+    """Time every case for one (B, K, V) on ``device`` (inputs drawn on the CPU, then moved there); on a GPU
+    with ``splits``, the split-V kernel too (up to ``splits`` programs per row)."""
     from mmspec import ExactRule, verify_tokens
     from mmspec.kernels import chain_verify
     from mmspec.validation import value_checks
@@ -134,21 +136,26 @@ def bench_config(B: int, K: int, V: int, repeats: int, seed: int = 0, device: st
     if device.type == "cuda":
         cases["chain_verify_triton"] = lambda: chain_verify(draft_tokens, draft_probs, target_probs, accept_u,
                                                             sample_u, backend="triton")
+        if splits:
+            cases["chain_verify_split"] = lambda: chain_verify(draft_tokens, draft_probs, target_probs, accept_u,
+                                                               sample_u, backend="triton", splits=splits)
         sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     timings = _time_cases(cases, repeats, sync)
     extra = {}
-    if "chain_verify_triton" in cases:  # the timed kernel must also be right: the same tokens as the reference
-        extra["triton_equals_reference"] = all(
-            torch.equal(a, b) for a, b in zip(cases["chain_verify_triton"](), cases["chain_verify_ref"]()))
+    for kernel in ("chain_verify_triton", "chain_verify_split"):  # a timed kernel must pick the reference's tokens
+        if kernel in cases:
+            extra[kernel.replace("chain_verify", "").strip("_") + "_equals_reference"] = all(
+                torch.equal(a, b) for a, b in zip(cases[kernel](), cases["chain_verify_ref"]()))
     accepted = verify_tokens(draft_tokens, draft_probs, target_probs, rule=rule,
                              generator=torch.Generator(device=device).manual_seed(seed)).num_accepted
-    return {"B": B, "K": K, "V": V, "timings": timings,
+    return {"B": B, "K": K, "V": V, "splits": splits if "chain_verify_split" in cases else None, "timings": timings,
             "mean_accepted": float(accepted.float().mean()), **extra}
 
 
 def to_markdown(results: list[dict], meta: dict) -> str:
     us = lambda r, c: r["timings"][c]["median_s"] * 1e6  # noqa: E731
     triton = all("chain_verify_triton" in r["timings"] for r in results)
+    split = all("chain_verify_split" in r["timings"] for r in results)
     lines = [
         f"Verification cost vs. the LM-head matmul ({meta['device']}, {meta.get('gpu') or meta['cpu']}, "
         f"torch {meta['torch']}, torch.set_num_threads({meta['threads']}), median of {meta['repeats']} "
@@ -160,18 +167,24 @@ def to_markdown(results: list[dict], meta: dict) -> str:
         "`mmspec.kernels.chain_verify(..., backend=\"torch\")` with given uniforms. Ratios are over the "
         "matmul; below 1 meets the goal."
         + (" *chain_verify triton*: the fused Triton kernel on the same inputs (`backend=\"triton\"`; "
-           "`verify_tokens` dispatches to it on a GPU); *same*: its tokens equal the reference's." if triton else ""),
+           "`verify_tokens` dispatches to it on a GPU); *same*: its tokens equal the reference's." if triton else "")
+        + (f" *split-V*: the split-V kernels with up to {results[0]['splits']} programs per row "
+           f"(`splits={results[0]['splits']}`), and whether their tokens equal the reference's." if split else ""),
         "",
         "| B | K | V | matmul | softmax | verify (q) | verify (None) | verify (q, no checks) | chain_verify ref "
         + ("| chain_verify triton | same " if triton else "")
+        + ("| split-V | same " if split else "")
         + "| verify (q) / matmul | verify (None) / matmul | chain_verify ref / matmul |"
         + (" chain_verify triton / matmul |" if triton else ""),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if triton else ""),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if triton else "")
+        + ("---|---|" if split else ""),
     ]
     for r in results:
         m = us(r, "matmul")
         kernel = (f" {us(r, 'chain_verify_triton'):.0f} | {'yes' if r['triton_equals_reference'] else 'NO'} |"
                   if triton else "")
+        if split:
+            kernel += f" {us(r, 'chain_verify_split'):.0f} | {'yes' if r['split_equals_reference'] else 'NO'} |"
         kernel_ratio = f" {us(r, 'chain_verify_triton') / m:.2f} |" if triton else ""
         lines.append(
             f"| {r['B']} | {r['K']} | {r['V']} | {m:.0f} | {us(r, 'softmax'):.0f} | {us(r, 'verify_q'):.0f} | "
@@ -191,12 +204,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--draft-len", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--vocab", type=int, nargs="+", default=[1024, 16384])
     parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--splits", type=int, default=None,
+                        help="with --device cuda: also time the split-V kernels, up to this many programs per row")
     parser.add_argument("--threads", type=int, nargs="+", default=[2],
                         help="torch.set_num_threads values; one table per value")
     args = parser.parse_args(argv)
     for name in ("batch", "draft_len", "vocab", "threads"):
         if any(v <= 0 for v in getattr(args, name)):
             raise ValueError(f"--{name.replace('_', '-')} values must be positive integers")
+    if args.splits is not None and args.splits < 2:
+        raise ValueError("--splits must be at least 2 (1 is the fused kernel, timed anyway)")
+    if args.splits is not None and args.device == "cpu":
+        raise ValueError("--splits times a Triton kernel: it needs --device cuda")
     if args.repeats < 3:
         raise ValueError("--repeats must be at least 3")
     device = torch.device(args.device)
@@ -205,7 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"--device {args.device}: torch sees no CUDA GPU on this machine")
 
-    defaults = {"device": "cpu", "repeats": 21, "threads": [2], "batch": [1, 8], "draft_len": [4, 8], "vocab": [1024, 16384]}
+    defaults = {"device": "cpu", "repeats": 21, "threads": [2], "batch": [1, 8], "draft_len": [4, 8], "vocab": [1024, 16384],
+                "splits": None}
     options = [f"--out {args.out}"]
     for name, default in defaults.items():
         value = getattr(args, name)
@@ -225,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
         for B in args.batch:
             for K in args.draft_len:
                 for V in args.vocab:
-                    r = bench_config(B, K, V, args.repeats, device=device)
+                    r = bench_config(B, K, V, args.repeats, device=device, splits=args.splits)
                     results.append(r)
                     t = r["timings"]
                     print(f"threads={threads} B={B} K={K} V={V}: matmul {t['matmul']['median_s'] * 1e6:.0f} us, "

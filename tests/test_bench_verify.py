@@ -32,13 +32,18 @@ def test_bench_verify_on_cuda_without_a_gpu_says_so(tmp_path):
         bench_verify.main(["--out", str(tmp_path / "v.md"), "--device", "cuda"])
     with pytest.raises(ValueError, match="--device must be cpu or cuda"):
         bench_verify.main(["--out", str(tmp_path / "v.md"), "--device", "mps"])
+    with pytest.raises(ValueError, match="--splits times a Triton kernel: it needs --device cuda"):
+        bench_verify.main(["--out", str(tmp_path / "v.md"), "--splits", "8"])
+    with pytest.raises(ValueError, match="--splits must be at least 2"):
+        bench_verify.main(["--out", str(tmp_path / "v.md"), "--device", "cuda", "--splits", "1"])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bench_verify_on_cuda_times_the_triton_kernel_and_checks_it(tmp_path):
     out = tmp_path / "verify.md"
     bench_verify.main(["--out", str(out), "--device", "cuda", "--batch", "2", "--draft-len", "3", "--vocab", "500",
-                       "--repeats", "3"])
+                       "--repeats", "3", "--splits", "4"])
     result = json.loads(out.with_suffix(".json").read_text())["runs"][0]["results"][0]
     assert "chain_verify_triton" in result["timings"] and result["triton_equals_reference"] is True
-    assert "chain_verify triton" in out.read_text()
+    assert "chain_verify_split" in result["timings"] and result["split_equals_reference"] is True
+    assert "chain_verify triton" in out.read_text() and "| split-V | same" in out.read_text()

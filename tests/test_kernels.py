@@ -61,10 +61,10 @@ def _correlated_inputs(B, K, V, seed, scale=4.0):
     return tokens, q, target, torch.rand(B, K, generator=g), torch.rand(B, generator=g)
 
 
-def _triton_vs_reference(inputs, greedy=False):
+def _triton_vs_reference(inputs, greedy=False, splits=None):
     ref = chain_verify_reference(*inputs, greedy=greedy)
     on_device = [t.to(DEVICE) if t is not None else None for t in inputs]
-    out = chain_verify(*on_device, greedy=greedy, backend="triton")
+    out = chain_verify(*on_device, greedy=greedy, backend="triton", splits=splits)
     return ref, tuple(o.cpu() for o in out)
 
 
@@ -123,6 +123,58 @@ def test_chain_verify_triton_large_vocabulary():
         _assert_same(*_triton_vs_reference(inputs, greedy=greedy))
 
 
+@needs_triton
+@pytest.mark.parametrize("B,K,V,splits", [(3, 4, 1000, 3), (2, 8, 16384, 8), (2, 1, 257, 2), (5, 3, 64, 4),
+                                          (1, 0, 5000, 5), (2, 2, 152064, 37)])
+@pytest.mark.parametrize("draft_probs", [True, False], ids=["q", "point-mass"])
+def test_chain_verify_split_v_matches_reference(B, K, V, splits, draft_probs):
+    """The split-V kernels pick the reference's tokens: chunks smaller than V, one chunk (V = 64 has a
+    single block), an empty chain, a chunk count that does not divide V's blocks."""
+    for temp in (0.3, 8.0):
+        inputs = _chain_inputs(B, K, V, temp=temp, draft_probs=draft_probs, seed=B * 1000 + V + splits,
+                               drafts_from_q=draft_probs)
+        for greedy in (False, True):
+            _assert_same(*_triton_vs_reference(inputs, greedy=greedy, splits=splits))
+
+
+@needs_triton
+def test_chain_verify_split_v_every_outcome_and_chunk():
+    """Rows ending at every n in 0..K, sampled tokens falling in every chunk, float64 and bfloat16."""
+    B, K, V = 64, 4, 300
+    inputs = _correlated_inputs(B, K, V, seed=7, scale=0.5)  # flat rows: samples spread over all of V
+    ref, out = _triton_vs_reference(inputs, splits=6)
+    _assert_same(ref, out)
+    assert set(ref[0].tolist()) == set(range(K + 1))
+    from mmspec.kernels.chain_verify_split_triton import split_block_v, split_layout
+
+    chunk, chunks = split_layout(V, 6, split_block_v(V, 6))
+    assert chunks >= 4 and len(set((ref[1] // chunk).tolist())) == chunks  # every chunk drew some token
+    for dtype in (torch.float64, torch.bfloat16):
+        inputs = _chain_inputs(4, 3, 700, temp=2.0, dtype=dtype, seed=3)
+        for greedy in (False, True):
+            _assert_same(*_triton_vs_reference(inputs, greedy=greedy, splits=4))
+
+
+def test_split_layout_covers_the_vocabulary_in_whole_blocks():
+    from mmspec.kernels.chain_verify_split_triton import split_block_v, split_layout
+
+    for V, splits in [(1000, 3), (16384, 8), (64, 4), (152064, 37), (5, 9), (300, 6), (257, 2)]:
+        block = split_block_v(V, splits)
+        chunk, chunks = split_layout(V, splits, block)
+        assert chunk % block == 0 and 1 <= chunks <= splits
+        assert (chunks - 1) * chunk < V <= chunks * chunk  # every chunk holds columns, together all of V
+        assert chunks >= min(splits, V // 16) // 2  # a small vocabulary still splits (blocks of >= 16)
+
+
+def test_chain_verify_rejects_bad_splits():
+    with pytest.raises(ValueError, match="splits must be a positive integer"):
+        chain_verify(*_chain_inputs(1, 1, 10), splits=0)
+    with pytest.raises(ValueError, match="splits must be a positive integer"):
+        chain_verify(*_chain_inputs(1, 1, 10), splits=2.5)
+    ref = chain_verify_reference(*_chain_inputs(2, 2, 10))
+    _assert_same(ref, chain_verify(*_chain_inputs(2, 2, 10), backend="torch", splits=4))  # no effect on torch
+
+
 def _edge_cases(V=50, K=3):
     """Hand-built rows: all accepted, first rejected, p == q (residual fallback), bonus at the end."""
     B = 4
@@ -166,27 +218,29 @@ def test_chain_verify_reference_edge_cases():
 
 
 @needs_triton
-def test_chain_verify_triton_edge_cases():
+@pytest.mark.parametrize("splits", [None, 3], ids=["fused", "split-v"])
+def test_chain_verify_triton_edge_cases(splits):
     inputs = _edge_cases()
     for greedy in (False, True):
-        _assert_same(*_triton_vs_reference(inputs, greedy=greedy))
+        _assert_same(*_triton_vs_reference(inputs, greedy=greedy, splits=splits))
     # Deterministic drafts that the target is sure of are always accepted.
     tokens, _, target, u_acc, u_s = inputs
     sure = torch.nn.functional.one_hot(torch.cat([tokens, tokens[:, :1]], 1), target.shape[-1]).float()
-    ref, out = _triton_vs_reference((tokens, None, sure, u_acc, u_s))
+    ref, out = _triton_vs_reference((tokens, None, sure, u_acc, u_s), splits=splits)
     _assert_same(ref, out)
     assert out[0].tolist() == [3, 3, 3, 3]
     assert out[1].tolist() == tokens[:, 0].tolist()  # bonus row K is the one-hot of the first draft
 
 
 @needs_triton
-def test_chain_verify_greedy_ties_pick_first_index():
+@pytest.mark.parametrize("splits", [None, 4], ids=["fused", "split-v"])
+def test_chain_verify_greedy_ties_pick_first_index(splits):
     V, K = 40, 2
     target = torch.zeros(1, K + 1, V)
     target[0, :, [5, 17]] = 0.5  # ties: torch.argmax (and the kernel) pick 5
     tokens = torch.tensor([[5, 17]])
     inputs = (tokens, None, target, torch.zeros(1, K), torch.zeros(1))
-    ref, out = _triton_vs_reference(inputs, greedy=True)
+    ref, out = _triton_vs_reference(inputs, greedy=True, splits=splits)
     _assert_same(ref, out)
     assert ref[0].item() == 1 and ref[1].item() == 5
     # Ties split across the kernel's V blocks: the earlier block must win.
@@ -194,7 +248,7 @@ def test_chain_verify_greedy_ties_pick_first_index():
     target = torch.zeros(2, K + 1, V)
     target[:, :, [7, 19000]] = 0.5
     inputs = (torch.tensor([[7, 19000], [19000, 7]]), None, target, torch.zeros(2, K), torch.zeros(2))
-    ref, out = _triton_vs_reference(inputs, greedy=True)
+    ref, out = _triton_vs_reference(inputs, greedy=True, splits=splits)  # split-v: 7 and 19000 in chunks 0, 3
     _assert_same(ref, out)
     assert ref[0].tolist() == [1, 0] and ref[1].tolist() == [7, 7]
 
@@ -436,7 +490,7 @@ def test_triton_kernels_compile_for_cuda():
     # The interpreter never compiles; this runs the real compiler to cubin (no GPU needed).
     result = _compile_check("--quick")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "compiled 9 kernel variants" in result.stdout
+    assert "compiled 14 kernel variants" in result.stdout
 
 
 @pytest.mark.slow
@@ -444,7 +498,7 @@ def test_triton_kernels_compile_for_cuda():
 def test_triton_kernels_compile_for_cuda_all_variants():
     result = _compile_check("--arch", "80")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "compiled 72 kernel variants" in result.stdout
+    assert "compiled 84 kernel variants" in result.stdout
 
 
 @needs_triton

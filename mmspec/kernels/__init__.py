@@ -85,7 +85,8 @@ def _require_triton(tensor: torch.Tensor) -> None:
 
 def chain_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
                  accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor, greedy: bool = False, *,
-                 backend: str | None = None, check_values: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                 backend: str | None = None, check_values: bool = True, splits: int | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Verify K drafts per row and draw the next token; Triton on CUDA, the torch reference elsewhere.
 
     Args:
@@ -97,6 +98,9 @@ def chain_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, t
         backend: "auto" / "torch" / "triton", overriding ``MMSPEC_KERNEL_BACKEND``.
         check_values: run the value checks (token and uniform ranges); the shape checks always run.
             Pass False only for inputs validated upstream (e.g. by ``verify_tokens``).
+        splits: Triton only: cut each row's vocabulary into up to this many chunks, one program each
+            (:mod:`~mmspec.kernels.chain_verify_split_triton`, for few rows on a large GPU); None or 1:
+            one program per row. The torch reference does not split (the argument changes nothing there).
 
     Returns:
         ``(num_accepted [B], next_tokens [B])`` LongTensors. See :func:`chain_verify_reference` for the
@@ -104,8 +108,15 @@ def chain_verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, t
     """
     check_chain_inputs(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms, greedy,
                        check_values=check_values)
+    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
+        raise ValueError(f"splits must be a positive integer or None, got {splits!r}")
     if kernel_backend(target_probs, backend) == "triton":
         _require_triton(target_probs)
+        if splits is not None and splits > 1:
+            from mmspec.kernels.chain_verify_split_triton import chain_verify_split_triton
+
+            return chain_verify_split_triton(draft_tokens, draft_probs, target_probs, accept_uniforms,
+                                             sample_uniforms, greedy, splits)
         from mmspec.kernels.chain_verify_triton import chain_verify_triton
 
         return chain_verify_triton(draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms,

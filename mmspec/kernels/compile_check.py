@@ -64,6 +64,43 @@ def compile_all(arch: int = 90, full: bool = True) -> list[str]:
             constexprs["K"] = 1
         triton.compile(ASTSource(_chain_verify_kernel, signature, constexprs), target=target, options=_OPTIONS)
         done.append(f"chain_verify[{dtype}, draft_probs={has_q}, greedy={greedy}, K==1={k_one}, {tok}]")
+    # Split-V chain verification: its four kernels, every dtype x draft-probs (K a runtime int).
+    from mmspec.kernels.chain_verify_split_triton import (
+        _split_argmax_kernel,
+        _split_greedy_kernel,
+        _split_mass_kernel,
+        _split_sample_kernel,
+    )
+
+    for dtype, has_q in itertools.product(_PTR, (True, False)):
+        if not full and (dtype, has_q) not in (("fp32", True), ("bf16", False), ("fp64", True)):
+            continue
+        u = "*fp64" if dtype == "fp64" else "*fp32"
+        common = {"draft_tokens_ptr": "*i64", "draft_probs_ptr": _PTR[dtype], "target_probs_ptr": _PTR[dtype],
+                  "accept_u_ptr": u}
+        sizes = {"K": "i32", "V": "i32", "CHUNK": "i32", "S": "i32"}
+        flags = {"HAS_DRAFT_PROBS": has_q, "FP64": dtype == "fp64", "BLOCK_K": 16, "BLOCK_V": 1024}
+        signature = {**common, "num_accepted_ptr": "*i64", "res_part_ptr": "*fp64", "p_part_ptr": "*fp64", **sizes,
+                     **dict.fromkeys(flags, "constexpr")}
+        triton.compile(ASTSource(_split_mass_kernel, signature, flags), target=target, options=_OPTIONS)
+        signature = {**common, "sample_u_ptr": u, "res_part_ptr": "*fp64", "p_part_ptr": "*fp64",
+                     "next_tokens_ptr": "*i64", **sizes, **dict.fromkeys([*flags, "BLOCK_S"], "constexpr")}
+        triton.compile(ASTSource(_split_sample_kernel, signature, {**flags, "BLOCK_S": 32}), target=target,
+                       options=_OPTIONS)
+        done.append(f"chain_verify_split[{dtype}, draft_probs={has_q}]")
+        if has_q:  # the greedy kernels read no draft probabilities
+            part = "*fp64" if dtype == "fp64" else "*fp32"
+            signature = {"target_probs_ptr": _PTR[dtype], "max_part_ptr": part, "idx_part_ptr": "*i64",
+                         "K": "i32", "V": "i32", "CHUNK": "i32", "S": "i32", "FP64": "constexpr",
+                         "BLOCK_K": "constexpr", "BLOCK_V": "constexpr"}
+            triton.compile(ASTSource(_split_argmax_kernel, signature, {"FP64": dtype == "fp64", "BLOCK_K": 16,
+                                                                      "BLOCK_V": 512}), target=target, options=_OPTIONS)
+            signature = {"draft_tokens_ptr": "*i64", "max_part_ptr": part, "idx_part_ptr": "*i64",
+                         "num_accepted_ptr": "*i64", "next_tokens_ptr": "*i64", "K": "i32", "S": "i32",
+                         "FP64": "constexpr", "BLOCK_K": "constexpr", "BLOCK_S": "constexpr"}
+            triton.compile(ASTSource(_split_greedy_kernel, signature, {"FP64": dtype == "fp64", "BLOCK_K": 16,
+                                                                      "BLOCK_S": 32}), target=target, options=_OPTIONS)
+            done.append(f"chain_verify_split_greedy[{dtype}]")
     # Neighbourhood mass: every dtype x budget.
     for dtype, has_budget in itertools.product(_PTR, (True, False)):
         if not full and (dtype, has_budget) not in (("fp32", True), ("bf16", False), ("fp64", True)):
