@@ -575,12 +575,20 @@ class MARModel(ModelMixin, ConfigMixin):
         return 1.0 + 0.25 * float(torch.special.ndtri(torch.tensor(u, dtype=torch.float64)))
 
     def forward_train(self, tokens: torch.Tensor, condition_ids: torch.Tensor,
-                      generator: torch.Generator | None = None) -> torch.Tensor:
+                      generator: torch.Generator | None = None, teacher: MARModel | None = None,
+                      distill_weight: float = 1.0) -> torch.Tensor:
         """MAR's training loss for a batch of token sets ``[B, L, C]`` and their condition ids.
 
         A random order per row; the last ``ceil(L * ratio)`` positions of the order are masked (one
         ratio per batch, MAR's truncated Gaussian); condition dropout with ``label_drop_prob``; the
         diffusion loss (MSE + VLB) on the masked tokens, ``diffusion_batch_mul`` noise draws each.
+
+        With a ``teacher`` (a frozen model of the same token width and condition vocabulary, e.g. the
+        target a CSpD draft serves), ``distill_weight`` times the mean squared difference between this
+        model's diffusion-head outputs (prediction and variance channels) and the teacher's on the same
+        masked context, condition dropout, noisy tokens and timesteps is added: CSpD accepts a drafted
+        token by comparing the two heads' denoising Gaussians, so the draft learns the target's, not only
+        the data's.
         """
         batch, length, channels = tokens.shape
         device = tokens.device
@@ -589,16 +597,26 @@ class MARModel(ModelMixin, ConfigMixin):
         masked = torch.zeros(batch, length, dtype=torch.bool, device=device)
         masked.scatter_(1, orders[:, :num_masked], True)
         drop = torch.rand(batch, generator=generator).to(device) < self.config.label_drop_prob
-        z = self.forward(tokens, ~masked, self.condition_embedding(condition_ids, drop))   # [B, L, D]
         mul = self.config.diffusion_batch_mul
         target = tokens[masked].repeat(mul, 1)                                              # [N, C]
-        cond = z[masked].repeat(mul, 1)
         schedule = diffusion_schedule(None)
         i = torch.randint(0, schedule.num_steps, (target.shape[0],), generator=generator).to(device)
         noise = torch.randn(target.shape, generator=generator, dtype=target.dtype).to(device)
         x_t = schedule.q_sample(target, i, noise)
-        out = self.head(x_t, i, cond)
-        return schedule.training_loss(out, target, x_t, i, noise, self.config.prediction_type).mean()
+        out = self._head_outputs(tokens, condition_ids, masked, drop, x_t, i, mul)
+        loss = schedule.training_loss(out, target, x_t, i, noise, self.config.prediction_type).mean()
+        if teacher is None:
+            return loss
+        with torch.no_grad():
+            reference = teacher._head_outputs(tokens, condition_ids, masked, drop, x_t, i, mul)
+        return loss + distill_weight * ((out - reference) ** 2).mean()
+
+    def _head_outputs(self, tokens: torch.Tensor, condition_ids: torch.Tensor, masked: torch.Tensor,
+                      drop: torch.Tensor, x_t: torch.Tensor, i: torch.Tensor, mul: int) -> torch.Tensor:
+        """Diffusion-head outputs ``[N, 2C]`` for the noisy masked tokens ``x_t`` at steps ``i`` (``mul``
+        copies of the masked tokens, in ``tokens[masked]`` order) given the visible ones."""
+        z = self.forward(tokens, ~masked, self.condition_embedding(condition_ids, drop))   # [B, L, D]
+        return self.head(x_t, i, z[masked].repeat(mul, 1))
 
     # -- official checkpoints -------------------------------------------------------------------------
     @classmethod

@@ -194,6 +194,37 @@ def test_forward_train_learns_and_is_deterministic(prediction_type):
     assert np.mean(losses[-10:]) < 0.7 * np.mean(losses[:10])
 
 
+def test_distillation_pulls_the_head_towards_the_teacher():
+    """forward_train's teacher term is distill_weight x the mean squared gap between the two heads' outputs on
+    the same masked context and noise: zero against itself, positive against another model, and training on
+    it closes the gap."""
+    student = tiny_model().float().train()
+    tokens, labels = torch.randn(4, 9, 4), torch.tensor([0, 1, 2, 3])
+
+    def loss(**kwargs):
+        return student.forward_train(tokens, labels, generator=torch.Generator().manual_seed(1), **kwargs)
+
+    assert torch.equal(loss(teacher=student, distill_weight=5.0), loss())
+    teacher = tiny_model(seed=1).float().eval()
+
+    def gap():
+        with torch.no_grad():
+            return ((loss(teacher=teacher, distill_weight=1.0) - loss()) / 1.0).item()
+
+    before = gap()
+    assert before > 0 and loss(teacher=teacher, distill_weight=3.0).item() == pytest.approx(loss().item() + 3 * before,
+                                                                                             rel=1e-5)
+    optimizer = torch.optim.Adam(student.parameters(), lr=3e-3)
+    torch.manual_seed(0)
+    for _ in range(60):
+        value = student.forward_train(tokens, labels, teacher=teacher, distill_weight=10.0)
+        optimizer.zero_grad()
+        value.backward()
+        optimizer.step()
+    assert gap() < 0.5 * before
+    assert all(p.grad is None for p in teacher.parameters())  # the teacher stays frozen
+
+
 def test_text_condition_and_bad_inputs():
     model = tiny_model(condition_type="text", text_vocab_size=10, buffer_size=3)
     ids = torch.tensor([[-1, 2, 5], [1, 2, 3]])
@@ -405,6 +436,20 @@ def test_training_recipe_runs_resumes_and_builds_a_pipeline(tmp_path):
     with pytest.raises(FileNotFoundError, match="no trained MAR model"):
         train_mar.main([*common, "--steps", "1", "--init", str(tmp_path / "missing"), "--work", str(tmp_path / "d"),
                         "--out", str(tmp_path / "d_model")])
+    # --distill-from: a draft that also matches a_model's head (a smaller head here); bad teachers are named
+    train_mar.main([*common, "--steps", "2", "--head-width", "8", "--distill-from", str(tmp_path / "a_model"),
+                    "--work", str(tmp_path / "f"), "--out", str(tmp_path / "f_model")])
+    assert MARModel.from_pretrained(tmp_path / "f_model").config.diffloss_w == 8
+    with pytest.raises(FileNotFoundError, match="--distill-from: no trained MAR model"):
+        train_mar.main([*common, "--steps", "1", "--distill-from", str(tmp_path / "missing"),
+                        "--work", str(tmp_path / "g"), "--out", str(tmp_path / "g_model")])
+    with pytest.raises(ValueError, match="--distill-weight must be > 0"):
+        train_mar.main([*common, "--steps", "1", "--distill-from", str(tmp_path / "a_model"), "--distill-weight", "0",
+                        "--work", str(tmp_path / "g"), "--out", str(tmp_path / "g_model")])
+    with pytest.raises(ValueError, match="its grid_size is 3, this model's 8"):
+        train_mar.load_teacher(_saved(tiny_model(token_dim=16, condition_type="text", text_vocab_size=a.config.text_vocab_size,
+                                                 buffer_size=a.config.buffer_size), tmp_path / "small_grid"),
+                               a, a.config.text_vocab_size, 1.0)
     report_mar.main(["build", "--target", str(tmp_path / "a_model"), "--draft", str(tmp_path / "b_model"),
                      "--folder", str(tmp_path / "pipe")])
     from mmspec.pipelines.continuous_ar_image import ContinuousARImagePipeline
@@ -413,6 +458,11 @@ def test_training_recipe_runs_resumes_and_builds_a_pipeline(tmp_path):
     pipe.set_progress_bar_config(disable=True)
     out = pipe("a red circle", method="cspd", num_iter=4, generator=torch.Generator().manual_seed(0), output_type="np")
     assert out.images.shape == (1, 32, 32, 3) and out.stats.tokens == 64
+
+
+def _saved(model: MARModel, folder):
+    model.save_pretrained(folder)
+    return folder
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on machines without a CUDA GPU")

@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init", type=Path, default=None,
                         help="start from this trained model folder (a later stage with a fresh schedule; the EMA "
                              "starts from its weights too)")
+    parser.add_argument("--distill-from", type=Path, default=None,
+                        help="a trained model folder (the CSpD target) whose diffusion-head outputs this model also "
+                             "learns to match (MARModel.forward_train's teacher)")
+    parser.add_argument("--distill-weight", type=float, default=1.0, help="weight of the matching loss")
     parser.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
     add_run_arguments(parser, "runs/train_mar")
     add_device_argument(parser)
@@ -145,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
                      prediction_type=args.prediction_type)
     if args.init is not None and not (args.work / "checkpoint.pt").is_file():  # a resumed run restores its own
         init_from_folder(model, MARModel, args.init, "MAR model")
+    teacher = load_teacher(args.distill_from, model, len(words), args.distill_weight)
     trainer = EMATrainer(model, args.ema)
     out = Path(args.out)
 
@@ -154,15 +159,37 @@ def main(argv: list[str] | None = None) -> None:
         words.save(out / "text_vocab.json")
 
     device = torch.device(args.device)
+    if teacher is not None:
+        teacher.to(device)
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         if args.ema > 0:
             trainer.update()  # average of the weights after the previous step
-        return model.forward_train(data["tokens"][index].to(device).float(), data["words"][index].to(device))
+        return model.forward_train(data["tokens"][index].to(device).float(), data["words"][index].to(device),
+                                   teacher=teacher, distill_weight=args.distill_weight)
 
     train_loop(trainer, loss_fn, data["tokens"].shape[0], steps=size["steps"], batch=size["batch"], lr=size["lr"],
                work=args.work, save=save, save_every=args.save_every, stop_at=args.stop_at, device=device,
                time_limit=time_left(args))
+
+
+def load_teacher(folder: Path | None, student: MARModel, vocab_size: int, weight: float) -> MARModel | None:
+    """The frozen ``--distill-from`` model (float32, eval mode), checked against the student: the same token
+    width and word vocabulary (its outputs are matched on the student's inputs). None without a folder."""
+    if folder is None:
+        return None
+    if not weight > 0:
+        raise ValueError(f"--distill-weight must be > 0, got {weight}")
+    if not (Path(folder) / "config.json").is_file():
+        raise FileNotFoundError(f"--distill-from: no trained MAR model at {folder}")
+    teacher = MARModel.from_pretrained(folder).float().eval().requires_grad_(False)
+    for name, mine, theirs in (("token_dim", student.config.token_dim, teacher.config.token_dim),
+                               ("text_vocab_size", vocab_size, teacher.config.text_vocab_size),
+                               ("buffer_size", student.config.buffer_size, teacher.config.buffer_size),
+                               ("grid_size", student.config.grid_size, teacher.config.grid_size)):
+        if mine != theirs:
+            raise ValueError(f"--distill-from {folder}: its {name} is {theirs}, this model's {mine}")
+    return teacher
 
 
 if __name__ == "__main__":
