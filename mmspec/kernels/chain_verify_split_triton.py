@@ -30,7 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
-from mmspec.kernels.chain_verify_triton import _RESIDUAL_EPS, _block_v, _to_compute
+from mmspec.kernels.chain_verify_triton import (
+    _RESIDUAL_EPS,
+    _block_v,
+    _to_compute,
+    launch_inputs,
+    output_buffers,
+)
 
 
 @triton.jit
@@ -226,14 +232,12 @@ def chain_verify_split_triton(draft_tokens: torch.Tensor, draft_probs: torch.Ten
     B, K = draft_tokens.shape
     V = target_probs.shape[-1]
     device = target_probs.device
-    num_accepted = torch.empty(B, dtype=torch.int64, device=device)
-    next_tokens = torch.empty(B, dtype=torch.int64, device=device)
+    num_accepted, next_tokens = output_buffers(B, device)
     if B == 0:
         return num_accepted, next_tokens
-    dtype = target_probs.dtype
-    fp64 = dtype == torch.float64
-    target_probs = target_probs.contiguous()
-    draft_tokens = draft_tokens.contiguous()
+    fp64 = target_probs.dtype == torch.float64
+    draft_tokens, draft_probs_arg, target_probs, accept_uniforms, sample_uniforms = launch_inputs(
+        draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms)
     block_k = max(2, triton.next_power_of_2(K + 1))
     options = {"num_warps": 4, "enable_fp_fusion": False}  # same roundings as the torch reference
     if greedy:
@@ -248,10 +252,6 @@ def chain_verify_split_triton(draft_tokens: torch.Tensor, draft_probs: torch.Ten
         return num_accepted, next_tokens
     block_v = split_block_v(V, splits)
     chunk, S = split_layout(V, splits, block_v)
-    draft_probs_arg = draft_probs.contiguous() if draft_probs is not None else target_probs
-    cdtype = torch.float64 if fp64 else torch.float32
-    accept_uniforms = accept_uniforms.to(cdtype).contiguous()
-    sample_uniforms = sample_uniforms.to(cdtype).contiguous()
     residual_mass = torch.empty(B, S, dtype=torch.float64, device=device)
     target_mass = torch.empty(B, S, dtype=torch.float64, device=device)
     flags = {"HAS_DRAFT_PROBS": draft_probs is not None, "FP64": fp64, "BLOCK_K": block_k, "BLOCK_V": block_v}

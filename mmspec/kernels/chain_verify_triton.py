@@ -148,6 +148,23 @@ def _block_v(V: int) -> int:
     return min(cap, triton.next_power_of_2(V))
 
 
+def output_buffers(batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(num_accepted [B], next_tokens [B])`` int64 buffers the chain-verification kernels write."""
+    return (torch.empty(batch, dtype=torch.int64, device=device),
+            torch.empty(batch, dtype=torch.int64, device=device))
+
+
+def launch_inputs(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                  accept_uniforms: torch.Tensor, sample_uniforms: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Contiguous kernel arguments: tokens, draft probabilities (the target's as a placeholder without
+    them), target probabilities and the uniforms in the compute dtype (tiny: converted here, with the
+    reference's rounding)."""
+    target_probs = target_probs.contiguous()
+    cdtype = torch.float64 if target_probs.dtype == torch.float64 else torch.float32
+    return (draft_tokens.contiguous(), draft_probs.contiguous() if draft_probs is not None else target_probs,
+            target_probs, accept_uniforms.to(cdtype).contiguous(), sample_uniforms.to(cdtype).contiguous())
+
+
 def chain_verify_triton(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None,
                         target_probs: torch.Tensor, accept_uniforms: torch.Tensor,
                         sample_uniforms: torch.Tensor, greedy: bool = False
@@ -155,24 +172,18 @@ def chain_verify_triton(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | 
     """Launch the fused chain-verification kernel (inputs already checked by the dispatcher)."""
     B, K = draft_tokens.shape
     V = target_probs.shape[-1]
-    device = target_probs.device
-    num_accepted = torch.empty(B, dtype=torch.int64, device=device)
-    next_tokens = torch.empty(B, dtype=torch.int64, device=device)
+    num_accepted, next_tokens = output_buffers(B, target_probs.device)
     if B == 0:
         return num_accepted, next_tokens
     dtype = target_probs.dtype
-    target_probs = target_probs.contiguous()
-    draft_probs_arg = draft_probs.contiguous() if draft_probs is not None else target_probs
-    # The uniforms are tiny: bring them to the compute dtype here (same rounding as the reference).
-    cdtype = torch.float64 if dtype == torch.float64 else torch.float32
-    accept_uniforms = accept_uniforms.to(cdtype).contiguous()
-    sample_uniforms = sample_uniforms.to(cdtype).contiguous()
+    draft_tokens, draft_probs_arg, target_probs, accept_uniforms, sample_uniforms = launch_inputs(
+        draft_tokens, draft_probs, target_probs, accept_uniforms, sample_uniforms)
     block_k = max(2, triton.next_power_of_2(K + 1))
     block_v = _block_v(V)
     if greedy:  # the greedy pass holds a [BLOCK_K, BLOCK_V] tile
         block_v = max(16, min(block_v, 8192 // block_k))
     _chain_verify_kernel[(B,)](
-        draft_tokens.contiguous(), draft_probs_arg, target_probs, accept_uniforms, sample_uniforms,
+        draft_tokens, draft_probs_arg, target_probs, accept_uniforms, sample_uniforms,
         num_accepted, next_tokens, K, V,
         HAS_DRAFT_PROBS=draft_probs is not None, GREEDY=bool(greedy), FP64=dtype == torch.float64,
         BLOCK_K=block_k, BLOCK_V=block_v, num_warps=4,
