@@ -12,6 +12,10 @@ the same command after an interruption (checkpoints every ``--save-every`` steps
     python -m mmspec.models.recipes.train_mar --role target --out runs/mar_target/model
     python -m mmspec.models.recipes.train_mar --role draft --out runs/mar_draft/model
 
+``--distill-from TARGET`` (with ``--distill-weight``) also trains the model to match a frozen target's
+diffusion-head outputs (``MARModel.forward_train(teacher=...)``), for a CSpD draft; what it did to CSpD's
+acceptance on the zoo is in docs/pipeline_continuous.md.
+
 ``--role`` picks the size preset (:data:`PRESETS`); any size flag overrides it. Run long jobs in the
 background (``nohup nice -n 10 ... > runs/<name>.out 2>&1 &``).
 """
