@@ -6,7 +6,10 @@ chain, driven by the same noise) and the committed token, and reports the 50th a
 the distances between them (L2 over the token's channels) next to the target's last-step standard
 deviation (per channel, times sqrt(C) to compare with the distances) and the tokens' norms. It answers
 whether a rejected token's residual sample is the target's own token or stays near the draft's, and how
-far apart the two chains' tokens are when the surrogate ratio rejects.
+far apart the two chains' tokens are when the surrogate ratio rejects. It also splits the surrogate log
+ratio into its two terms, the log-determinants of the earlier steps (``0.5 * sum(log S^q - log S^p)``,
+a draft with wider Gaussians than the target's gains on every step) and the last step's densities at the
+draft token, and gives the mean acceptance probability ``min(1, r)`` with and without the first term.
 
     python -m mmspec.evaluation.cspd_tokens [--pipeline mmspec/shapes-t2i-continuous] [--prompts 24] [--seed 0]
 """
@@ -35,8 +38,10 @@ def recording_verifications() -> Iterator[list[dict[str, torch.Tensor]]]:
 
     def recorded(draft_x0, draft_means, draft_vars, target_means, target_vars, *args, **kwargs):
         result = original(draft_x0, draft_means, draft_vars, target_means, target_vars, *args, **kwargs)
+        log_det = 0.5 * (draft_vars[:-1].log() - target_vars[:-1].log()).sum(dim=(0, -1))
         records.append({"draft": draft_x0, "target_mean": target_means[-1], "target_std": target_vars[-1].sqrt(),
-                        "accepted": result.accepted, "committed": result.samples})
+                        "accepted": result.accepted, "committed": result.samples, "log_det": log_det,
+                        "last_step": result.log_ratio - log_det})
         return result
 
     module.cspd_verify = recorded
@@ -71,6 +76,11 @@ def token_distances(pipe: Any, seed: int = 0, **call_kwargs: Any) -> dict[str, f
     quantiles("accepted_draft_to_target_mean", distance("draft", "target_mean", ~rejected))
     quantiles("target_last_step_std_x_sqrt_channels", cat["target_std"].mean(-1) * cat["draft"].shape[-1] ** 0.5)
     quantiles("token_norm", cat["committed"].norm(dim=-1))
+    quantiles("ratio_log_det", cat["log_det"])
+    quantiles("ratio_last_step", cat["last_step"])
+    out["ratio_log_det_mean"] = float(cat["log_det"].mean())
+    out["acceptance_probability"] = float((cat["log_det"] + cat["last_step"]).clamp(max=0).exp().mean())
+    out["acceptance_probability_last_step_only"] = float(cat["last_step"].clamp(max=0).exp().mean())
     return out
 
 

@@ -355,12 +355,17 @@ def test_cspd_token_distances_diagnostic():
     assert twin["verified_tokens"] > 0 and twin["rejected_tokens"] == 0  # an identical draft: nothing rejected
     assert math.isnan(twin["rejected_residual_to_target_mean_p50"])
     assert twin["accepted_draft_to_target_mean_p90"] < 1e-9  # the twin's tokens are the target's
+    assert twin["ratio_log_det_mean"] == 0 and twin["acceptance_probability"] == 1  # identical chains: r = 1
     other = token_distances(make_pipe(tiny_mar(7, depth=1, width=16)), class_labels=[1, 3, 4], num_iter=8,
                             prefill_ratio=0.1)
     assert other["rejected_tokens"] > 0
     spread = other["target_last_step_std_x_sqrt_channels_p50"]
     assert 0.3 * spread < other["rejected_residual_to_target_mean_p50"] < 3 * spread
     assert other["rejected_draft_to_target_mean_p50"] > other["rejected_residual_to_target_mean_p50"]
+    assert 0 <= other["acceptance_probability"] < 1 and 0 <= other["acceptance_probability_last_step_only"] < 1
+    if other["acceptance_probability"] < 1e-6:  # a random draft this far from the target is never accepted
+        assert other["rejected_tokens"] == other["verified_tokens"]
+    assert other["ratio_log_det_mean"] != 0 and math.isfinite(other["ratio_last_step_p50"])
     from mmspec.pipelines import continuous_ar_image
 
     original = continuous_ar_image.cspd_verify
