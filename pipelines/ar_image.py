@@ -235,9 +235,10 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         from the text encoder."""
         length = self.transformer.config.cls_token_num
         if self.text_encoder is not None:
+            device = self.transformer.device  # the encoder may live elsewhere (e.g. a large T5 on the CPU)
             features, mask = caption_features(prompt, self.tokenizer, self.text_encoder, length)
-            features, mask = self.transformer.pad_condition(features.to(self.transformer.device), mask)
-            return {"condition_embeds": features}, mask.to(self.transformer.device)
+            features, mask = self.transformer.pad_condition(features.to(device), mask.to(device))
+            return {"condition_embeds": features}, mask.to(device)
         ids = self.text_tokenizer.batch(prompt, length)
         return {"condition_ids": ids.to(self.transformer.device)}, (ids >= 0).long().to(self.transformer.device)
 
