@@ -508,6 +508,16 @@ def test_report_sentence_errors_are_order_free_and_by_kind():
     assert sentence_kind(single.split(".")[-2].strip()) == "single-object summary"
 
 
+def test_report_breaks_question_accuracy_down_by_template():
+    from mmspec.models.recipes.report_vlm import exact_by_question_kind
+
+    questions = ["how many circles are there?", "how many red shapes are there?", "what color is the square?",
+                 "what color is the circle?", "is the red circle above the blue square?"]
+    out = exact_by_question_kind([True, False, True, False, True], questions)
+    assert out["exact_by_kind"] == {"color": 0.5, "count (shape)": 1.0, "count (color)": 0.0, "relation": 1.0}
+    assert out["n_by_kind"] == {"color": 2, "count (shape)": 1, "count (color)": 1, "relation": 1}
+
+
 def test_report_object_parts_ignore_only_the_order_of_objects():
     from mmspec.models.recipes.report_vlm import object_parts
     from mmspec.world import narrate_video, sample_video

@@ -261,6 +261,25 @@ def test_qa_answers_are_right():
         assert pairs[q] == a
 
 
+def test_qa_kind_names_the_template_of_every_question():
+    from mmspec.world import qa_kind
+    from mmspec.world.captions import QA_KINDS
+
+    seen = set()
+    for i in range(60):
+        scene = sample_scene(i)
+        for kind, make in QA_KINDS.items():
+            for question, _ in make(scene):
+                found = qa_kind(question)
+                assert found.split(" ")[0] == kind, (question, found)
+                seen.add(found)
+    assert {"count (all)", "count (color)", "count (shape)"} <= seen and len(seen) == len(QA_KINDS) + 2
+    assert qa_kind("how many red shapes are there?") == "count (color)"
+    assert qa_kind("how many circles are there?") == "count (shape)"
+    with pytest.raises(ValueError, match="not a question of the world's templates"):
+        qa_kind("why is the sky blue")
+
+
 def test_all_texts_use_the_vocabulary():
     vocab = set(vocabulary())
     texts = []

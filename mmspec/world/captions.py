@@ -263,6 +263,26 @@ QA_KINDS = {
 }
 
 
+#: How each question template starts, in matching order, and its kind (``QA_KINDS``; counting split into
+#: all shapes / one colour / one shape). Used to break question accuracy down by template.
+_QA_TEMPLATES = (
+    ("how many shapes are there?", "count (all)"), ("how many ", None), ("what color is the ", "color"),
+    ("what shape is the ", "shape"), ("where is the ", "where"), ("what size is the ", "size"),
+    ("is there ", "exists"), ("is the ", "relation"),
+)
+
+
+def qa_kind(question: str) -> str:
+    """The template of a world question: a key of ``QA_KINDS``, with counting split into "count (all)",
+    "count (color)" and "count (shape)". Raises ``ValueError`` for text no template produces."""
+    for start, kind in _QA_TEMPLATES:
+        if question.startswith(start) and question.endswith("?"):
+            if kind is None:  # "how many <colour> shapes" or "how many <shapes>"
+                return "count (color)" if question.endswith(" shapes are there?") else "count (shape)"
+            return kind
+    raise ValueError(f"not a question of the world's templates: {question!r}")
+
+
 def qa_pairs(scene: Scene) -> list[tuple[str, str]]:
     """Every question of the world's templates that has an exact answer for this scene.
 

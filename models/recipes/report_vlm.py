@@ -29,7 +29,7 @@ import json
 import re
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import torch
@@ -193,6 +193,17 @@ def _exact_by_objects(correct: list[bool], counts: list[int]) -> dict[str, dict[
             "n_by_objects": {str(k): len(v) for k, v in sorted(by_count.items())}}
 
 
+def exact_by_question_kind(correct: list[bool], questions: list[str]) -> dict[str, dict]:
+    """Exact accuracy and count per question template (:func:`mmspec.world.qa_kind`), most frequent first."""
+    from mmspec.world import qa_kind
+
+    kinds = [qa_kind(q) for q in questions]
+    counts = Counter(kinds)
+    return {"exact_by_kind": {k: round(sum(c for c, kk in zip(correct, kinds) if kk == k) / n, 4)
+                              for k, n in counts.most_common()},
+            "n_by_kind": dict(counts.most_common())}
+
+
 def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> dict:
     """Exact accuracy, lengths and time of one report task, plus up to three mismatches."""
     examples = held_out_examples(task, num, seed)
@@ -210,6 +221,8 @@ def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> 
         pairs = [(e["answer"], text) for (text, _), e in zip(answers, examples)]
         result["sentence_errors"] = sentence_errors(pairs)
         result["name_errors"] = name_errors(pairs)
+    if task == "qa":
+        result.update(exact_by_question_kind(correct, [e["question"] for e in examples]))
     if task in sv.VIDEO_TASKS:
         result.update(_exact_by_objects(correct, [len(e["clip"].objects) for e in examples]))
         result["exact_up_to_object_order"] = sum(
