@@ -30,6 +30,7 @@ from .bench_cli import (
     add_common_arguments,
     call_kwargs,
     command_line,
+    load_quiet_pipeline,
     machine_line,
     method_kwargs,
     new_parser,
@@ -177,8 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from mmspec.pipelines import ARImagePipeline
 
-    pipe = ARImagePipeline.from_pretrained(args.pipeline)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline)
     speed_prompts = make_prompt_set(n_per_category=args.speed_prompts, seed=args.seed + 7)
     quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
     image_size = pipe.grid_size * int(getattr(pipe.vqvae.config, "patch_size", 1))

@@ -23,6 +23,14 @@ def new_parser(description: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def load_quiet_pipeline(pipeline_class: type, path: str) -> Any:
+    """``pipeline_class.from_pretrained(path)`` (a zoo id or folder) with its progress bar off: the
+    benchmarks and diagnostics time or print their own results."""
+    pipe = pipeline_class.from_pretrained(path)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
 def add_run_arguments(parser: argparse.ArgumentParser,
                       out_help: str = "markdown table (a .json with all numbers beside it)") -> None:
     """``--repeats``, ``--seed``, ``--threads`` and ``--out``: the options every pipeline benchmark has,

@@ -27,7 +27,14 @@ import torch
 
 from mmspec.world import make_prompt_set
 
-from .bench_cli import add_run_arguments, command_line, machine_line, new_parser, write_report
+from .bench_cli import (
+    add_run_arguments,
+    command_line,
+    load_quiet_pipeline,
+    machine_line,
+    new_parser,
+    write_report,
+)
 from .bench_images import quality, reference_images
 from .speed import RunResult, run_benchmark
 
@@ -162,8 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from mmspec.pipelines.continuous_ar_image import ContinuousARImagePipeline
 
-    pipe = ContinuousARImagePipeline.from_pretrained(args.pipeline)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = load_quiet_pipeline(ContinuousARImagePipeline, args.pipeline)
     speed_prompts = make_prompt_set(n_per_category=max(1, -(-args.speed_prompts // 6)), seed=args.seed + 7)
     rng = np.random.default_rng(args.seed)
     speed_prompts = [speed_prompts[i] for i in rng.permutation(len(speed_prompts))[:args.speed_prompts]]

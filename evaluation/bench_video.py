@@ -34,7 +34,14 @@ import torch
 
 from mmspec.world import evaluate_videos, make_video_prompt_set
 
-from .bench_cli import add_run_arguments, command_line, machine_line, new_parser, write_report
+from .bench_cli import (
+    add_run_arguments,
+    command_line,
+    load_quiet_pipeline,
+    machine_line,
+    new_parser,
+    write_report,
+)
 from .files import atomic_path
 from .speed import RunResult, run_benchmark
 
@@ -258,8 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
     from mmspec.pipelines.ar_video import ARVideoPipeline
 
-    pipe = ARVideoPipeline.from_pretrained(args.pipeline)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = load_quiet_pipeline(ARVideoPipeline, args.pipeline)
     ir_files = (args.imagereward_weights, args.imagereward_med_config, args.imagereward_tokenizer)
     scorer = None
     if any(ir_files):

@@ -29,6 +29,7 @@ from .bench_cli import (
     add_common_arguments,
     call_kwargs,
     command_line,
+    load_quiet_pipeline,
     machine_line,
     method_kwargs,
     write_report,
@@ -183,8 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from mmspec.pipelines import VLMPipeline
 
-    pipe = VLMPipeline.from_pretrained(args.pipeline)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = load_quiet_pipeline(VLMPipeline, args.pipeline)
     hf_cases = [c for c in args.hf_cases if c != "hf_assisted" or pipe.draft_model is not None]
     results = run(pipe, args.methods, kwargs, args.modes, args.tasks, args.batch_sizes, args.examples,
                   args.max_new_tokens, args.repeats, args.seed, hf_cases)

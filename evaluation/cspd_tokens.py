@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from .bench_cli import load_quiet_pipeline
+
 PROMPTS = ["a red circle", "two blue squares", "a circle above a square", "a cyan triangle and a blue circle",
            "three diamonds", "a white diamond", "a triangle to the left of a square", "four circles"]
 
@@ -96,8 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     from mmspec.pipelines import ContinuousARImagePipeline
 
     torch.set_num_threads(args.threads)
-    pipe = ContinuousARImagePipeline.from_pretrained(args.pipeline)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = load_quiet_pipeline(ContinuousARImagePipeline, args.pipeline)
     prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.prompts)]
     print(json.dumps(token_distances(pipe, args.seed, prompt=prompts), indent=1))
 

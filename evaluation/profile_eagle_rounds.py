@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from .bench_cli import load_quiet_pipeline
+
 MAX_POSITION = 8  # head steps at this position or later are pooled
 
 
@@ -96,8 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     from mmspec.world import make_prompt_set
 
     torch.set_num_threads(args.threads)
-    pipe = ARImagePipeline.from_pretrained(args.pipeline)
-    pipe.set_progress_bar_config(disable=True)
+    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline)
     prompts = [p.text for p in make_prompt_set(n_per_category=args.prompts, seed=7)]
     kwargs = json.loads(args.method_kwargs) if args.method_kwargs else fast_method_kwargs("eagle", greedy=True)
     print(json.dumps(profile(pipe, prompts, args.repeats, **kwargs), indent=1))
