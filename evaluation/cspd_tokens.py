@@ -40,10 +40,9 @@ def recording_verifications() -> Iterator[list[dict[str, torch.Tensor]]]:
 
     def recorded(draft_x0, draft_means, draft_vars, target_means, target_vars, *args, **kwargs):
         result = original(draft_x0, draft_means, draft_vars, target_means, target_vars, *args, **kwargs)
-        log_det = 0.5 * (draft_vars[:-1].log() - target_vars[:-1].log()).sum(dim=(0, -1))
         records.append({"draft": draft_x0, "target_mean": target_means[-1], "target_std": target_vars[-1].sqrt(),
-                        "accepted": result.accepted, "committed": result.samples, "log_det": log_det,
-                        "last_step": result.log_ratio - log_det})
+                        "accepted": result.accepted, "committed": result.samples, "log_det": result.log_det,
+                        "last_step": result.last_step})
         return result
 
     module.cspd_verify = recorded

@@ -11,7 +11,7 @@ from importlib import import_module
 from typing import Any
 
 from mmspec.cache import KVCache, SlotState, crop_cache, select_cache_slots
-from mmspec.continuous import ContinuousVerification, cspd_log_ratio, verify_continuous
+from mmspec.continuous import ContinuousVerification, cspd_log_ratio, cspd_log_ratio_terms, verify_continuous
 from mmspec.local2d import LocalVerification, local_resample_sets
 from mmspec.reward import RewardRouter, RouteDecision
 from mmspec.rules import (
@@ -65,7 +65,7 @@ __all__ = [
     "AcceptanceRule", "ContinuousVerification", "DraftTree", "ExactRule", "GreedyRule", "GroupedRule",
     "KVCache", "LanternRule", "LocalVerification", "PoolingThresholdRule", "RewardRouter", "RouteDecision",
     "SamplingConfig", "SlotState", "SpecStats", "TreeVerification", "Verification", "apply_guidance",
-    "crop_cache", "cspd_log_ratio", "expand_dynamic_tree", "local_resample_sets", "logits_to_probs", "sample",
+    "crop_cache", "cspd_log_ratio", "cspd_log_ratio_terms", "expand_dynamic_tree", "local_resample_sets", "logits_to_probs", "sample",
     "select_cache_slots", "static_tree_from_choices", "tree_attention_mask", "verify_continuous",
     "verify_tokens", "verify_tree", "speculative_generate", "ModelDrafter", "JacobiDrafter", "TreeConfig",
     "CausalLMRunner", "local_speculative_generate", "BlockDrafter",

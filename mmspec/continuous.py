@@ -8,7 +8,7 @@ after the last try keeps the last proposal y ~ p, a documented bias towards p th
 probability (1 - TV(p, q))^max_tries per rejected element (counted in ``num_fallbacks``).
 
 Diffusion heads have no tractable density, so CSpD scores whole denoising trajectories: with the draft
-and target chains driven by the same noise, :func:`cspd_log_ratio` gives the surrogate log density ratio.
+and target chains driven by the same noise, :func:`cspd_log_ratio` gives the surrogate log density ratio (:func:`cspd_log_ratio_terms` its two terms).
 """
 
 from __future__ import annotations
@@ -118,7 +118,15 @@ def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) ->
 
 def cspd_log_ratio(x0: torch.Tensor, target_means: torch.Tensor, target_vars: torch.Tensor,
                    draft_means: torch.Tensor, draft_vars: torch.Tensor) -> torch.Tensor:
-    """CSpD trajectory-aligned surrogate log ratio log r = log p~(x0) - log q~(x0).
+    """CSpD trajectory-aligned surrogate log ratio log r = log p~(x0) - log q~(x0): the sum of the two
+    terms of :func:`cspd_log_ratio_terms`."""
+    log_det, last_step = cspd_log_ratio_terms(x0, target_means, target_vars, draft_means, draft_vars)
+    return log_det + last_step
+
+
+def cspd_log_ratio_terms(x0: torch.Tensor, target_means: torch.Tensor, target_vars: torch.Tensor,
+                         draft_means: torch.Tensor, draft_vars: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two terms of CSpD's trajectory-aligned surrogate log ratio log r = log p~(x0) - log q~(x0).
 
     Both denoising chains ran with the same noise at every step (trajectory alignment), step t drawing
     x_{t-1} = mu_t + sigma_t * eps_t. Under shared eps the Gaussian exponents of all steps but the last
@@ -132,7 +140,8 @@ def cspd_log_ratio(x0: torch.Tensor, target_means: torch.Tensor, target_vars: to
             diagonal variances of each chain in sampling order (the last entry is the step that produced
             x0). Only the variances of steps ``0..T-2`` and the last step's mean/variance enter.
     Returns:
-        ``[...]`` log ratios.
+        ``(log_det [...], last_step [...])``: the earlier steps' log-determinant sum (positive where the
+        draft's Gaussians are wider than the target's) and the last step's log density difference at x0.
     """
     shapes = {t.shape for t in (target_means, target_vars, draft_means, draft_vars)}
     if len(shapes) != 1:
@@ -141,6 +150,6 @@ def cspd_log_ratio(x0: torch.Tensor, target_means: torch.Tensor, target_vars: to
         raise ValueError(f"x0 {tuple(x0.shape)} must match the per-step shape {tuple(target_means.shape[1:])}")
     if (target_vars <= 0).any() or (draft_vars <= 0).any():
         raise ValueError("variances must be positive")
-    log_det_terms = 0.5 * (draft_vars[:-1].log() - target_vars[:-1].log()).sum(dim=(0, -1))
-    final = gaussian_log_prob(x0, target_means[-1], target_vars[-1]) - gaussian_log_prob(x0, draft_means[-1], draft_vars[-1])
-    return log_det_terms + final
+    log_det = 0.5 * (draft_vars[:-1].log() - target_vars[:-1].log()).sum(dim=(0, -1))
+    last_step = gaussian_log_prob(x0, target_means[-1], target_vars[-1]) - gaussian_log_prob(x0, draft_means[-1], draft_vars[-1])
+    return log_det, last_step

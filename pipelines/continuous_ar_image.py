@@ -56,7 +56,7 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
-from mmspec.continuous import cspd_log_ratio, gaussian_log_prob, verify_continuous
+from mmspec.continuous import cspd_log_ratio_terms, gaussian_log_prob, verify_continuous
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines.conditioning import (
     WordVocabularyMixin,
@@ -225,7 +225,8 @@ def cspd_verify(draft_x0: torch.Tensor, draft_means: torch.Tensor, draft_vars: t
     Returns:
         the core's :class:`~mmspec.continuous.ContinuousVerification` (batch shape ``[N]``): ``accepted``,
         ``samples`` (drafts where accepted, residual samples where rejected), ``num_fallbacks``; plus
-        ``log_ratio`` ``[N]`` attached as an attribute.
+        ``log_ratio`` ``[N]`` and its two terms ``log_det`` and ``last_step`` (``cspd_log_ratio_terms``)
+        attached as attributes.
 
     The surrogate log ratio is the core's :func:`~mmspec.continuous.cspd_log_ratio` (log-determinants of
     steps 1..T-1 plus the last-step Gaussians at the draft token, tempered). The target's
@@ -235,13 +236,12 @@ def cspd_verify(draft_x0: torch.Tensor, draft_means: torch.Tensor, draft_vars: t
     """
     factor = torch.ones(draft_vars.shape[0], 1, 1, dtype=draft_vars.dtype, device=draft_vars.device)
     factor[-1] = density_temperature ** 2
-    log_ratio = cspd_log_ratio(draft_x0, target_means, target_vars * factor, draft_means, draft_vars * factor)
-    final = (gaussian_log_prob(draft_x0, target_means[-1], target_vars[-1] * factor[-1])
-             - gaussian_log_prob(draft_x0, draft_means[-1], draft_vars[-1] * factor[-1]))
-    target = LastStepGaussian(target_means[-1], target_vars[-1], density_temperature, log_ratio - final)
+    log_det, last_step = cspd_log_ratio_terms(draft_x0, target_means, target_vars * factor, draft_means,
+                                              draft_vars * factor)
+    target = LastStepGaussian(target_means[-1], target_vars[-1], density_temperature, log_det)
     draft = LastStepGaussian(draft_means[-1], draft_vars[-1], density_temperature)
     result = verify_continuous(draft, target, draft_x0, generator=generator, max_tries=max_tries)
-    result.log_ratio = log_ratio
+    result.log_ratio, result.log_det, result.last_step = log_det + last_step, log_det, last_step
     return result
 
 
