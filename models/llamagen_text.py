@@ -114,7 +114,6 @@ def load_llamagen_components(gpt_checkpoint: str | os.PathLike, vq_checkpoint: s
                          f"T5 encoder, {LLAMAGEN_TEXT_ENCODER} for the official models)")
     if not t2i and text_encoder is not None:
         raise ValueError(f"{gpt_checkpoint} is class-conditioned: it takes no text_encoder")
-    if t2i:
+    if t2i:  # ARImagePipeline checks the encoder's width against the transformer (check_text_encoder)
         components["text_encoder"], components["tokenizer"] = load_text_encoder(text_encoder, torch_dtype)
-        check_text_encoder(transformer, components["text_encoder"], components["tokenizer"])
     return components

@@ -260,8 +260,10 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                 raise ValueError("this t2i transformer reads caption features (text_vocab_size=None): build the "
                                  "pipeline with its text_encoder and tokenizer (LlamaGen: flan-t5-xl; see "
                                  "load_llamagen_components)")
-            elif any(not p.strip() for p in prompts):
-                raise ValueError(f"prompt {[not p.strip() for p in prompts].index(True)} is empty")
+            else:
+                empty = [i for i, text in enumerate(prompts) if not text.strip()]
+                if empty:
+                    raise ValueError(f"prompt {empty[0]} is empty")
         else:
             check_class_labels(class_labels, config.num_classes)
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:

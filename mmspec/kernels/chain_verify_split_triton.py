@@ -33,39 +33,12 @@ import triton.language as tl
 from mmspec.kernels.chain_verify_triton import (
     _RESIDUAL_EPS,
     _block_v,
+    _draft_column,
+    _first_rejection,
     _to_compute,
     launch_inputs,
     output_buffers,
 )
-
-
-@triton.jit
-def _first_rejection(draft_tokens_ptr, draft_probs_ptr, target_row0, accept_u_ptr, b, K, V,
-                     HAS_DRAFT_PROBS: tl.constexpr, FP64: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(n, x_n): the first rejected position of row b (K if none) and its draft token."""
-    k_offs = tl.arange(0, BLOCK_K)
-    k_mask = k_offs < K
-    x = tl.load(draft_tokens_ptr + b * K + k_offs, mask=k_mask, other=0).to(tl.int64)
-    p = _to_compute(tl.load(target_row0 + k_offs.to(tl.int64) * V + x, mask=k_mask, other=0.0), FP64)
-    if HAS_DRAFT_PROBS:
-        q = _to_compute(tl.load(draft_probs_ptr + (b * K + k_offs) * V + x, mask=k_mask, other=1.0), FP64)
-    else:
-        q = _to_compute(tl.full([BLOCK_K], 1.0, tl.float32), FP64)
-    u = _to_compute(tl.load(accept_u_ptr + b * K + k_offs, mask=k_mask, other=0.0), FP64)
-    rejected = k_mask & ((u * q < p) == 0)
-    n = tl.min(tl.where(rejected, k_offs, K), axis=0)
-    x_n = tl.sum(tl.where(k_offs == n, x, 0), axis=0)
-    return n, x_n
-
-
-@triton.jit
-def _draft_column(q_row, cols, x_n, limit, V, HAS_DRAFT_PROBS: tl.constexpr, FP64: tl.constexpr):
-    """q_n at ``cols``, zero at columns >= ``limit`` (0 when there is no rejection: q is not used)."""
-    if HAS_DRAFT_PROBS:
-        qv = _to_compute(tl.load(q_row + cols, mask=(cols < V) & (cols < limit), other=0.0), FP64)
-    else:
-        qv = _to_compute(tl.where((cols == x_n) & (cols < limit), 1.0, 0.0), FP64)
-    return qv
 
 
 @triton.jit

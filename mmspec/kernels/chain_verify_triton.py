@@ -37,6 +37,35 @@ def _to_compute(x, FP64: tl.constexpr):
 
 
 @triton.jit
+def _first_rejection(draft_tokens_ptr, draft_probs_ptr, target_row0, accept_u_ptr, b, K, V,
+                     HAS_DRAFT_PROBS: tl.constexpr, FP64: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(n, x_n): the first rejected position of row b (K if none) and its draft token."""
+    k_offs = tl.arange(0, BLOCK_K)
+    k_mask = k_offs < K
+    x = tl.load(draft_tokens_ptr + b * K + k_offs, mask=k_mask, other=0).to(tl.int64)
+    p = _to_compute(tl.load(target_row0 + k_offs.to(tl.int64) * V + x, mask=k_mask, other=0.0), FP64)
+    if HAS_DRAFT_PROBS:
+        q = _to_compute(tl.load(draft_probs_ptr + (b * K + k_offs) * V + x, mask=k_mask, other=1.0), FP64)
+    else:
+        q = _to_compute(tl.full([BLOCK_K], 1.0, tl.float32), FP64)
+    u = _to_compute(tl.load(accept_u_ptr + b * K + k_offs, mask=k_mask, other=0.0), FP64)
+    rejected = k_mask & ((u * q < p) == 0)
+    n = tl.min(tl.where(rejected, k_offs, K), axis=0)
+    x_n = tl.sum(tl.where(k_offs == n, x, 0), axis=0)
+    return n, x_n
+
+
+@triton.jit
+def _draft_column(q_row, cols, x_n, limit, V, HAS_DRAFT_PROBS: tl.constexpr, FP64: tl.constexpr):
+    """q_n at ``cols``, zero at columns >= ``limit`` (0 when there is no rejection: q is not used)."""
+    if HAS_DRAFT_PROBS:
+        qv = _to_compute(tl.load(q_row + cols, mask=(cols < V) & (cols < limit), other=0.0), FP64)
+    else:
+        qv = _to_compute(tl.where((cols == x_n) & (cols < limit), 1.0, 0.0), FP64)
+    return qv
+
+
+@triton.jit
 def _chain_verify_kernel(
     draft_tokens_ptr,  # [B, K] int
     draft_probs_ptr,  # [B, K, V] (unused when HAS_DRAFT_PROBS is False)
@@ -58,9 +87,9 @@ def _chain_verify_kernel(
     k_mask = k_offs < K
     v_offs = tl.arange(0, BLOCK_V)
     target_row0 = target_probs_ptr + b * (K + 1) * V  # row i of this batch entry at + i * V
-    x = tl.load(draft_tokens_ptr + b * K + k_offs, mask=k_mask, other=0).to(tl.int64)  # [BLOCK_K]
 
     if GREEDY:
+        x = tl.load(draft_tokens_ptr + b * K + k_offs, mask=k_mask, other=0).to(tl.int64)  # [BLOCK_K]
         # One pass over the K+1 target rows: running (max, first argmax) per row.
         rows_mask = k_offs < K + 1
         best = tl.full([BLOCK_K], float("-inf"), tl.float32)
@@ -80,20 +109,12 @@ def _chain_verify_kernel(
         n = tl.min(tl.where(rejected, k_offs, K), axis=0)
         next_token = tl.sum(tl.where(k_offs == n, best_idx, 0), axis=0)
     else:
-        # 1. Acceptance tests of all K drafts at once: accept iff u * q(x) < p(x).
-        p = _to_compute(tl.load(target_row0 + k_offs.to(tl.int64) * V + x, mask=k_mask, other=0.0), FP64)
-        if HAS_DRAFT_PROBS:
-            q = tl.load(draft_probs_ptr + (b * K + k_offs) * V + x, mask=k_mask, other=1.0)
-            q = _to_compute(q, FP64)
-        else:
-            q = _to_compute(tl.full([BLOCK_K], 1.0, tl.float32), FP64)
-        u = _to_compute(tl.load(accept_u_ptr + b * K + k_offs, mask=k_mask, other=0.0), FP64)
-        rejected = k_mask & ((u * q < p) == 0)
-        n = tl.min(tl.where(rejected, k_offs, K), axis=0)  # first rejection, K if none
+        # 1. Acceptance tests of all K drafts at once (accept iff u * q(x) < p(x)): n = first rejection.
+        n, x_n = _first_rejection(draft_tokens_ptr, draft_probs_ptr, target_row0, accept_u_ptr, b, K, V,
+                                  HAS_DRAFT_PROBS, FP64, BLOCK_K)
         is_rejected = n < K
         # Scalar conditions become column limits (V or 0) so every load mask is a plain vector compare.
         q_limit = tl.where(is_rejected, V, 0)
-        x_n = tl.sum(tl.where(k_offs == n, x, 0), axis=0)
 
         p_row = target_row0 + n.to(tl.int64) * V  # p_n (p_K when all were accepted)
         q_row = draft_probs_ptr + (b * K + n) * V  # only read when is_rejected
@@ -105,11 +126,7 @@ def _chain_verify_kernel(
             cols = start + v_offs
             in_v = cols < V
             pv = _to_compute(tl.load(p_row + cols, mask=in_v, other=0.0), FP64)
-            if HAS_DRAFT_PROBS:
-                qv = _to_compute(tl.load(q_row + cols, mask=cols < q_limit, other=0.0), FP64)
-            else:
-                qv = tl.where(cols == x_n, 1.0, 0.0)
-                qv = _to_compute(qv, FP64)
+            qv = _draft_column(q_row, cols, x_n, q_limit, V, HAS_DRAFT_PROBS, FP64)
             res_mass += tl.maximum(pv - qv, 0.0).to(tl.float64)
             p_mass += pv.to(tl.float64)
         res_total = tl.sum(res_mass, axis=0)
@@ -127,10 +144,7 @@ def _chain_verify_kernel(
             cols = start + v_offs
             in_v = cols < V
             pv = _to_compute(tl.load(p_row + cols, mask=in_v, other=0.0), FP64)
-            if HAS_DRAFT_PROBS:
-                qv = _to_compute(tl.load(q_row + cols, mask=cols < r_limit, other=0.0), FP64)
-            else:
-                qv = _to_compute(tl.where((cols == x_n) & (cols < r_limit), 1.0, 0.0), FP64)
+            qv = _draft_column(q_row, cols, x_n, r_limit, V, HAS_DRAFT_PROBS, FP64)
             w = tl.where(use_residual, tl.maximum(pv - qv, 0.0), pv).to(tl.float64)
             cdf = _to_compute(running + tl.cumsum(w, axis=0), FP64)
             hit = in_v & (cdf > threshold)
