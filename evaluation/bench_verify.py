@@ -142,10 +142,10 @@ def bench_config(B: int, K: int, V: int, repeats: int, seed: int = 0, device: st
         sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
     timings = _time_cases(cases, repeats, sync)
     extra = {}
-    for kernel in ("chain_verify_triton", "chain_verify_split"):  # a timed kernel must pick the reference's tokens
+    checks = {"chain_verify_triton": "triton_equals_reference", "chain_verify_split": "split_equals_reference"}
+    for kernel, key in checks.items():  # a timed kernel must pick the reference's tokens
         if kernel in cases:
-            extra[kernel.replace("chain_verify", "").strip("_") + "_equals_reference"] = all(
-                torch.equal(a, b) for a, b in zip(cases[kernel](), cases["chain_verify_ref"]()))
+            extra[key] = all(torch.equal(a, b) for a, b in zip(cases[kernel](), cases["chain_verify_ref"]()))
     accepted = verify_tokens(draft_tokens, draft_probs, target_probs, rule=rule,
                              generator=torch.Generator(device=device).manual_seed(seed)).num_accepted
     return {"B": B, "K": K, "V": V, "splits": splits if "chain_verify_split" in cases else None, "timings": timings,

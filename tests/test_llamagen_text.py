@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_ar_image_pipeline import V as COPY_HEAD_VOCAB
+from test_ar_image_pipeline import copy_head
 from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
-from mmspec.models.eagle import EagleHead
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.llamagen_text import caption_features, load_llamagen_components, preprocess_caption
 from mmspec.models.llamagen_vq import LlamaGenVQModel
 from mmspec.pipelines import ARImagePipeline
 
-V, GRID, CAPTION_LEN, WIDTH = 32, 4, 8, 16
+V, GRID, CAPTION_LEN, WIDTH = COPY_HEAD_VOCAB, 4, 8, 16  # the copy head (32 features) predicts V tokens
 WORDS = ["a", "and", "blue", "circle", "green", "red", "square", "triangle", "big", "small", "left", "of"]
 PROMPTS = ["a red circle", "  A Big Blue Square and a small green triangle left of a circle  ", "circle"]
 
@@ -55,19 +56,6 @@ def tiny_vq() -> LlamaGenVQModel:
     torch.manual_seed(4)
     return LlamaGenVQModel(codebook_size=V, codebook_embed_dim=8, encoder_ch_mult=[1, 2], decoder_ch_mult=[1, 2],
                            z_channels=32, ch=32, num_res_blocks=1).double().eval()
-
-
-def copy_head() -> EagleHead:
-    """An EAGLE head that predicts the previous feature again (plausible drafts, often accepted)."""
-    torch.manual_seed(1)
-    head = EagleHead(hidden_size=32, vocab_size=V, num_attention_heads=4).double()
-    with torch.no_grad():
-        head.fc.weight.zero_()
-        head.fc.weight[:, 32:] = torch.eye(32)
-        head.fc.bias.zero_()
-        head.decoder.layers[0].self_attn.o_proj.weight.zero_()
-        head.decoder.layers[0].mlp.down_proj.weight.zero_()
-    return head
 
 
 @pytest.fixture(scope="module")
