@@ -33,6 +33,7 @@ import triton.language as tl
 from mmspec.kernels.chain_verify_triton import (
     _RESIDUAL_EPS,
     _block_v,
+    _cdf_search,
     _draft_column,
     _first_rejection,
     _to_compute,
@@ -103,22 +104,11 @@ def _split_sample_kernel(
         r_limit = tl.where(use_residual, V, 0)
         p_row = target_row0 + n.to(tl.int64) * V
         q_row = draft_probs_ptr + (b * K + n) * V
-        v_offs = tl.arange(0, BLOCK_V)
-        running = tl.sum(tl.where(s_offs < s, mass, 0.0), axis=0)
+        running = tl.sum(tl.where(s_offs < s, mass, 0.0), axis=0)  # mass of the chunks before this one
         lo = s * CHUNK
-        last = tl.minimum(lo + CHUNK, V) - 1
-        found = V
-        for start in range(0, CHUNK, BLOCK_V):
-            cols = lo + start + v_offs
-            in_v = cols < V
-            pv = _to_compute(tl.load(p_row + cols, mask=in_v, other=0.0), FP64)
-            qv = _draft_column(q_row, cols, x_n, r_limit, V, HAS_DRAFT_PROBS, FP64)
-            w = tl.where(use_residual, tl.maximum(pv - qv, 0.0), pv).to(tl.float64)
-            cdf = _to_compute(running + tl.cumsum(w, axis=0), FP64)
-            hit = in_v & (cdf > threshold)
-            found = tl.minimum(found, tl.min(tl.where(hit, cols, V), axis=0))
-            running += tl.sum(w, axis=0)
-        tl.store(next_tokens_ptr + b, tl.minimum(found, last).to(tl.int64))
+        found = _cdf_search(p_row, q_row, x_n, r_limit, use_residual, threshold, running, lo, CHUNK, V,
+                            HAS_DRAFT_PROBS, FP64, BLOCK_V)
+        tl.store(next_tokens_ptr + b, tl.minimum(found, tl.minimum(lo + CHUNK, V) - 1).to(tl.int64))
     if (owner == S) & (s == S - 1):
         tl.store(next_tokens_ptr + b, (V - 1).to(tl.int64))
 

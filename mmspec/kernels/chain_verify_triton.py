@@ -66,6 +66,27 @@ def _draft_column(q_row, cols, x_n, limit, V, HAS_DRAFT_PROBS: tl.constexpr, FP6
 
 
 @triton.jit
+def _cdf_search(p_row, q_row, x_n, r_limit, use_residual, threshold, running, lo, length, V,
+                HAS_DRAFT_PROBS: tl.constexpr, FP64: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Smallest column j in ``[lo, lo + length)`` with ``running + cumsum(w)[j] > threshold`` (V if none),
+    w the residual ``max(0, p_n - q_n)`` where ``use_residual``, else ``p_n``; ``running`` is the float64
+    mass before ``lo``."""
+    v_offs = tl.arange(0, BLOCK_V)
+    found = V
+    for start in range(0, length, BLOCK_V):
+        cols = lo + start + v_offs
+        in_v = cols < V
+        pv = _to_compute(tl.load(p_row + cols, mask=in_v, other=0.0), FP64)
+        qv = _draft_column(q_row, cols, x_n, r_limit, V, HAS_DRAFT_PROBS, FP64)
+        w = tl.where(use_residual, tl.maximum(pv - qv, 0.0), pv).to(tl.float64)
+        cdf = _to_compute(running + tl.cumsum(w, axis=0), FP64)
+        hit = in_v & (cdf > threshold)
+        found = tl.minimum(found, tl.min(tl.where(hit, cols, V), axis=0))
+        running += tl.sum(w, axis=0)
+    return found
+
+
+@triton.jit
 def _chain_verify_kernel(
     draft_tokens_ptr,  # [B, K] int
     draft_probs_ptr,  # [B, K, V] (unused when HAS_DRAFT_PROBS is False)
@@ -138,18 +159,8 @@ def _chain_verify_kernel(
         # 3. Pass 2: smallest j with cumsum(w)[j] > u * sum(w), a running float64 prefix across blocks.
         u_s = _to_compute(tl.load(sample_u_ptr + b), FP64)
         threshold = u_s * _to_compute(total, FP64)
-        running = tl.zeros([], dtype=tl.float64)
-        found = V
-        for start in range(0, V, BLOCK_V):
-            cols = start + v_offs
-            in_v = cols < V
-            pv = _to_compute(tl.load(p_row + cols, mask=in_v, other=0.0), FP64)
-            qv = _draft_column(q_row, cols, x_n, r_limit, V, HAS_DRAFT_PROBS, FP64)
-            w = tl.where(use_residual, tl.maximum(pv - qv, 0.0), pv).to(tl.float64)
-            cdf = _to_compute(running + tl.cumsum(w, axis=0), FP64)
-            hit = in_v & (cdf > threshold)
-            found = tl.minimum(found, tl.min(tl.where(hit, cols, V), axis=0))
-            running += tl.sum(w, axis=0)
+        found = _cdf_search(p_row, q_row, x_n, r_limit, use_residual, threshold, tl.zeros([], dtype=tl.float64),
+                            0, V, V, HAS_DRAFT_PROBS, FP64, BLOCK_V)
         next_token = tl.minimum(found, V - 1).to(tl.int64)
 
     tl.store(num_accepted_ptr + b, n.to(tl.int64))
