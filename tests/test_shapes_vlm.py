@@ -332,6 +332,84 @@ def test_recipe_grows_a_trained_captioner_deeper_with_the_same_outputs(tmp_path,
                         "--grow-text-layers"])
 
 
+def test_recipe_widens_a_trained_captioner_with_the_same_outputs(tmp_path, processor):
+    trained = sv.build_model("tiny", seed=2)  # text: 32 channels, 4 heads of 8, 64 MLP units
+    with torch.no_grad():
+        for parameter in trained.parameters():  # a non-trivial model: every weight and gain away from its init
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    trained.save_pretrained(tmp_path / "trained")
+    trained = sv.load_model(tmp_path / "trained")
+    wider = dict(text_dim=48, text_heads=6, text_ffn=96)
+    trainee = train_vlm.Trainee(sv.build_model("tiny", seed=5, **wider))
+    with pytest.raises(ValueError, match="another architecture"):  # widening is asked for explicitly
+        train_vlm.init_from(trainee, tmp_path / "trained")
+    train_vlm.init_from(trainee, tmp_path / "trained", widen=True)
+    widened = trainee.vlm.eval()
+    weights, old = widened.state_dict(), trained.state_dict()
+    layer = train_vlm.TEXT_LAYERS_PREFIX + "1."
+    assert torch.equal(weights[layer + "mlp.up_proj.weight"][:64, :32], old[layer + "mlp.up_proj.weight"].float())
+    assert not weights[layer + "self_attn.o_proj.weight"][32:].any()  # the new channels start at zero ...
+    assert not weights[layer + "self_attn.o_proj.weight"][:, 32:].any()  # ... the new heads add nothing ...
+    assert not weights[layer + "mlp.down_proj.weight"][:, 64:].any()  # ... nor the new MLP units
+    assert not weights["model.language_model.embed_tokens.weight"][:, 32:].any()
+    assert weights[layer + "self_attn.q_proj.weight"][:, 32:].any()  # readers keep fresh columns
+    assert widened.config.text_config.rms_norm_eps == pytest.approx(trained.config.text_config.rms_norm_eps * 32 / 48)
+    image = np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)
+    inputs = sv.vlm_inputs(processor, [image], ["describe"])
+    with torch.no_grad():
+        expected = trained.float()(**inputs).logits
+    widened.zero_grad()
+    actual = widened(**inputs).logits
+    assert expected.abs().max() > 0.1
+    torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
+    actual.logsumexp(-1).sum().backward()  # the silent parts get gradient, so training can use them
+    assert widened.get_parameter(layer + "self_attn.o_proj.weight").grad[32:].abs().sum() > 0
+    assert widened.get_parameter(layer + "mlp.down_proj.weight").grad[:, 64:].abs().sum() > 0
+    widened.save_pretrained(tmp_path / "widened")  # the epsilon travels with the saved model
+    with torch.no_grad():
+        torch.testing.assert_close(sv.load_model(tmp_path / "widened").float()(**inputs).logits, expected,
+                                   rtol=0, atol=1e-5)
+    bad = {"head width": dict(text_dim=48, text_heads=4, text_ffn=96),
+           "narrower": dict(text_dim=48, text_heads=6, text_ffn=32),
+           "separate stages": dict(text_layers=3, **wider)}
+    for message, sizes in bad.items():
+        with pytest.raises(ValueError, match=message):
+            train_vlm.init_from(train_vlm.Trainee(sv.build_model("tiny", **sizes)), tmp_path / "trained", widen=True)
+    with pytest.raises(ValueError, match="separate stages"):
+        train_vlm.init_from(trainee, tmp_path / "trained", grow=True, widen=True)
+    with pytest.raises(ValueError, match="--init"):
+        train_vlm.main(["--size", "tiny", "--out", str(tmp_path / "x"), "--override", "text_dim=48", "--grow-text-width"])
+    with pytest.raises(FileNotFoundError, match="no trained model"):
+        train_vlm.main(["--size", "tiny", "--out", str(tmp_path / "x"), "--init", str(tmp_path / "missing"),
+                        "--override", "text_dim=48", "text_heads=6", "--grow-text-width"])
+    train_vlm.main(["--size", "tiny", "--steps", "1", "--batch", "4", "--train-images", "12", "--train-videos", "3",
+                    "--threads", "1", "--aux-weight", "0", "--init", str(tmp_path / "trained"), "--override",
+                    "text_dim=48", "text_heads=6", "text_ffn=96", "--grow-text-width", "--out", str(tmp_path / "stage"),
+                    "--work", str(tmp_path / "work")])  # the recipe trains the widened model one step
+    stage = sv.load_model(tmp_path / "stage")
+    assert stage.config.text_config.hidden_size == 48
+    assert stage.config.text_config.rms_norm_eps == pytest.approx(widened.config.text_config.rms_norm_eps)
+    moved = stage.state_dict()[layer + "self_attn.o_proj.weight"].float()
+    assert torch.allclose(moved[:32, :32], weights[layer + "self_attn.o_proj.weight"][:32, :32], atol=0.05)
+
+
+def test_report_train_split_scores_the_training_streams_examples(processor):
+    from mmspec.models.recipes.report_vlm import held_out_examples
+
+    data = sv.build_training_set(4, 2, seed=10, tokenizer=processor.tokenizer)
+    trained = {(e["task"], e["ref"]): processor.tokenizer.decode(e["ids"][e["start"]:], skip_special_tokens=True)
+               for e in data["examples"]}
+    for task, num in (("describe", 4), ("narrate", 2)):
+        examples = held_out_examples(task, num, seed=10, split="train")
+        assert [e["answer"] for e in examples] == [trained[(task, i)] for i in range(num)]
+        frames = data["videos"] if task == "narrate" else data["images"][:, None]
+        assert all(np.array_equal(e["frames"], frames[i].numpy()) for i, e in enumerate(examples))
+    held_out = held_out_examples("describe", 4, seed=10)
+    assert [e["answer"] for e in held_out] != [trained[("describe", i)] for i in range(4)]
+    with pytest.raises(ValueError, match="split"):
+        held_out_examples("describe", 1, split="validation")
+
+
 def test_duplicate_fraction_enriches_comparison_scenes(processor):
     rng = np.random.default_rng(0)
     for twins in (False, True):

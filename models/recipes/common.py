@@ -152,6 +152,59 @@ def grow_layer_stack(own: dict[str, torch.Tensor], trained: dict[str, torch.Tens
     return grown
 
 
+def widen_state_dict(own: dict[str, torch.Tensor], trained: dict[str, torch.Tensor], old_width: int,
+                     new_width: int, residual_writers: tuple[str, ...], unit_readers: tuple[str, ...],
+                     residual_columns: tuple[str, ...], rms_norms: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """A state dict for ``own``'s wider model from a ``trained`` narrower one, computing the same function
+    (width growth in the spirit of Net2WiderNet, for a pre-norm residual stack with RMSNorm).
+
+    The residual stream grows from ``old_width`` to ``new_width`` channels that start at zero and stay zero
+    until training moves them; attention heads (same head width) and MLP units are appended. Every weight
+    keeps its trained values in its leading block and its fresh initialisation elsewhere, except (weights
+    are named by key suffix):
+
+    - ``residual_writers`` (projections into the stream, and their biases): rows past the trained ones at
+      zero, so the new channels start at zero;
+    - ``residual_columns`` (the token embedding ``[V, d]``): columns past the trained ones at zero, likewise;
+    - ``unit_readers`` (the projections that read a layer's own heads or units: attention output, MLP down
+      projection): columns of the new heads / units at zero, so these add nothing yet;
+    - ``rms_norms``: RMSNorm divides by the root mean square over all channels, which the zero channels
+      lower by ``sqrt(old / new)``; the trained gains are scaled by that factor so the normalised old
+      channels are unchanged (up to the norm's epsilon), and the new channels' gains start at the scaled
+      mean gain so they pass signal once they carry some.
+
+    Readers of the stream (queries, keys, values, MLP inputs, the LM head) keep fresh columns for the new
+    channels: they see zeros now and carry the gradient that teaches the writers to use them. A weight of
+    the same shape in both (the vision tower) is copied as it is; a missing one is left out for
+    :func:`load_trained_weights` to report."""
+    if not 0 < old_width <= new_width:
+        raise ValueError(f"can only widen a residual stream: {old_width} -> {new_width}")
+    scale = math.sqrt(old_width / new_width)
+    widened = {}
+    for key, fresh in own.items():
+        if key not in trained:
+            continue
+        old = trained[key].to(fresh.dtype)
+        if old.shape == fresh.shape:
+            widened[key] = old
+            continue
+        if old.dim() != fresh.dim() or any(o > n for o, n in zip(old.shape, fresh.shape)):
+            raise ValueError(f"cannot widen {key}: trained shape {tuple(old.shape)}, new {tuple(fresh.shape)}")
+        grown = fresh.detach().clone()
+        grown[tuple(slice(0, n) for n in old.shape)] = old
+        if key.endswith(rms_norms):
+            grown[:old_width] = old * scale
+            grown[old_width:] = old.mean() * scale
+        if key.endswith(residual_writers):
+            grown[old.shape[0]:] = 0
+        if key.endswith(unit_readers):
+            grown[:, old.shape[1]:] = 0
+        if key.endswith(residual_columns):
+            grown[:, old.shape[1]:] = 0
+        widened[key] = grown
+    return widened
+
+
 def init_from_folder(model: nn.Module, model_class: Any, folder: Path, what: str = "model") -> None:
     """``--init FOLDER``: load the trained ``model_class`` saved there into ``model`` (same architecture).
     Raises ``FileNotFoundError`` if the folder holds no saved model, ``ValueError`` on another architecture."""

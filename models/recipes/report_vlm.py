@@ -2,7 +2,8 @@
 
 For each model (the target, and the draft with ``--draft``) and each task, greedy ``model.generate``
 outputs are compared with the world's exact reference text (string equality), on examples of the
-``test`` split (never a training stream):
+``test`` split (never a training stream; ``--split train --seed S`` scores the first scenes and clips of a
+training stage's stream instead, to tell a model that cannot fit its data from one that does not generalise):
 
 * ``describe``: detailed descriptions of scenes drawn with the default clearance (the training
   distribution: every centre at least one pixel from a decision boundary, see
@@ -40,14 +41,18 @@ from mmspec.world.prompts import RELATION_PHRASES
 MAX_NEW_TOKENS = 256
 
 
-def held_out_examples(task: str, num: int, seed: int = 0) -> list[dict]:
-    """The first ``num`` held-out examples of a report task (``test`` split; ``describe_any`` uses seed
-    ``seed + 1`` and no clearance, so its scenes are not those of ``describe``)."""
+def held_out_examples(task: str, num: int, seed: int = 0, split: str = "test") -> list[dict]:
+    """The first ``num`` examples of a report task (``test`` split: held out; ``describe_any`` uses seed
+    ``seed + 1`` and no clearance, so its scenes are not those of ``describe``). With ``split="train"`` they
+    are the first scenes / clips of the training stream ``seed`` (:func:`~mmspec.models.shapes_vlm.build_training_set`
+    draws the same ones, except the share it replaces with ``duplicate_fraction``)."""
+    if split not in ("test", "train"):
+        raise ValueError(f"split must be 'test' or 'train', got {split!r}")
     if task == "describe_any":
-        return [sv.image_example("test", seed + 1, i, "describe", clearance=0.0) for i in range(num)]
+        return [sv.image_example(split, seed + 1, i, "describe", clearance=0.0) for i in range(num)]
     if task in sv.VIDEO_TASKS:
-        return [sv.video_example("test", seed, i, task) for i in range(num)]
-    return [sv.image_example("test", seed, i, task) for i in range(num)]
+        return [sv.video_example(split, seed, i, task) for i in range(num)]
+    return [sv.image_example(split, seed, i, task) for i in range(num)]
 
 
 @torch.no_grad()
@@ -204,9 +209,9 @@ def exact_by_question_kind(correct: list[bool], questions: list[str]) -> dict[st
             "n_by_kind": dict(counts.most_common())}
 
 
-def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> dict:
+def score_task(model, processor, task: str, num: int, seed: int, batch: int, split: str = "test") -> dict:
     """Exact accuracy, lengths and time of one report task, plus up to three mismatches."""
-    examples = held_out_examples(task, num, seed)
+    examples = held_out_examples(task, num, seed, split)
     start = time.time()
     answers = generate_answers(model, processor, examples, batch)
     seconds = time.time() - start
@@ -233,7 +238,7 @@ def score_task(model, processor, task: str, num: int, seed: int, batch: int) -> 
     return result
 
 
-def report_model(folder: Path, counts: dict[str, int], seed: int, batch: int) -> dict:
+def report_model(folder: Path, counts: dict[str, int], seed: int, batch: int, split: str = "test") -> dict:
     model = sv.load_model(folder)
     processor = sv.load_processor(folder)
     text = model.config.text_config
@@ -243,7 +248,7 @@ def report_model(folder: Path, counts: dict[str, int], seed: int, batch: int) ->
            "vision_layers": vision.num_hidden_layers, "vision_dim": vision.hidden_size, "tasks": {}}
     for task, num in counts.items():
         if num > 0:
-            out["tasks"][task] = score_task(model, processor, task, num, seed, batch)
+            out["tasks"][task] = score_task(model, processor, task, num, seed, batch, split)
             r = out["tasks"][task]
             print(f"{folder} {task}: exact {r['exact']:.3f} ({r['n']}), {r['mean_output_tokens']:.1f} tokens, "
                   f"{r['generate_seconds']} s", flush=True)
@@ -261,6 +266,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--videos", type=int, default=200, help="held-out clips per video task")
     parser.add_argument("--batch", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", choices=("test", "train"), default="test",
+                        help="test: held-out scenes (the report); train: the training stream --seed")
     parser.add_argument("--threads", type=int, default=2)
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
@@ -268,10 +275,10 @@ def main(argv: list[str] | None = None) -> None:
     counts = {"describe": args.describe, "describe_any": args.describe, "caption": args.caption, "qa": args.qa,
               "narrate": args.videos, "video_caption": args.videos}
     report = {"command": "python -m mmspec.models.recipes.report_vlm " + " ".join(argv),
-              "split": "test", "seed": args.seed, "greedy": True, "clearance": sv.CLEARANCE,
-              "target": report_model(args.model, counts, args.seed, args.batch)}
+              "split": args.split, "seed": args.seed, "greedy": True, "clearance": sv.CLEARANCE,
+              "target": report_model(args.model, counts, args.seed, args.batch, args.split)}
     if args.draft is not None:
-        report["draft"] = report_model(args.draft, counts, args.seed, args.batch)
+        report["draft"] = report_model(args.draft, counts, args.seed, args.batch, args.split)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")

@@ -52,6 +52,7 @@ from mmspec.models.recipes.common import (
     start_run,
     time_left,
     train_loop,
+    widen_state_dict,
 )
 
 # Per size: steps, batch, peak learning rate (chosen with short prototype runs; see docs/zoo_shapes_vlm.md).
@@ -234,15 +235,73 @@ TEXT_LAYERS_PREFIX = "model.language_model.layers."
 RESIDUAL_OUTPUTS = ("self_attn.o_proj", "mlp.down_proj")
 
 
-def init_from(trainee: Trainee, folder: Path, grow: bool = False) -> None:
+#: What :func:`widen_state_dict` needs to know of a LLaVA's Llama text model and projector (key suffixes).
+TEXT_RESIDUAL_WRITERS = ("self_attn.o_proj.weight", "mlp.down_proj.weight", "multi_modal_projector.linear_2.weight",
+                         "multi_modal_projector.linear_2.bias")
+TEXT_UNIT_READERS = ("self_attn.o_proj.weight", "mlp.down_proj.weight", "multi_modal_projector.linear_2.weight")
+TEXT_RESIDUAL_COLUMNS = ("embed_tokens.weight",)
+TEXT_RMS_NORMS = ("input_layernorm.weight", "post_attention_layernorm.weight", "language_model.norm.weight")
+
+
+def match_widened_norm_epsilon(vlm: nn.Module, trained_text_config) -> None:
+    """Set the wider text model's RMSNorm epsilon to the trained one's times ``old width / new width``.
+
+    Zero channels lower the mean square by that factor; with the epsilon scaled alike, the normalised old
+    channels are exactly the trained model's (with the trained epsilon the difference is relative
+    ``eps / mean square``, about 1e-4 on the small embeddings of the first layer). Written into the config
+    too, so the saved model and a resumed run keep it. Idempotent."""
+    text = vlm.config.text_config
+    epsilon = trained_text_config.rms_norm_eps * trained_text_config.hidden_size / text.hidden_size
+    text.rms_norm_eps = epsilon
+    for module in vlm.model.language_model.modules():
+        if hasattr(module, "variance_epsilon"):
+            module.variance_epsilon = epsilon
+
+
+def widen_text_model(trainee: Trainee, trained: nn.Module, folder: Path) -> dict[str, torch.Tensor]:
+    """``trained``'s weights laid out for ``trainee``'s wider text model (``--grow-text-width``), computing the
+    same outputs: :func:`widen_state_dict` with the LLaVA text model's writers, readers and norms. The two
+    must agree on everything but the width: layers, head width, the vision tower."""
+    old, new = trained.config.text_config, trainee.vlm.config.text_config
+    old_head, new_head = old.hidden_size // old.num_attention_heads, new.hidden_size // new.num_attention_heads
+    if old.num_hidden_layers != new.num_hidden_layers:
+        raise ValueError(f"--grow-text-width: {folder} has {old.num_hidden_layers} text layers, the model to "
+                         f"train {new.num_hidden_layers}; grow the width and the depth in separate stages")
+    if old_head != new_head:
+        raise ValueError(f"--grow-text-width keeps the head width: {folder} has heads of {old_head} channels, "
+                         f"the model to train {new_head} (set text_heads = text_dim / {old_head})")
+    if new.hidden_size < old.hidden_size or new.intermediate_size < old.intermediate_size:
+        raise ValueError(f"--grow-text-width: the model to train (text_dim={new.hidden_size}, text_ffn="
+                         f"{new.intermediate_size}) is narrower than {folder} (text_dim={old.hidden_size}, "
+                         f"text_ffn={old.intermediate_size})")
+    match_widened_norm_epsilon(trainee.vlm, old)
+    return widen_state_dict(trainee.vlm.state_dict(), trained.state_dict(), old.hidden_size, new.hidden_size,
+                            TEXT_RESIDUAL_WRITERS, TEXT_UNIT_READERS, TEXT_RESIDUAL_COLUMNS, TEXT_RMS_NORMS)
+
+
+def check_captioner_folder(folder: Path) -> None:
+    """``FileNotFoundError`` naming ``--init``'s folder if it holds no trained captioner."""
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"--init: no trained model at {folder}")
+
+
+def load_captioner(folder: Path) -> nn.Module:
+    """The trained captioner of ``--init`` (checked by :func:`check_captioner_folder`)."""
+    check_captioner_folder(folder)
+    return sv.load_model(folder)
+
+
+def init_from(trainee: Trainee, folder: Path, grow: bool = False, widen: bool = False) -> None:
     """Copy a trained captioner's weights into ``trainee.vlm`` (same architecture; the probe stays fresh).
 
     ``grow=True`` also accepts a captioner with fewer text-model layers: its layers are spread over the
-    deeper text model and the inserted layers start as identities (:func:`grow_layer_stack`), so training
-    starts from the trained captioner's exact outputs with more depth to use."""
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"--init: no trained model at {folder}")
-    trained = sv.load_model(folder)
+    deeper text model and the inserted layers start as identities (:func:`grow_layer_stack`); ``widen=True``
+    one with a narrower text model (fewer channels, heads of the same width, fewer MLP units), whose
+    weights are embedded so that the new channels, heads and units start silent (:func:`widen_text_model`).
+    Either way training starts from the trained captioner's exact outputs with more capacity to use."""
+    if grow and widen:
+        raise ValueError("grow the text model's depth and its width in separate stages, not both at once")
+    trained = load_captioner(folder)
     weights = trained.state_dict()
     if grow:
         old_layers = trained.config.text_config.num_hidden_layers
@@ -252,6 +311,8 @@ def init_from(trainee: Trainee, folder: Path, grow: bool = False) -> None:
                              f"{new_layers} of the model to train")
         weights = grow_layer_stack(trainee.vlm.state_dict(), weights, TEXT_LAYERS_PREFIX, old_layers, new_layers,
                                    RESIDUAL_OUTPUTS)
+    if widen:
+        weights = widen_text_model(trainee, trained, folder)
     load_trained_weights(trainee.vlm, weights, str(folder))
 
 
@@ -285,6 +346,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--grow-text-layers", action="store_true",
                         help="with --init and --override text_layers=N: start a deeper text model from a "
                              "trained captioner (its layers spread out, the new ones starting as identities)")
+    parser.add_argument("--grow-text-width", action="store_true",
+                        help="with --init and --override text_dim=D text_heads=H text_ffn=F: start a wider text "
+                             "model from a trained captioner (same head width; the new channels, heads and MLP "
+                             "units start silent, so the outputs are the trained captioner's)")
     add_run_arguments(parser, "")
     add_device_argument(parser)
     parser.set_defaults(train_images=24000, difficulty=sv.DIFFICULTY, threads=1)
@@ -302,8 +367,11 @@ def main(argv: list[str] | None = None) -> None:
         overrides[key] = int(value)
     task_weights = parse_task_weights(args.task_weight)
     check_loss_weight("--name-weight", args.name_weight)  # before the minutes of building the data
-    if args.grow_text_layers and args.init is None:
-        raise ValueError("--grow-text-layers grows a trained captioner: give it with --init")
+    for flag, value in (("--grow-text-layers", args.grow_text_layers), ("--grow-text-width", args.grow_text_width)):
+        if value and args.init is None:
+            raise ValueError(f"{flag} grows a trained captioner: give it with --init")
+    if args.init is not None:  # before the minutes of building the data
+        check_captioner_folder(args.init)
     start_run(args)
 
     processor = sv.build_processor()
@@ -312,10 +380,12 @@ def main(argv: list[str] | None = None) -> None:
                                                                 tokenizer=processor.tokenizer,
                                                                 duplicate_fraction=args.duplicate_fraction))
     trainee = Trainee(sv.build_model(args.size, seed=args.seed, **overrides))
+    if args.grow_text_width:  # also when resuming: the epsilon is part of the widened model, not of its weights
+        match_widened_norm_epsilon(trainee.vlm, load_captioner(args.init).config.text_config)
     if args.init is not None:
         args.vision_steps = 0
         if not (args.work / "checkpoint.pt").is_file():
-            init_from(trainee, args.init, grow=args.grow_text_layers)  # a resumed run restores its own checkpoint instead
+            init_from(trainee, args.init, grow=args.grow_text_layers, widen=args.grow_text_width)  # a resumed run restores its own checkpoint instead
     out = Path(args.out)
 
     def save(trained: Trainee) -> None:
