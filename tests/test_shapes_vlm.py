@@ -596,6 +596,19 @@ def test_report_breaks_question_accuracy_down_by_template():
     assert out["n_by_kind"] == {"color": 2, "count (shape)": 1, "count (color)": 1, "relation": 1}
 
 
+def test_report_tells_colour_binding_errors_from_misread_colours():
+    from mmspec.models.recipes.report_vlm import wrong_color_answers
+    from mmspec.world.scene import Scene, WorldObject
+
+    scene = Scene((WorldObject("circle", "blue", "small", 0.2, 0.2), WorldObject("diamond", "purple", "large", 0.7, 0.7)))
+    colour = {"question": "what color is the circle?", "answer": "blue", "scene": scene}
+    count = {"question": "how many circles are there?", "answer": "one", "scene": scene}
+    caption = {"question": None, "answer": "a small blue circle", "scene": scene}
+    examples = [colour, colour, colour, count, caption]
+    assert wrong_color_answers(examples, ["blue", "purple", "green", "two", "x"]) == {"n": 2, "another_objects_color": 1}
+    assert wrong_color_answers(examples[:1], ["blue"]) == {"n": 0, "another_objects_color": 0}
+
+
 def test_report_object_parts_ignore_only_the_order_of_objects():
     from mmspec.models.recipes.report_vlm import object_parts
     from mmspec.world import narrate_video, sample_video

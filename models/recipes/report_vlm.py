@@ -209,6 +209,22 @@ def exact_by_question_kind(correct: list[bool], questions: list[str]) -> dict[st
             "n_by_kind": dict(counts.most_common())}
 
 
+def wrong_color_answers(examples: list[dict], answers: list[str]) -> dict[str, int]:
+    """How the wrong answers to colour questions ("what color is the circle?") are wrong: ``n`` wrong
+    answers, of which ``another_objects_color`` name the colour of another object of the scene. A model
+    that perceives colours but binds the question to the wrong object gives the latter; one that misreads
+    colours gives colours that are not in the scene."""
+    from mmspec.world import qa_kind
+
+    wrong = other = 0
+    for example, answer in zip(examples, answers):
+        if example["question"] is None or qa_kind(example["question"]) != "color" or answer == example["answer"]:
+            continue
+        wrong += 1
+        other += answer in {o.color for o in example["scene"].objects if o.color != example["answer"]}
+    return {"n": wrong, "another_objects_color": other}
+
+
 def score_task(model, processor, task: str, num: int, seed: int, batch: int, split: str = "test") -> dict:
     """Exact accuracy, lengths and time of one report task, plus up to three mismatches."""
     examples = held_out_examples(task, num, seed, split)
@@ -228,6 +244,7 @@ def score_task(model, processor, task: str, num: int, seed: int, batch: int, spl
         result["name_errors"] = name_errors(pairs)
     if task == "qa":
         result.update(exact_by_question_kind(correct, [e["question"] for e in examples]))
+        result["wrong_color_answers"] = wrong_color_answers(examples, [text for text, _ in answers])
     if task in sv.VIDEO_TASKS:
         result.update(_exact_by_objects(correct, [len(e["clip"].objects) for e in examples]))
         result["exact_up_to_object_order"] = sum(
