@@ -23,7 +23,10 @@ enriched in scenes whose descriptions compare the listed objects (``--duplicate-
 pushing on the trained vision tower. ``--grow-text-layers`` with ``--override text_layers=N`` starts a
 deeper text model from the trained one: its layers are spread over the N (8 -> 12: two old, one new, ...)
 and each inserted layer starts as the identity (its two projections into the residual stream at zero), so
-training continues from the trained captioner's exact outputs with more depth to use. ``--task-weight
+training continues from the trained captioner's exact outputs with more depth to use;
+``--grow-text-width`` with ``--override text_dim=D text_heads=H text_ffn=F`` (same head width) starts a
+wider one whose new channels, heads and MLP units start silent (:func:`widen_text_model`), likewise exact.
+``--task-weight
 TASK=W`` counts a task's answer tokens W times in the loss, ``--name-weight W`` the description tokens that
 decide how far a name is qualified (the word after "the"; tried, docs/zoo_shapes_vlm.md, not used by the zoo).
 
