@@ -202,10 +202,25 @@ class VLMPipeline(DiffusionPipeline):
             inputs = self.processor(text=texts, images=flat, padding=True, return_tensors="pt")
         except (ValueError, TypeError) as error:
             raise ValueError(f"the processor rejected the inputs: {error}") from error
+        self._check_known_words(prompts, inputs["input_ids"])
         inputs = {k: v.to(self.target.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         if "pixel_values" in inputs and inputs["pixel_values"].is_floating_point():
             inputs["pixel_values"] = inputs["pixel_values"].to(self.target.dtype)
         return _Batch(dict(inputs), [len(frames) for frames in visual])
+
+    def _check_known_words(self, prompts: list[str], input_ids: torch.Tensor) -> None:
+        """Refuse prompts that the tokenizer can only read as its unknown token (word-level vocabularies such
+        as the zoo captioner's): the model would answer a question it never saw. Byte-level tokenizers
+        (LLaVA's, Qwen2-VL's) never produce it."""
+        unk = getattr(self.tokenizer, "unk_token_id", None)
+        if unk is None:
+            return
+        for index, text in enumerate(prompts):
+            if bool((input_ids[index] == unk).any()):
+                words = [word.strip(".,;:!?") for word in text.split()]
+                unknown = [w for w in words if unk in self.tokenizer(w, add_special_tokens=False)["input_ids"]]
+                raise ValueError(f"prompt {index} ({text!r}) reads as the tokenizer's unknown token "
+                                 f"{self.tokenizer.unk_token!r}; words outside its vocabulary: {unknown}")
 
     # -- methods --------------------------------------------------------------------------------------
     def check_method(self, method: str) -> None:
@@ -421,5 +436,11 @@ def _to_pil(image: ImageLike) -> PIL.Image.Image:
     if array.ndim != 3 or array.shape[-1] != 3:
         raise ValueError(f"images must be [H, W, 3] arrays or [3, H, W] tensors, got shape {tuple(array.shape)}")
     if array.dtype != np.uint8:
-        array = (np.clip(array.astype(np.float32), 0.0, 1.0) * 255).round().astype(np.uint8)
+        array = array.astype(np.float32)
+        if not np.isfinite(array).all():
+            raise ValueError("images contain NaN or infinite values")
+        if array.min() < -1e-6 or array.max() > 1 + 1e-6:  # 0-255 floats would otherwise clip to a white image
+            raise ValueError(f"float images must be in [0, 1], got values in [{array.min():g}, {array.max():g}] "
+                             "(pass uint8 arrays for 0-255)")
+        array = (np.clip(array, 0.0, 1.0) * 255).round().astype(np.uint8)
     return PIL.Image.fromarray(array)

@@ -189,6 +189,14 @@ def test_bad_input(pipe):
         pipe([image, image, image], ["w1", "w2"], "none")
     with pytest.raises(ValueError, match="non-empty"):
         pipe(image, [], "none")
+    with pytest.raises(ValueError, match=r"prompt 1 .* outside its vocabulary: \['zebra'\]"):  # not read as <unk>
+        pipe([image, image], ["w1", "w2 zebra."], "none")
+    pixels = np.asarray(image, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"in \[0, 1\].*uint8"):  # 0-255 floats would clip to a white image
+        pipe(pixels, "w1", "none")
+    pixels[0, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        pipe(pixels / 255, "w1", "none")
     with pytest.raises(ValueError, match="top_k"):
         pipe(image, "w1", "none", do_sample=True, top_k=VOCAB + 1)
     with pytest.raises(NotImplementedError, match="chains only"):
