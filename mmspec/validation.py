@@ -36,6 +36,12 @@ def check_positive_int(value: int, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def check_callable(value: object, name: str) -> None:
+    """``value`` is None or callable (a pipeline's ``callback_on_step_end``), checked before any work."""
+    if value is not None and not callable(value):
+        raise ValueError(f"{name} must be callable or None, got {type(value).__name__}")
+
+
 def check_unit_interval(value: float, name: str) -> None:
     """``value`` is a real number in [0, 1) (NaN and booleans rejected)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:

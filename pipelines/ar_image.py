@@ -57,6 +57,7 @@ from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
+from mmspec.validation import check_callable
 
 METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
 OUTPUT_TYPES = ("pil", "np", "pt", "tokens")
@@ -410,6 +411,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         """
         self.check_inputs(prompt, class_labels, method, do_sample, top_k, guidance_scale, num_images_per_prompt,
                           output_type, rule, generator)
+        check_callable(callback_on_step_end, "callback_on_step_end")
         config = self.transformer.config
         device = self.transformer.device
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)

@@ -67,6 +67,7 @@ from mmspec.pipelines.conditioning import (
 )
 from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.stats import SpecStats
+from mmspec.validation import check_callable
 
 METHODS = ("none", "cspd")
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
@@ -438,6 +439,7 @@ class ContinuousARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         self.check_inputs(prompt, class_labels, method, num_iter, num_diffusion_steps, temperature, guidance_scale,
                           cfg_schedule, num_images_per_prompt, output_type, draft_length, prefill_ratio,
                           verify_order, verify_context, density_temperature, max_tries, generator)
+        check_callable(callback_on_step_end, "callback_on_step_end")
         model = self.transformer
         device, dtype = model.device, model.dtype
         config = model.config

@@ -48,6 +48,7 @@ from mmspec.pipelines.hub import load_components, resolve_pretrained
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
+from mmspec.validation import check_callable
 
 METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")
 #: method -> the pipeline component that holds its draft model
@@ -288,16 +289,15 @@ class VLMPipeline(DiffusionPipeline):
         self.check_method(method)
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-        vocab = self.target.get_output_embeddings().weight.shape[0]
-        if top_k is not None and not 1 <= top_k <= vocab:
-            raise ValueError(f"top_k must be in [1, {vocab}], got {top_k}")
+        sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+        sampling.check_vocab(self.target.get_output_embeddings().weight.shape[0])  # top_k=0 disables it, as in the core
+        check_callable(callback_on_step_end, "callback_on_step_end")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be one torch.Generator")
         batch = self.encode(images, prompt, videos)
         rows = batch.inputs["input_ids"].shape[0]
         if streamer is not None and rows != 1:
             raise ValueError(f"streamer= works for one prompt at a time (got {rows}); use stream() for batches")
-        sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         drafter = self.make_drafter(method, sampling, generator, num_draft_tokens, tree, draft_confidence_threshold)
         needs_hidden = bool(getattr(drafter, "needs_target_hidden", False))
         target = VLMRunner(self.target, return_hidden=needs_hidden, return_penultimate=method == "specvlm")

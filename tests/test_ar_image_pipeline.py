@@ -333,6 +333,8 @@ BAD_INPUTS = {
                                              ValueError, "drafts no chain"),
     "confidence threshold above 1": (dict(prompt="a circle", method="eagle", draft_confidence_threshold=1.5),
                                      ValueError, "confidence_threshold must be a number in"),
+    "callback not callable": (dict(prompt="a circle", callback_on_step_end="print"), ValueError,
+                              "callback_on_step_end must be callable"),
 }
 
 

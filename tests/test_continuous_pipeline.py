@@ -294,6 +294,7 @@ def test_bad_input():
         (dict(class_labels=None), "exactly one"),
         (dict(num_images_per_prompt=0), "num_images_per_prompt"),
         (dict(method="cspd", max_tries=0), "max_tries"),
+        (dict(callback_on_step_end=3), "callback_on_step_end must be callable"),
     ]
     for kwargs, message in bad:
         call = {"class_labels": [1], **kwargs}

@@ -199,6 +199,11 @@ def test_bad_input(pipe):
         pipe(pixels / 255, "w1", "none")
     with pytest.raises(ValueError, match="top_k"):
         pipe(image, "w1", "none", do_sample=True, top_k=VOCAB + 1)
+    unlimited, disabled = (pipe(image, "w1", "none", do_sample=True, top_k=k, max_new_tokens=6,
+                                generator=torch.Generator().manual_seed(3)).tokens for k in (None, 0))
+    assert all(torch.equal(a, b) for a, b in zip(unlimited, disabled))  # top_k=0 disables it, as in the core
+    with pytest.raises(ValueError, match="callback_on_step_end must be callable"):
+        pipe(image, "w1", "none", callback_on_step_end="print")
     with pytest.raises(NotImplementedError, match="chains only"):
         pipe(image, "w1", "flash", tree=TREE)
     with pytest.raises(ValueError, match="one forward"):
