@@ -26,8 +26,7 @@ and each inserted layer starts as the identity (its two projections into the res
 training continues from the trained captioner's exact outputs with more depth to use;
 ``--grow-text-width`` with ``--override text_dim=D text_heads=H text_ffn=F`` (same head width) starts a
 wider one whose new channels, heads and MLP units start silent (:func:`widen_text_model`), likewise exact.
-``--task-weight
-TASK=W`` counts a task's answer tokens W times in the loss, ``--name-weight W`` the description tokens that
+``--task-weight TASK=W`` counts a task's answer tokens W times in the loss, ``--name-weight W`` the description tokens that
 decide how far a name is qualified (the word after "the"; tried, docs/zoo_shapes_vlm.md, not used by the zoo).
 
 Run long jobs in the background (``nohup ... &``). ``--device cuda`` trains on a GPU (batches are built
