@@ -197,9 +197,7 @@ def widen_state_dict(own: dict[str, torch.Tensor], trained: dict[str, torch.Tens
             grown[old_width:] = old.mean() * scale
         if key.endswith(residual_writers):
             grown[old.shape[0]:] = 0
-        if key.endswith(unit_readers):
-            grown[:, old.shape[1]:] = 0
-        if key.endswith(residual_columns):
+        if key.endswith(unit_readers + residual_columns):
             grown[:, old.shape[1]:] = 0
         widened[key] = grown
     return widened

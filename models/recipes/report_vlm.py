@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 
 from mmspec.models import shapes_vlm as sv
+from mmspec.world import qa_kind
 from mmspec.world.prompts import RELATION_PHRASES
 
 MAX_NEW_TOKENS = 256
@@ -200,8 +201,6 @@ def _exact_by_objects(correct: list[bool], counts: list[int]) -> dict[str, dict[
 
 def exact_by_question_kind(correct: list[bool], questions: list[str]) -> dict[str, dict]:
     """Exact accuracy and count per question template (:func:`mmspec.world.qa_kind`), most frequent first."""
-    from mmspec.world import qa_kind
-
     kinds = [qa_kind(q) for q in questions]
     counts = Counter(kinds)
     return {"exact_by_kind": {k: round(sum(c for c, kk in zip(correct, kinds) if kk == k) / n, 4)
@@ -214,8 +213,6 @@ def wrong_color_answers(examples: list[dict], answers: list[str]) -> dict[str, i
     answers, of which ``another_objects_color`` name the colour of another object of the scene. A model
     that perceives colours but binds the question to the wrong object gives the latter; one that misreads
     colours gives colours that are not in the scene."""
-    from mmspec.world import qa_kind
-
     wrong = other = 0
     for example, answer in zip(examples, answers):
         if example["question"] is None or qa_kind(example["question"]) != "color" or answer == example["answer"]:

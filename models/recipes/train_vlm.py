@@ -43,6 +43,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers import AutoConfig
 
 from mmspec.models import shapes_vlm as sv
 from mmspec.models.recipes.common import (
@@ -287,12 +288,6 @@ def check_captioner_folder(folder: Path) -> None:
         raise FileNotFoundError(f"--init: no trained model at {folder}")
 
 
-def load_captioner(folder: Path) -> nn.Module:
-    """The trained captioner of ``--init`` (checked by :func:`check_captioner_folder`)."""
-    check_captioner_folder(folder)
-    return sv.load_model(folder)
-
-
 def init_from(trainee: Trainee, folder: Path, grow: bool = False, widen: bool = False) -> None:
     """Copy a trained captioner's weights into ``trainee.vlm`` (same architecture; the probe stays fresh).
 
@@ -303,7 +298,8 @@ def init_from(trainee: Trainee, folder: Path, grow: bool = False, widen: bool = 
     Either way training starts from the trained captioner's exact outputs with more capacity to use."""
     if grow and widen:
         raise ValueError("grow the text model's depth and its width in separate stages, not both at once")
-    trained = load_captioner(folder)
+    check_captioner_folder(folder)
+    trained = sv.load_model(folder)
     weights = trained.state_dict()
     if grow:
         old_layers = trained.config.text_config.num_hidden_layers
@@ -382,12 +378,12 @@ def main(argv: list[str] | None = None) -> None:
                                                                 tokenizer=processor.tokenizer,
                                                                 duplicate_fraction=args.duplicate_fraction))
     trainee = Trainee(sv.build_model(args.size, seed=args.seed, **overrides))
-    if args.grow_text_width:  # also when resuming: the epsilon is part of the widened model, not of its weights
-        match_widened_norm_epsilon(trainee.vlm, load_captioner(args.init).config.text_config)
     if args.init is not None:
         args.vision_steps = 0
         if not (args.work / "checkpoint.pt").is_file():
-            init_from(trainee, args.init, grow=args.grow_text_layers, widen=args.grow_text_width)  # a resumed run restores its own checkpoint instead
+            init_from(trainee, args.init, grow=args.grow_text_layers, widen=args.grow_text_width)
+        elif args.grow_text_width:  # a resumed run restores its weights; the widened epsilon is config, not weights
+            match_widened_norm_epsilon(trainee.vlm, AutoConfig.from_pretrained(args.init).text_config)
     out = Path(args.out)
 
     def save(trained: Trainee) -> None:
