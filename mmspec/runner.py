@@ -9,19 +9,29 @@ of tokens.
 
 from __future__ import annotations
 
+import inspect
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from mmspec.cache import SlotState, select_cache_slots
+from mmspec.hidden_capture import HiddenStateCapture, find_decoder
 from mmspec.validation import check_ndim
+
+#: what a prefill returns logits for: the last slot only (all a decoding loop reads) or every slot
+PREFILL_LOGITS = ("last", "all")
+#: how hidden states are read: forward hooks on the decoder (transformers models) or the model's
+#: ``output_hidden_states`` (every layer's output; the fallback for models the hooks cannot find)
+READ_HIDDEN = ("hooks", "output_hidden_states")
 
 
 @dataclass
 class StepOutput:
-    """Logits ``[B, T, V]`` of the slots a forward appended and, when asked, the top hidden states
-    ``[B, T, D]`` (what EAGLE-style drafters read)."""
+    """Logits ``[B, T, V]`` of the slots a forward appended (a prefill's: ``[B, 1, V]``, the last slot, unless
+    the runner keeps them all) and, when asked, the top hidden states ``[B, T, D]`` of every slot (what
+    EAGLE-style drafters read)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor | None = None
@@ -44,11 +54,30 @@ class CausalLMRunner:
         model: a ``PreTrainedModel`` returning ``logits`` (and ``hidden_states`` when asked) that accepts
             ``past_key_values``, ``position_ids`` and 2-D or 4-D ``attention_mask``.
         return_hidden: also return the last layer's hidden states (for feature-level drafters).
+        prefill_logits: ``"last"`` (default): the prefill returns logits ``[B, 1, V]`` for the last prompt
+            slot only, which is all decoding reads; models that take transformers' ``logits_to_keep``
+            compute no others (a 5,000-token video prompt of a 152k-vocabulary model would otherwise
+            materialise 3 GB of fp32 logits). ``"all"``: ``[B, T, V]`` for every prompt slot (distillation).
+        read_hidden: ``"hooks"`` (default): hidden states of transformers models are read by two forward
+            hooks (:mod:`mmspec.hidden_capture`); other models, whose decoder the hooks cannot find, use
+            ``output_hidden_states``. ``"output_hidden_states"`` forces the latter, which keeps every
+            layer's output of the call (the memory the hooks save: ``evaluation/prefill_memory.py``).
     """
 
-    def __init__(self, model: Any, return_hidden: bool = False) -> None:
+    def __init__(self, model: Any, return_hidden: bool = False, prefill_logits: str = "last",
+                 read_hidden: str = "hooks") -> None:
+        if prefill_logits not in PREFILL_LOGITS:
+            raise ValueError(f"prefill_logits must be one of {PREFILL_LOGITS}, got {prefill_logits!r}")
+        if read_hidden not in READ_HIDDEN:
+            raise ValueError(f"read_hidden must be one of {READ_HIDDEN}, got {read_hidden!r}")
         self.model = model
         self.return_hidden = return_hidden
+        self.prefill_logits = prefill_logits
+        decoder = find_decoder(model) if read_hidden == "hooks" else None
+        self._capture = HiddenStateCapture(decoder) if decoder is not None else None
+        forward = getattr(model, "forward", None)
+        self._takes_logits_to_keep = forward is not None and \
+            "logits_to_keep" in inspect.signature(forward).parameters
         self.cache: Any = None
         self.slots: SlotState | None = None
         self.calls = 0  # forward passes run (prefill included)
@@ -70,16 +99,33 @@ class CausalLMRunner:
         config = self.model.config
         return DynamicCache(config=config.get_text_config() if hasattr(config, "get_text_config") else config)
 
-    def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-             **model_inputs: Any) -> StepOutput:
+    def _call_model(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                    *, prefill: bool, penultimate: bool, **model_inputs: Any
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """One forward: ``(logits, top hidden or None, penultimate hidden or None)``; updates the cache."""
         self.calls += 1
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=self.cache, use_cache=True,
-                         output_hidden_states=self.return_hidden, **model_inputs)
+        last_only = prefill and self.prefill_logits == "last"
+        if last_only and self._takes_logits_to_keep:
+            model_inputs.setdefault("logits_to_keep", 1)
+        hooked = self._capture is not None
+        recording = self._capture.recording(self.return_hidden, penultimate) if hooked else nullcontext({})
+        with recording as grabbed:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             past_key_values=self.cache, use_cache=True,
+                             output_hidden_states=not hooked and (self.return_hidden or penultimate), **model_inputs)
         if out.past_key_values is not None:
             self.cache = out.past_key_values
-        hidden = out.hidden_states[-1] if self.return_hidden else None
-        return StepOutput(out.logits, hidden)
+        logits = out.logits[:, -1:] if last_only else out.logits
+        if hooked:
+            return logits, grabbed.get("top"), grabbed.get("penultimate")
+        return (logits, out.hidden_states[-1] if self.return_hidden else None,
+                out.hidden_states[-2] if penultimate else None)
+
+    def _run(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+             prefill: bool = False, **model_inputs: Any) -> StepOutput:
+        logits, hidden, _ = self._call_model(input_ids, attention_mask, position_ids, prefill=prefill,
+                                             penultimate=False, **model_inputs)
+        return StepOutput(logits, hidden)
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None = None,
@@ -95,7 +141,8 @@ class CausalLMRunner:
             attention_mask = prompt_attention_mask(input_ids, attention_mask)
         self.cache = self._new_cache(attention_mask.shape[0])
         self.slots = SlotState.from_attention_mask(attention_mask)
-        return self._run(input_ids, attention_mask.long(), self.slots.prompt_positions(), **model_inputs)
+        return self._run(input_ids, attention_mask.long(), self.slots.prompt_positions(), prefill=True,
+                         **model_inputs)
 
     def begin_round(self) -> None:
         self._state().begin_round()

@@ -71,7 +71,8 @@ class VLMStepOutput(StepOutput):
 class VLMPrefillOutput(VLMStepOutput):
     """The prefill's outputs plus what drafters read about the prompt's images.
 
-    Slots index the padded prompt ``[B, T]`` (left padding included).
+    Slots index the padded prompt ``[B, T]`` (left padding included). ``logits`` are ``[B, 1, V]`` (the
+    last slot) unless the runner was built with ``prefill_logits="all"``; hidden states cover every slot.
 
     Attributes:
         inputs_embeds: ``[B, T, D]`` the language model's input embeddings (image features merged in
@@ -129,6 +130,11 @@ class VLMRunner(CausalLMRunner):
         return_hidden: return the top hidden states (final-norm features) of every call, and the
             image-position features at prefill (EAGLE, FLASH, ViSpec, SpecVLM heads need them).
         return_penultimate: also return the second-to-last decoder layer's output of every call.
+        prefill_logits: ``"last"`` (default; the prefill's logits are ``[B, 1, V]``, the last prompt slot,
+            and no others are computed) or ``"all"`` (``[B, T, V]``; what distillation reads), as for
+            :class:`~mmspec.runner.CausalLMRunner`. Hidden states are always returned for every slot.
+        read_hidden: ``"hooks"`` (default; two forward hooks read the top and penultimate hidden states) or
+            ``"output_hidden_states"`` (transformers keeps every layer's output), as for ``CausalLMRunner``.
 
     ``prefill(input_ids, attention_mask, **model_inputs)`` takes the processor's outputs (``pixel_values``;
     ``image_sizes`` for LLaVA-NeXT; ``image_grid_thw`` and optionally ``mm_token_type_ids`` for Qwen, built
@@ -136,9 +142,10 @@ class VLMRunner(CausalLMRunner):
     ``commit`` work as in :class:`~mmspec.runner.CausalLMRunner` (text tokens only).
     """
 
-    def __init__(self, model: Any, return_hidden: bool = False, return_penultimate: bool = False) -> None:
+    def __init__(self, model: Any, return_hidden: bool = False, return_penultimate: bool = False,
+                 prefill_logits: str = "last", read_hidden: str = "hooks") -> None:
         self.family = vlm_family(model)
-        super().__init__(model, return_hidden=return_hidden)
+        super().__init__(model, return_hidden=return_hidden, prefill_logits=prefill_logits, read_hidden=read_hidden)
         self.return_penultimate = return_penultimate
         self.mrope = self.family in MROPE_FAMILIES
         text_config = model.config.get_text_config()
@@ -198,7 +205,7 @@ class VLMRunner(CausalLMRunner):
 
         handle = self.language_model.register_forward_pre_hook(grab_embeddings, with_kwargs=True)
         try:
-            out = self._run(input_ids, attention_mask, positions, **model_inputs)
+            out = self._run(input_ids, attention_mask, positions, prefill=True, **model_inputs)
         finally:
             handle.remove()
         embeds = captured.get("inputs_embeds")
@@ -367,19 +374,12 @@ class VLMRunner(CausalLMRunner):
 
     # -- one forward ----------------------------------------------------------------------------------------
     def _run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-             **model_inputs: Any) -> VLMStepOutput:
+             prefill: bool = False, **model_inputs: Any) -> VLMStepOutput:
         if self.mrope and position_ids.ndim == 2:
             position_ids = self.model_positions(position_ids)
-        self.calls += 1
-        hidden_wanted = self.return_hidden or self.return_penultimate
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=self.cache, use_cache=True, output_hidden_states=hidden_wanted,
-                         **model_inputs)
-        if out.past_key_values is not None:
-            self.cache = out.past_key_values
-        hidden = out.hidden_states[-1] if self.return_hidden else None
-        penultimate = out.hidden_states[-2] if self.return_penultimate else None
-        return VLMStepOutput(out.logits, hidden, penultimate)
+        logits, hidden, penultimate = self._call_model(input_ids, attention_mask, position_ids, prefill=prefill,
+                                                       penultimate=self.return_penultimate, **model_inputs)
+        return VLMStepOutput(logits, hidden, penultimate)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, valid: torch.Tensor | None = None, offsets: torch.Tensor | None = None,

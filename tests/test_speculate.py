@@ -229,6 +229,40 @@ def test_classifier_free_guidance_runner_matches_a_manual_guided_loop(llama_pair
         GuidedRunner(CausalLMRunner(target), 3.0, hidden="mixed")
 
 
+def test_runner_reads_two_hidden_states_and_only_the_last_prefill_logits(llama_pair):
+    """A transformers target is run without output_hidden_states (hooks read the two tensors drafters need)
+    and its prefill computes the last slot's logits only (logits_to_keep=1), unless asked for all."""
+    from mmspec.hidden_capture import HiddenStateCapture, find_decoder
+
+    target, _ = llama_pair
+    seen = []
+    handle = target.register_forward_pre_hook(lambda module, args, kwargs: seen.append(dict(kwargs)), with_kwargs=True)
+    prompt = torch.randint(3, 32, (2, 7), generator=torch.Generator().manual_seed(1))
+    try:
+        runner = CausalLMRunner(target, return_hidden=True)
+        out = runner.prefill(prompt)
+        runner.begin_round()
+        step = runner.forward(out.logits[:, -1].argmax(-1, keepdim=True))
+    finally:
+        handle.remove()
+    assert [call["output_hidden_states"] for call in seen] == [False, False]
+    assert seen[0]["logits_to_keep"] == 1 and "logits_to_keep" not in seen[1]
+    with torch.no_grad():
+        reference = target(prompt, output_hidden_states=True)
+    assert out.logits.shape == (2, 1, 32) and torch.allclose(out.logits, reference.logits[:, -1:])
+    assert torch.allclose(out.hidden, reference.hidden_states[-1])
+    assert step.logits.shape == (2, 1, 32) and step.hidden.shape == (2, 1, target.config.hidden_size)
+    every = CausalLMRunner(target, prefill_logits="all").prefill(prompt)
+    assert every.logits.shape == (2, 7, 32) and torch.allclose(every.logits, reference.logits)
+    # the penultimate hook reads the last decoder layer's input, transformers' hidden_states[-2]
+    with HiddenStateCapture(find_decoder(target)).recording(top=False, penultimate=True) as grabbed, torch.no_grad():
+        target(prompt)
+    assert set(grabbed) == {"penultimate"} and torch.allclose(grabbed["penultimate"], reference.hidden_states[-2])
+    assert find_decoder(torch.nn.Linear(2, 2)) is None  # not a transformers model: output_hidden_states is used
+    with pytest.raises(ValueError, match="prefill_logits must be one of"):
+        CausalLMRunner(target, prefill_logits="first")
+
+
 def _append_reference(tokens, lengths, done, max_new, eos, new_tokens):
     """The buffer's rule spelled out token by token: leading non-negative tokens, up to the row's room,
     up to and including its first EOS; finished rows take nothing."""

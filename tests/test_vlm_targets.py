@@ -317,7 +317,12 @@ def test_prefill_exposes_spans_embeddings_and_hidden_states(vlms, family):
     with torch.no_grad():
         reference = model(input_ids=ids, attention_mask=mask, output_hidden_states=True, **kwargs)
     image = ids == IMAGE
-    assert torch.allclose(out.logits, reference.logits, atol=1e-5)
+    # the prefill computes the last slot's logits only, unless asked for all of them (distillation)
+    assert out.logits.shape == (2, 1, reference.logits.shape[-1])
+    assert torch.allclose(out.logits, reference.logits[:, -1:], atol=1e-5)
+    every = VLMRunner(model, prefill_logits="all").prefill(ids, mask, **inputs)
+    assert torch.allclose(every.logits, reference.logits, atol=1e-5)
+    # hidden states read by hooks equal output_hidden_states' (every slot)
     assert torch.allclose(out.hidden, reference.hidden_states[-1], atol=1e-5)
     assert torch.allclose(out.penultimate, reference.hidden_states[-2], atol=1e-5)
     # input embeddings: token embeddings on text, the vision features on image slots

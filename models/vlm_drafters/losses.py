@@ -62,7 +62,7 @@ def teacher_forward(target: Any, input_ids: torch.Tensor, attention_mask: torch.
     if answer_mask is not None and tuple(answer_mask.shape) != tuple(input_ids.shape):
         raise ValueError(f"answer_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
                          f"got {tuple(answer_mask.shape)}")
-    runner = VLMRunner(target, return_hidden=True, return_penultimate=True)
+    runner = VLMRunner(target, return_hidden=True, return_penultimate=True, prefill_logits="all")
     out = runner.prefill(input_ids, attention_mask, **model_inputs)
     runner.cache = None  # the cache is not needed for training
     return VLMFeatures.from_target_output(input_ids, attention_mask, out, who="teacher_forward",
