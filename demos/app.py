@@ -362,17 +362,30 @@ def _video_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox,
             fields["guidance_scale"] = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
         return fields
 
+    def animated(label: str, elem_id: str) -> gr.Image:
+        # a .gif path: the browser plays it (type="pil" would keep only its first frame)
+        return gr.Image(label=f"{label}, animated", type="filepath", interactive=False, elem_id=elem_id, scale=1,
+                        min_width=180, buttons=["download", "fullscreen"])
+
     def outputs(elem: str) -> dict[str, Any]:
-        return {"spec_strip": gr.Image(label="speculative: frames (bar under each block: who made it)", type="pil",
-                                       format="png", interactive=False, elem_id=f"{elem}-strip"),
-                "blocks_html": gr.HTML(elem_id=f"{elem}-block-strip"),
-                "base_strip": gr.Image(label="baseline (target only, same seed)", type="pil", format="png",
-                                       interactive=False, elem_id=f"{elem}-baseline")}
+        with gr.Row(equal_height=False):
+            spec_animation = animated("speculative", f"{elem}-animation")
+            spec_strip = gr.Image(label="speculative: frames (bar under each block: who made it)", type="pil",
+                                  format="png", interactive=False, elem_id=f"{elem}-strip", scale=3)
+        blocks_html = gr.HTML(elem_id=f"{elem}-block-strip")
+        with gr.Row(equal_height=False):
+            base_animation = animated("baseline", f"{elem}-baseline-animation")
+            base_strip = gr.Image(label="baseline (target only, same seed)", type="pil", format="png",
+                                  interactive=False, elem_id=f"{elem}-baseline", scale=3)
+        return {"spec_animation": spec_animation, "spec_strip": spec_strip, "blocks_html": blocks_html,
+                "base_animation": base_animation, "base_strip": base_strip}
 
     return _generation_tab(
         "video", cache, paths, "Text-to-video with a block-causal AR video model. SDVG: the drafter proposes each "
         "block, a reward model scores its frames (worst frame by default), blocks scoring >= tau are kept, the "
-        "target regenerates the others.", video_tab.run_video, video_tab.INPUTS, inputs, outputs)
+        f"target regenerates the others. Each run's videos play in a loop at {video_tab.ANIMATION_FPS} fps (side by "
+        "side, one row per prompt, a playhead under them) next to their film strip.", video_tab.run_video,
+        video_tab.INPUTS, inputs, outputs)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -1,11 +1,18 @@
 """The AR video tab: block-causal video generation (:class:`~mmspec.pipelines.ar_video.ARVideoPipeline`),
 SDVG (reward-routed draft blocks) next to the target-only baseline, with the per-block accept/reject
-strip and each block's reward."""
+strip and each block's reward. Each run's videos are shown twice: animated (a looping GIF, every video of
+the run in one picture) and as a film strip (every frame at once)."""
 
 from __future__ import annotations
 
+import atexit
 import html
 import math
+import os
+import shutil
+import tempfile
+import threading
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,11 +54,20 @@ STRIP_LEGEND = ((DRAFT_COLOR, "drafted block, accepted"), (REJECT_COLOR, "drafte
                 (TARGET_COLOR, "target's block (not drafted)"))
 
 
+#: frames per second of the animations (a block of the zoo's 2 frames lasts half a second)
+ANIMATION_FPS = 4
+#: side of a frame in the animations (pixels; nearest-neighbour upscaling, like the film strips)
+ANIMATION_SIZE = 128
+
+
 @dataclass
 class VideoResult:
-    """Film strips (one image per run, a row per video), the block strip, the statistics."""
+    """Animations (the path of a looping GIF per run, every video in it: :func:`animation_frames`), film
+    strips (one image per run, a row per video), the block strip, the statistics."""
 
+    spec_animation: str
     spec_strip: PIL.Image.Image
+    base_animation: str
     base_strip: PIL.Image.Image
     blocks_html: str
     stats_html: str
@@ -104,25 +120,109 @@ def block_strip_html(stats: Any, tau: float, prompts: list[str]) -> str:
             f"reward >= tau)</p><table>{''.join(rows)}</table>{legend_html(STRIP_LEGEND)}</div>")
 
 
+GAP, BAR = 6, 8  # pixels: white gap between blocks / videos, height of the "who made it" bar
+
+
+def frame_tile(frame: PIL.Image.Image, color: tuple[int, int, int], size: int) -> np.ndarray:
+    """One frame upscaled to ``size`` x ``size`` (nearest neighbour) over a :data:`BAR`-pixel bar of
+    ``color`` (who made its block): uint8 ``[size + BAR, size, 3]``. Film strips and animations share it."""
+    tile = np.asarray(frame.convert("RGB").resize((size, size), PIL.Image.NEAREST))
+    return np.concatenate([tile, np.broadcast_to(np.asarray(color, np.uint8), (BAR, size, 3))], 0)
+
+
+def _block_color(kinds: list[list[str]] | None, video: int, frame: int, frames_per_block: int) -> tuple[int, int, int]:
+    """The colour of the block holding ``frame`` of ``video`` (all target-coloured when ``kinds`` is None)."""
+    return KIND_COLORS[kinds[video][frame // frames_per_block]] if kinds is not None else TARGET_COLOR
+
+
+def _stack(parts: list[np.ndarray], axis: int) -> np.ndarray:
+    """``parts`` concatenated along ``axis`` (0: rows, 1: columns) with a white :data:`GAP` between them."""
+    spaced = []
+    for part in parts:
+        if spaced:
+            shape = list(part.shape)
+            shape[axis] = GAP
+            spaced.append(np.full(shape, 255, np.uint8))
+        spaced.append(part)
+    return np.concatenate(spaced, axis)
+
+
 def film_strip(videos: list[list[PIL.Image.Image]], kinds: list[list[str]] | None, frames_per_block: int,
                size: int = 96) -> PIL.Image.Image:
     """The frames of every video in a row (one row per video), blocks separated by a gap, each block
     underlined in its colour (:data:`KIND_COLORS`; all target-coloured when ``kinds`` is None)."""
-    gap, bar = 6, 8
     rows = []
     for v, frames in enumerate(videos):
-        tiles = []
-        for f, frame in enumerate(frames):
-            tile = np.asarray(frame.convert("RGB").resize((size, size), PIL.Image.NEAREST))
-            block = f // frames_per_block
-            color = KIND_COLORS[kinds[v][block]] if kinds is not None else TARGET_COLOR
-            tile = np.concatenate([tile, np.broadcast_to(np.asarray(color, np.uint8), (bar, size, 3))], 0)
-            tiles.append(tile)
-            if (f + 1) % frames_per_block == 0 and f + 1 < len(frames):
-                tiles.append(np.full((size + bar, gap, 3), 255, np.uint8))
-        rows.append(np.concatenate(tiles, 1))
-        rows.append(np.full((gap, rows[-1].shape[1], 3), 255, np.uint8))
-    return PIL.Image.fromarray(np.concatenate(rows[:-1], 0))
+        blocks = [np.concatenate([frame_tile(frames[f], _block_color(kinds, v, f, frames_per_block), size)
+                                  for f in range(start, min(start + frames_per_block, len(frames)))], 1)
+                  for start in range(0, len(frames), frames_per_block)]
+        rows.append(_stack(blocks, 1))
+    return PIL.Image.fromarray(_stack(rows, 0))
+
+
+def animation_frames(videos: list[list[PIL.Image.Image]], kinds: list[list[str]] | None, frames_per_block: int,
+                     per_row: int, size: int = ANIMATION_SIZE) -> list[PIL.Image.Image]:
+    """The frames of an animation showing every video at once: frame ``f`` tiles frame ``f`` of each video,
+    ``per_row`` videos side by side (one row per prompt with ``per_row`` = videos per prompt), each over the
+    bar of the block it is in (coloured as in :func:`film_strip`), and a playhead under the grid (dark up to
+    frame ``f``, its ticks separating blocks), so no two frames are identical (a GIF writer would merge
+    those) and the viewer sees where in the video the loop is."""
+    num_frames = len(videos[0])
+    if any(len(frames) != num_frames for frames in videos):
+        raise ValueError(f"every video needs the same number of frames, got {[len(v) for v in videos]}")
+    grids = []
+    for f in range(num_frames):
+        tiles = [frame_tile(frames[f], _block_color(kinds, v, f, frames_per_block), size)
+                 for v, frames in enumerate(videos)]
+        tiles += [np.full_like(tiles[0], 255)] * (-len(tiles) % per_row)  # a full last row
+        grids.append(_stack([_stack(tiles[i:i + per_row], 1) for i in range(0, len(tiles), per_row)], 0))
+    width = grids[0].shape[1]
+    bounds = [round(width * k / num_frames) for k in range(num_frames + 1)]  # the playhead's segment per frame
+    ticks = range(frames_per_block, num_frames, frames_per_block) if width >= 4 * num_frames else ()
+    images = []
+    for f, grid in enumerate(grids):
+        playhead = np.full((BAR, width, 3), 228, np.uint8)  # light grey
+        playhead[:, :bounds[f + 1]] = (63, 63, 70)  # dark grey up to and including this frame
+        for start in ticks:  # white ticks where blocks start (segments of >= 4 pixels keep frames distinct)
+            playhead[:, bounds[start] - 1:bounds[start] + 1] = 255
+        images.append(PIL.Image.fromarray(_stack([grid, playhead], 0)))
+    return images
+
+
+class AnimationFolder:
+    """Where the tab writes its GIFs: one temp folder per process (made on first use, removed at exit), of
+    which only the ``keep`` newest files are kept, so it does not grow with the number of runs. The page
+    copies each result into gradio's cache as soon as the run returns, so older files are not needed."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._folder: Path | None = None
+        self._files: deque[Path] = deque()
+        self._lock = threading.Lock()
+
+    @property
+    def folder(self) -> Path:
+        """The folder (made, or made again if something removed it)."""
+        if self._folder is None or not self._folder.is_dir():
+            self._folder = Path(tempfile.mkdtemp(prefix="mmspec-demo-video-"))
+            atexit.register(shutil.rmtree, self._folder, ignore_errors=True)
+        return self._folder
+
+    def write(self, frames: list[PIL.Image.Image], name: str, fps: int = ANIMATION_FPS) -> str:
+        """``frames`` as a GIF looping forever at ``fps`` (the pipeline's :func:`export_video`), under a fresh
+        name starting with ``name``; the oldest files beyond :attr:`keep` are deleted. Returns the path."""
+        from mmspec.pipelines.ar_video import export_video
+
+        with self._lock:
+            handle, path = tempfile.mkstemp(suffix=".gif", prefix=f"{name}-", dir=self.folder)
+            os.close(handle)
+            self._files.append(Path(path))
+            while len(self._files) > self.keep:
+                self._files.popleft().unlink(missing_ok=True)
+        return str(export_video(frames, path, fps=fps))
+
+
+ANIMATIONS = AnimationFolder()
 
 
 def reward_kwargs_for(reward: str, weights: str | None) -> dict[str, Any]:
@@ -159,8 +259,9 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
               reward_weights: str | None = None, aggregate: str = "min", force_reject_first: bool = True,
               num_blocks: int | None = None, num_inference_steps: int = 4, guidance_scale: float = 1.0,
               report: Report | None = None) -> VideoResult:
-    """Generate with SDVG (or drafter only) and target-only with the same seed; return the film strips,
-    the per-block decisions with rewards, and the statistics."""
+    """Generate with SDVG (or drafter only) and target-only with the same seed; return the animations (GIF
+    paths in :data:`ANIMATIONS`' folder), the film strips, the per-block decisions with rewards, and the
+    statistics."""
     method, prompts, videos, seed = check_request(method, METHODS, prompt, num_videos, seed,
                                                   per_prompt_name="videos per prompt", max_per_prompt=4,
                                                   what="videos")
@@ -201,8 +302,11 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
         "Drafter and target share each block's noise, so tau = +inf reproduces the baseline exactly and "
         "tau = -inf (first-block rule off) the drafter-only run.", CPU_NOTE]
     kinds = [[block["kind"] for block in row] for row in block_decisions(stats)]
-    spec_strip = film_strip([to_pil_list(v) for v in spec.frames], kinds, pipe.frames_per_block)
-    base_strip = film_strip([to_pil_list(v) for v in base.frames], None, pipe.frames_per_block)
+    spec_videos, base_videos = [to_pil_list(v) for v in spec.frames], [to_pil_list(v) for v in base.frames]
+    fpb = pipe.frames_per_block
+    spec_animation = ANIMATIONS.write(animation_frames(spec_videos, kinds, fpb, videos), "speculative")
+    base_animation = ANIMATIONS.write(animation_frames(base_videos, None, fpb, videos), "baseline")
     blocks_html = block_strip_html(stats, tau, rows_prompts)
-    return VideoResult(spec_strip, base_strip, blocks_html, stats_html(comparison, show_accepted_length=False,
-                                                                       unit="frames"), comparison)
+    return VideoResult(spec_animation, film_strip(spec_videos, kinds, fpb), base_animation,
+                       film_strip(base_videos, None, fpb), blocks_html,
+                       stats_html(comparison, show_accepted_length=False, unit="frames"), comparison)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -302,6 +303,21 @@ def test_continuous_on_the_zoo(cache):
 # ---------------------------------------------------------------------------------------------------- video
 
 
+def _assert_animations(result, per_row: int = 1) -> None:
+    """Both runs come as looping GIF files with one GIF frame per video frame, their videos side by side."""
+    for path, output in ((result.spec_animation, result.comparison.speculative),
+                         (result.base_animation, result.comparison.baseline)):
+        assert path.endswith(".gif") and Path(path).is_file()
+        num_frames = len(output.frames[0])
+        with PIL.Image.open(path) as gif:
+            assert gif.format == "GIF" and gif.n_frames == num_frames and gif.is_animated == (num_frames > 1)
+            assert gif.info["loop"] == 0 and gif.info["duration"] == 1000 // video_tab.ANIMATION_FPS
+            size, gap = video_tab.ANIMATION_SIZE, video_tab.GAP
+            rows = len(output.frames) // per_row
+            assert gif.size == (per_row * size + (per_row - 1) * gap,
+                                rows * (size + video_tab.BAR) + rows * gap + video_tab.BAR)  # + the playhead
+
+
 def test_video_sdvg_block_strip_and_exact_limits(tiny, cache):
     result = video_tab.run_video(cache, path=tiny["video"], tau=0.0, force_reject_first=True)
     stats = result.comparison.speculative.stats
@@ -311,12 +327,32 @@ def test_video_sdvg_block_strip_and_exact_limits(tiny, cache):
     assert result.blocks_html.count("mmspec-block ") == 4 and "reward" in result.blocks_html
     assert "blocks from the drafter" in result.stats_html and "speculative (sdvg)" in result.stats_html
     assert result.spec_strip.size == result.base_strip.size
+    _assert_animations(result)
+    assert result.spec_animation != result.base_animation
+    with PIL.Image.open(result.spec_animation) as gif:  # GIF frame 0 is video frame 0 (nearest-neighbour upscale)
+        first = np.asarray(gif.convert("RGB"))[:video_tab.ANIMATION_SIZE, :video_tab.ANIMATION_SIZE]
+        frame = result.comparison.speculative.frames[0][0].convert("RGB")
+        expected = np.asarray(frame.resize((video_tab.ANIMATION_SIZE,) * 2, PIL.Image.NEAREST))
+        assert np.abs(first.astype(int) - expected).mean() < 8  # GIF palettes quantize colours
     # tau = +inf: the target makes every block with the drafter's noise: exactly the baseline
     exact = video_tab.run_video(cache, path=tiny["video"], tau="inf")
     assert torch.equal(exact.comparison.speculative.latents, exact.comparison.baseline.latents)
     assert np.array_equal(np.asarray(exact.spec_strip), np.asarray(exact.base_strip))
-    draft = video_tab.run_video(cache, path=tiny["video"], method="draft", num_blocks=2)
+    assert Path(exact.spec_animation).read_bytes() == Path(exact.base_animation).read_bytes()
+    draft = video_tab.run_video(cache, path=tiny["video"], method="draft", num_blocks=2, num_videos=2)
     assert [d["kind"] for d in video_tab.block_decisions(draft.comparison.speculative.stats)[0]] == ["draft"] * 2
+    _assert_animations(draft, per_row=2)  # the two videos of the prompt side by side, 2 blocks' frames
+
+
+def test_video_animation_folder_keeps_the_newest_files():
+    frames = video_tab.animation_frames([[PIL.Image.new("RGB", (8, 8), (200, 0, 0))] * 4], None, 2, 1)
+    assert len({frame.tobytes() for frame in frames}) == 4  # a still video: the playhead keeps frames distinct
+    folder = video_tab.AnimationFolder(keep=3)
+    paths = [folder.write(frames, "test") for _ in range(5)]
+    assert [Path(p).exists() for p in paths] == [False, False, True, True, True]
+    assert sorted(folder.folder.iterdir()) == sorted(Path(p) for p in paths[2:])
+    with PIL.Image.open(paths[-1]) as gif:
+        assert gif.n_frames == 4 and gif.is_animated
 
 
 def test_video_block_decisions_text():
@@ -370,6 +406,7 @@ def test_video_on_the_zoo(cache):
     assert torch.equal(exact.comparison.speculative.latents, exact.comparison.baseline.latents)
     routed = video_tab.run_video(cache, tau=0.0, num_blocks=2)
     assert routed.blocks_html.count("mmspec-block ") == 2 and "reward" in routed.blocks_html
+    _assert_animations(routed)
 
 
 # ---------------------------------------------------------------------------------------------------- page and CLI

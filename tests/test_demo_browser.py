@@ -2,18 +2,22 @@
 playwright (``mmspec.demos.browser``; ``bash scripts/setup_browser.sh`` installs the browser).
 
 For every tab: a bad input first (its message must appear in the page, and the app must keep serving),
-then a run with real inputs whose speculative result, baseline and statistics must appear. The tabs load
-tiny random pipelines saved to a temp folder, except the AR image tab, which uses the bundled zoo
-(``mmspec/shapes-t2i``) when it is built. Screenshots go to a temp folder, or to
+then a run with real inputs whose speculative result, baseline and statistics must appear (in the video
+tab also the animated GIFs of both runs, served with every frame). The tabs load tiny random pipelines
+saved to a temp folder, except the AR image tab, which uses the bundled zoo (``mmspec/shapes-t2i``) when
+it is built. Screenshots go to a temp folder, or to
 ``$MMSPEC_DEMO_SCREENSHOTS`` when set. Skipped, with the reason, only where no Chromium can be driven.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 from pathlib import Path
+from urllib.parse import urljoin
 
+import PIL.Image
 import pytest
 
 pytest.importorskip("gradio", reason="gradio (the demo extra) is not installed")
@@ -137,6 +141,22 @@ def test_video_tab(server, page, shots):
     assert kind == "ok", message
     page.wait_for_selector("#video-strip img")
     page.wait_for_selector("#video-baseline img")
+    for animation in ("#video-animation img", "#video-baseline-animation img"):  # both runs, animated
+        image = page.wait_for_selector(animation)
+        page.wait_for_function("(img) => img.complete && img.naturalWidth > 0", arg=image)
+        source = image.get_attribute("src")
+        assert source.split("?")[0].endswith(".gif"), source
+        served = page.request.get(urljoin(page.url, source))  # the file the page plays: every frame of the video
+        assert served.ok, served.status
+        with PIL.Image.open(io.BytesIO(served.body())) as gif:
+            assert gif.format == "GIF" and gif.is_animated and gif.n_frames == 8  # the tiny video's 8 frames
+        shots_of_image = set()  # and the browser plays it: the picture changes (frames are 250 ms apart)
+        for _ in range(20):
+            shots_of_image.add(image.screenshot())
+            if len(shots_of_image) > 1:
+                break
+            page.wait_for_timeout(100)
+        assert len(shots_of_image) > 1, "the GIF does not play"
     blocks = page.inner_text("#video-block-strip")
     assert "block 0" in blocks and "reward" in blocks and "tau = 0" in blocks
     stats = page.inner_text("#video-stats")
