@@ -126,12 +126,17 @@ def select_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:
     layers = getattr(cache, "layers", None)
     if layers is None:
         raise ValueError(f"cannot select slots of a cache of type {type(cache).__name__}")
+    end = start + index.shape[1]
     for layer in layers:
         if getattr(layer, "keys", None) is None or layer.keys.numel() == 0:
             continue
         slots = (start + index.clamp_min(0)).to(layer.keys.device)
-        layer.keys = torch.cat([layer.keys[:, :, :start], _gather_slots(layer.keys, slots, 2)], 2)
-        layer.values = torch.cat([layer.values[:, :, :start], _gather_slots(layer.values, slots, 2)], 2)
+        # in place: the kept slots move down to start..end and the layer becomes a view of its first `end`
+        # slots, so a commit copies M slots instead of the whole cache (torch.cat of the prefix did)
+        for name in ("keys", "values"):
+            tensor = getattr(layer, name)
+            tensor[:, :, start:end] = _gather_slots(tensor, slots, 2)
+            setattr(layer, name, tensor[:, :, :end])
     return cache
 
 

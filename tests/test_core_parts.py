@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -159,14 +160,34 @@ def test_transformers_cache_rollback():
     model = tiny_llama()
     cache = DynamicCache(config=model.config)
     ids = torch.randint(3, 32, (2, 7))
-    model(ids, past_key_values=cache, use_cache=True)
+    with torch.no_grad():
+        model(ids, past_key_values=cache, use_cache=True)
     keys = cache.layers[0].keys.clone()
     crop_cache(cache, 5)
     assert cache.get_seq_length() == 5
-    select_cache_slots(cache, 2, torch.tensor([[2, 0], [1, 1]]))
+    values = cache.layers[0].values.clone()
+    index = torch.tensor([[2, 0], [1, 1]])
+    reference = copy.deepcopy(cache)  # the same selection done by concatenation, out of place
+    for ref in reference.layers:
+        slots = (2 + index).reshape(2, 1, 2, 1).expand(-1, ref.keys.shape[1], -1, ref.keys.shape[3])
+        ref.keys = torch.cat([ref.keys[:, :, :2], ref.keys.gather(2, slots)], 2)
+        ref.values = torch.cat([ref.values[:, :, :2], ref.values.gather(2, slots)], 2)
+    select_cache_slots(cache, 2, index)
     assert cache.get_seq_length() == 4
-    assert torch.equal(cache.layers[0].keys[0, :, 2], keys[0, :, 4])
-    assert torch.equal(cache.layers[0].keys[1, :, 3], keys[1, :, 3])
+    layer = cache.layers[0]
+    assert torch.equal(layer.keys[:, :, :2], keys[:, :, :2]) and torch.equal(layer.values[:, :, :2], values[:, :, :2])
+    # row 0 moves slot 4 into slot 2 and slot 2 into slot 3 (in place: read before written)
+    assert torch.equal(layer.keys[0, :, 2], keys[0, :, 4]) and torch.equal(layer.keys[0, :, 3], keys[0, :, 2])
+    assert torch.equal(layer.values[0, :, 2], values[0, :, 4]) and torch.equal(layer.values[0, :, 3], values[0, :, 2])
+    assert torch.equal(layer.keys[1, :, 3], keys[1, :, 3])
+    for got, ref in zip(cache.layers, reference.layers):
+        assert torch.equal(got.keys, ref.keys) and torch.equal(got.values, ref.values)
+    # decoding continues from the selected slots exactly as from the concatenated ones
+    nxt = torch.randint(3, 32, (2, 1))
+    with torch.no_grad():
+        step = model(nxt, past_key_values=cache, use_cache=True, position_ids=torch.full((2, 1), 4)).logits
+        expected = model(nxt, past_key_values=reference, use_cache=True, position_ids=torch.full((2, 1), 4)).logits
+    assert torch.equal(step, expected) and cache.get_seq_length() == 5
     legacy = ((keys, keys),)
     assert crop_cache(legacy, 3)[0][0].shape[2] == 3
 

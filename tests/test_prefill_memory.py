@@ -1,5 +1,5 @@
-"""evaluation/prefill_memory.py: every setting returns the same outputs; keeping every slot's logits costs
-their memory, last-slot logits do not."""
+"""evaluation/prefill_memory.py (every setting returns the same outputs; keeping every slot's logits costs
+their memory, last-slot logits do not) and evaluation/cache_commit.py."""
 
 from __future__ import annotations
 
@@ -38,3 +38,26 @@ def test_one_setting_in_process_and_bad_sizes():
         prefill_memory.main(["--hidden", "100"])  # heads of width 64
     with pytest.raises(SystemExit):
         prefill_memory.main(["--tokens", "0"])
+
+
+def test_cache_commit_times_both_commits_on_equal_caches(capsys):
+    """evaluation/cache_commit.py: the in-place commit leaves the cache the concatenating one does (run()
+    raises otherwise) and the table has a row per context."""
+    from mmspec.evaluation import cache_commit
+
+    cache_commit.main(["--contexts", "16", "40", "--layers", "2", "--kv-heads", "2", "--head-dim", "8",
+                       "--rounds", "3", "--threads", "1"])
+    table = capsys.readouterr().out
+    assert "| 16 |" in table and "| 40 |" in table and table.count("\n| ") == 3  # header + 2 rows
+    with pytest.raises(SystemExit):
+        cache_commit.main(["--kept", "10", "--round-slots", "9"])
+
+
+@pytest.mark.slow
+def test_cache_commit_ab_on_the_vlm_zoo(capsys):
+    """--vlm-zoo decodes the same texts with both commits (vlm_zoo_ab raises otherwise) and times both."""
+    from mmspec.evaluation import cache_commit
+
+    cache_commit.main(["--vlm-zoo", "1", "--repeats", "1", "--threads", "1"])
+    table = capsys.readouterr().out
+    assert "| none |" in table and "| eagle |" in table
