@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The open issues' GPU training stages, run side by side in one lease of a GPU machine.
+#
+#   on the GPU host, repo root:  bash scripts/gpu_lease_jobs.sh SECONDS [JOB ...]
+#   here, a dry run on the CPU:  MMSPEC_LEASE_SMOKE=1 bash scripts/gpu_lease_jobs.sh 60 [JOB ...]
+#
+# Each job is a documented recipe command (docs/zoo_shapes_vlm.md, docs/pipeline_video.md,
+# docs/pipeline_continuous.md) started from the zoo's own models, run through scripts/gpu_host.sh with
+# --device cuda and fitted to SECONDS by the recipes' --time-limit (data building included). The jobs
+# share the GPU (small models leave it mostly idle; earlier leases ran two stages at once). When all have
+# ended, each job's run folders (trained model folders and log.jsonl; no .pt data or checkpoints) and
+# its output (runs/lease_<job>.log) are packed into one archive, cut into 15 MiB parts
+# $OUT/<job>.tar.gz.part00, part01, ... (the lease tool brings back at most 8 files of 16 MiB each: the
+# default three jobs make 4). Unpack here in the repository root with `cat <job>.tar.gz.part* | tar -xzf -`
+# (the folders land in runs/) and evaluate as the docs say (report_vlm, report_video, report_mar).
+#
+# Jobs (default: vlm_widened vlm_control video):
+#   vlm_widened  issue 5: the zoo captioner widened to 256 channels (--grow-text-width), stage 9's mix
+#   vlm_control  issue 5: the same stage without widening (same seed, so the same data)
+#   video        issue 7: a fourth stage of the video target on fresh clips, then its drafter retrained
+#                from the new target's blocks 0, 1 (a quarter of SECONDS)
+#   mar_draft    issue 6: the MAR draft at the target's GPU scale (batch 512, fresh images)
+#
+# MMSPEC_LEASE_SMOKE=1 runs every job on the CPU with tiny sizes and 2-step schedules, without
+# gpu_host.sh, to check the commands and the packing (OUT defaults to runs/lease_out; MMSPEC_LEASE_RUNS moves runs/).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$#" -lt 1 ] || ! [[ "$1" =~ ^[0-9]+$ ]] || [ "$1" -lt 30 ]; then
+    echo "usage: bash scripts/gpu_lease_jobs.sh SECONDS [vlm_widened|vlm_control|video|mar_draft ...]  (SECONDS >= 30)" >&2
+    exit 2
+fi
+seconds=$1
+shift
+jobs_wanted=("$@")
+[ "${#jobs_wanted[@]}" -eq 0 ] && jobs_wanted=(vlm_widened vlm_control video)
+for job in "${jobs_wanted[@]}"; do
+    case "$job" in vlm_widened|vlm_control|video|mar_draft) ;; *)
+        echo "gpu_lease_jobs: unknown job '$job' (vlm_widened, vlm_control, video, mar_draft)" >&2; exit 2 ;;
+    esac
+done
+
+RUNS="${MMSPEC_LEASE_RUNS:-runs}"  # where the run folders go (the archives hold them as runs/lease_*)
+OUT="${OUT:-$RUNS/lease_out}"
+mkdir -p "$OUT" "$RUNS"
+smoke="${MMSPEC_LEASE_SMOKE:-0}"
+if [ "$smoke" = 1 ]; then
+    runner=(.venv/bin/python)
+    device=(--device cpu --threads 1)
+else
+    runner=(bash scripts/gpu_host.sh python)
+    device=(--device cuda --threads 3)
+    "${runner[@]}" -c "import mmspec.models" || exit 1  # gpu_host.sh installs once, before the jobs start
+fi
+video_target_limit=$((seconds * 3 / 4))
+video_drafter_limit=$((seconds - video_target_limit))
+
+# The recipe arguments of each job (smoke mode appends tiny sizes; argparse keeps an option's last value).
+vlm_stage=(-m mmspec.models.recipes.train_vlm --size target --init models/zoo/shapes-vlm/target
+           --duplicate-fraction 0.15 --lr 3e-4 --seed 12 --steps 30000 --batch 64 --aux-weight 0
+           --train-videos 12000 --task-weight qa=15 narrate=2 video_caption=2 --max-tokens 131072)
+vlm_smoke=(--train-images 8 --train-videos 4 --batch 2 --steps 2 --max-tokens 4096)
+video_target=(-m mmspec.models.recipes.train_video --role target --init models/zoo/shapes-video/transformer
+              --first-block-batch 64 --first-block-clips 20000 --batch 48 --steps 30000 --lr 3e-4 --seed 4
+              --save-every 500)
+video_drafter=(-m mmspec.models.recipes.train_video --role drafter --init-layers 0,1 --steps 2500 --save-every 500)
+video_smoke=(--train-clips 4 --first-block-clips 4 --first-block-batch 2 --batch 2 --steps 2)
+mar_draft=(-m mmspec.models.recipes.train_mar --role draft --init models/zoo/shapes-t2i-continuous/draft_transformer
+           --steps 30000 --batch 512 --lr 4e-4 --seed 9 --train-images 100000 --save-every 500)
+mar_smoke=(--train-images 16 --batch 4 --steps 2)
+
+tiny() {  # the job's smoke-mode sizes, or nothing
+    [ "$smoke" = 1 ] && eval "printf '%s\n' \"\${${1}[@]}\""
+}
+
+run_job() {
+    local job=$1
+    case "$job" in
+    vlm_widened)
+        "${runner[@]}" "${vlm_stage[@]}" --override text_dim=256 text_heads=8 text_ffn=1024 --grow-text-width \
+            $(tiny vlm_smoke) "${device[@]}" --time-limit "$seconds" \
+            --work "$RUNS/lease_vlm_widened" --out "$RUNS/lease_vlm_widened/model" ;;
+    vlm_control)
+        "${runner[@]}" "${vlm_stage[@]}" $(tiny vlm_smoke) "${device[@]}" --time-limit "$seconds" \
+            --work "$RUNS/lease_vlm_control" --out "$RUNS/lease_vlm_control/model" ;;
+    video)
+        "${runner[@]}" "${video_target[@]}" $(tiny video_smoke) "${device[@]}" --time-limit "$video_target_limit" \
+            --work "$RUNS/lease_video" --out "$RUNS/lease_video/model" &&
+        "${runner[@]}" "${video_drafter[@]}" --init "$RUNS/lease_video/model" $(tiny video_smoke) "${device[@]}" \
+            --time-limit "$video_drafter_limit" --work "$RUNS/lease_video_drafter" --out "$RUNS/lease_video_drafter/model" ;;
+    mar_draft)
+        "${runner[@]}" "${mar_draft[@]}" $(tiny mar_smoke) "${device[@]}" --time-limit "$seconds" \
+            --work "$RUNS/lease_mar_draft" --out "$RUNS/lease_mar_draft/model" ;;
+    esac
+}
+
+declare -A pids
+for job in "${jobs_wanted[@]}"; do
+    PYTHONUNBUFFERED=1 run_job "$job" > "$OUT/$job.log" 2>&1 &
+    pids[$job]=$!
+    echo "gpu_lease_jobs: started $job (pid ${pids[$job]}, log $OUT/$job.log)"
+done
+
+status=0
+for job in "${jobs_wanted[@]}"; do
+    if wait "${pids[$job]}"; then
+        echo "gpu_lease_jobs: $job finished"
+    else
+        echo "gpu_lease_jobs: $job FAILED (exit $?); the end of its log:"
+        tail -n 20 "$OUT/$job.log"
+        status=1
+    fi
+    case "$job" in
+    video) folders=("$RUNS/lease_video" "$RUNS/lease_video_drafter") ;;
+    *) folders=("$RUNS/lease_$job") ;;
+    esac
+    present=()
+    for folder in "${folders[@]}"; do [ -d "$folder" ] && present+=("$folder"); done
+    mv "$OUT/$job.log" "$RUNS/lease_$job.log"
+    # one archive per job, its log inside, its paths runs/lease_*; cut in 15 MiB parts (the tool returns
+    # files of at most 16 MiB)
+    names=("lease_$job.log")
+    for folder in "${present[@]}"; do names+=("$(basename "$folder")"); done
+    tar -czf - -C "$RUNS" --transform 's,^,runs/,' --exclude='*.pt' "${names[@]}" |
+        split -b 15M -d - "$OUT/$job.tar.gz.part"
+    echo "gpu_lease_jobs: packed $RUNS/lease_$job.log ${present[*]} into $(ls "$OUT/$job".tar.gz.part* | tr '\n' ' ')"
+done
+exit $status

@@ -1,0 +1,54 @@
+"""scripts/gpu_lease_jobs.sh in its CPU smoke mode: every job's recipe command runs (tiny sizes, 2 steps) and
+its run folders come back as archive parts that unpack into runs/ with trained model folders and logs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_lease_jobs.sh"
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+@pytest.mark.slow
+def test_smoke_run_of_every_job_packs_models_and_logs(tmp_path):
+    runs = tmp_path / "runs"
+    jobs = ["vlm_widened", "vlm_control", "video", "mar_draft"]
+    result = _run("60", *jobs, env={"MMSPEC_LEASE_SMOKE": "1", "MMSPEC_LEASE_RUNS": str(runs)})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    parts = sorted((runs / "lease_out").iterdir())
+    assert {p.name.split(".tar.gz.part")[0] for p in parts} == set(jobs)
+    assert len(parts) <= 8 and all(p.stat().st_size <= 15 * 2**20 for p in parts)  # what the lease tool returns
+    unpacked = tmp_path / "unpacked"
+    for job in jobs:
+        archive = tmp_path / f"{job}.tar.gz"
+        archive.write_bytes(b"".join(p.read_bytes() for p in parts if p.name.startswith(f"{job}.tar.gz.part")))
+        with tarfile.open(archive) as tar:
+            names = tar.getnames()
+            assert not any(name.endswith(".pt") for name in names), names
+            tar.extractall(unpacked, filter="data")
+    models = {"vlm_widened": ["lease_vlm_widened"], "vlm_control": ["lease_vlm_control"],
+              "video": ["lease_video", "lease_video_drafter"], "mar_draft": ["lease_mar_draft"]}
+    for job, folders in models.items():
+        assert (unpacked / "runs" / f"lease_{job}.log").is_file()
+        for folder in folders:
+            model = unpacked / "runs" / folder / "model"
+            assert (model / "config.json").is_file() and list(model.glob("*.safetensors")), folder
+            assert (unpacked / "runs" / folder / "log.jsonl").is_file()
+
+
+def test_bad_arguments_are_refused_before_any_work(tmp_path):
+    env = {"MMSPEC_LEASE_SMOKE": "1", "MMSPEC_LEASE_RUNS": str(tmp_path / "runs")}
+    for args in (("10",), ("abc",), ("60", "vlm_wide")):
+        result = _run(*args, env=env)
+        assert result.returncode == 2 and ("usage" in result.stderr or "unknown job" in result.stderr), args
+    assert not (tmp_path / "runs").exists()
