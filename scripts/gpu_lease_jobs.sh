@@ -22,7 +22,8 @@
 #   mar_draft    issue 6: the MAR draft at the target's GPU scale (batch 512, fresh images)
 #
 # MMSPEC_LEASE_SMOKE=1 runs every job on the CPU with tiny sizes and 2-step schedules, without
-# gpu_host.sh, to check the commands and the packing (OUT defaults to runs/lease_out; MMSPEC_LEASE_RUNS moves runs/).
+# gpu_host.sh, with MMSPEC_LEASE_PYTHON (default: the set-up's $MMSPEC_VENV or .venv), to check the
+# commands and the packing (OUT defaults to runs/lease_out; MMSPEC_LEASE_RUNS moves runs/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,7 +46,7 @@ OUT="${OUT:-$RUNS/lease_out}"
 mkdir -p "$OUT" "$RUNS"
 smoke="${MMSPEC_LEASE_SMOKE:-0}"
 if [ "$smoke" = 1 ]; then
-    runner=(.venv/bin/python)
+    runner=("${MMSPEC_LEASE_PYTHON:-${MMSPEC_VENV:-.venv}/bin/python}")  # the project's environment
     device=(--device cpu --threads 1)
 else
     runner=(bash scripts/gpu_host.sh python)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -23,7 +24,8 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 def test_smoke_run_of_every_job_packs_models_and_logs(tmp_path):
     runs = tmp_path / "runs"
     jobs = ["vlm_widened", "vlm_control", "video", "mar_draft"]
-    result = _run("60", *jobs, env={"MMSPEC_LEASE_SMOKE": "1", "MMSPEC_LEASE_RUNS": str(runs)})
+    result = _run("60", *jobs, env={"MMSPEC_LEASE_SMOKE": "1", "MMSPEC_LEASE_RUNS": str(runs),
+                                          "MMSPEC_LEASE_PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     parts = sorted((runs / "lease_out").iterdir())
     assert {p.name.split(".tar.gz.part")[0] for p in parts} == set(jobs)
