@@ -110,12 +110,21 @@ def crop_cache(cache: Any, length: int) -> Any:
     return cache
 
 
+def keeps_prefix(index: torch.Tensor) -> bool:
+    """True when every row of ``index [B, M]`` is ``0, 1, ..., M-1``: the selection is a crop."""
+    return bool((index == torch.arange(index.shape[1], device=index.device)).all())
+
+
 def select_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:
     """Keep, per row, the slots ``start + index[b, :]`` (``-1`` entries become holes), packed at ``start``.
 
-    This is how an accepted tree path (scattered slots) becomes a contiguous prefix of the cache.
+    This is how an accepted tree path (scattered slots) becomes a contiguous prefix of the cache. A
+    selection that keeps each row's first M slots in order (a target-only step, a fully accepted chain)
+    is a crop and moves nothing.
     """
     check_ndim(index, 2, "index", "[B, M]")
+    if keeps_prefix(index):  # every row keeps its first M slots in order (target-only steps, full acceptance)
+        return crop_cache(cache, start + index.shape[1])
     if isinstance(cache, KVCache):
         cache.select_slots(start, index)
         return cache

@@ -234,3 +234,17 @@ def test_spec_stats_merge_sums_every_counter_and_position_checks_count_all_posit
     assert (merged.target_calls, merged.draft_calls, merged.tokens, merged.verify_steps, merged.emitted) == (5, 1, 9, 3, 8)
     assert merged.position_attempts == [3, 3, 2] and merged.position_accepts == [2, 2, 1]
     assert merged.phase_seconds["draft"] == 0.5 and merged.mean_accepted_length == 8 / 3
+
+
+def test_a_prefix_selection_is_a_crop_that_moves_nothing():
+    from mmspec.cache import keeps_prefix
+
+    cache = KVCache(num_layers=1, batch_size=2, num_heads=1, head_dim=1, max_length=8)
+    cache.update(0, torch.arange(5.0).view(1, 1, 5, 1).repeat(2, 1, 1, 1), torch.zeros(2, 1, 5, 1))
+    before = cache.keys.clone()
+    assert keeps_prefix(torch.tensor([[0, 1], [0, 1]])) and not keeps_prefix(torch.tensor([[0, 1], [0, -1]]))
+    assert not keeps_prefix(torch.tensor([[1, 0], [0, 1]]))
+    select_cache_slots(cache, 2, torch.tensor([[0, 1], [0, 1]]))
+    assert cache.get_seq_length() == 4 and torch.equal(cache.keys, before)
+    select_cache_slots(cache, 1, torch.tensor([[2], [0]]))  # not a prefix: row 0 moves slot 3 to slot 1
+    assert cache.get_seq_length() == 2 and cache.keys[0, 0, 0, 1, 0].item() == 3.0 and cache.keys[0, 1, 0, 1, 0].item() == 1.0
