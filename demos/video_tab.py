@@ -34,6 +34,7 @@ from mmspec.demos.common import (
     check_int,
     check_request,
     legend_html,
+    panel,
     stats_html,
     to_pil_list,
     warm_up_and_compare,
@@ -172,10 +173,9 @@ def animation_frames(videos: list[list[PIL.Image.Image]], kinds: list[list[str]]
         raise ValueError(f"every video needs the same number of frames, got {[len(v) for v in videos]}")
     grids = []
     for f in range(num_frames):
-        tiles = [frame_tile(frames[f], _block_color(kinds, v, f, frames_per_block), size)
+        tiles = [PIL.Image.fromarray(frame_tile(frames[f], _block_color(kinds, v, f, frames_per_block), size))
                  for v, frames in enumerate(videos)]
-        tiles += [np.full_like(tiles[0], 255)] * (-len(tiles) % per_row)  # a full last row
-        grids.append(_stack([_stack(tiles[i:i + per_row], 1) for i in range(0, len(tiles), per_row)], 0))
+        grids.append(np.asarray(panel([tiles[i:i + per_row] for i in range(0, len(tiles), per_row)], gap=GAP)))
     width = grids[0].shape[1]
     bounds = [round(width * k / num_frames) for k in range(num_frames + 1)]  # the playhead's segment per frame
     ticks = range(frames_per_block, num_frames, frames_per_block) if width >= 4 * num_frames else ()

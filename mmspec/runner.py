@@ -107,16 +107,17 @@ class CausalLMRunner:
         last_only = prefill and self.prefill_logits == "last"
         if last_only and self._takes_logits_to_keep:
             model_inputs.setdefault("logits_to_keep", 1)
-        hooked = self._capture is not None
+        wanted = self.return_hidden or penultimate
+        hooked = wanted and self._capture is not None  # no hooks at all on plain decoding steps
         recording = self._capture.recording(self.return_hidden, penultimate) if hooked else nullcontext({})
         with recording as grabbed:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                              past_key_values=self.cache, use_cache=True,
-                             output_hidden_states=not hooked and (self.return_hidden or penultimate), **model_inputs)
+                             output_hidden_states=wanted and not hooked, **model_inputs)
         if out.past_key_values is not None:
             self.cache = out.past_key_values
         logits = out.logits[:, -1:] if last_only else out.logits
-        if hooked:
+        if hooked or not wanted:
             return logits, grabbed.get("top"), grabbed.get("penultimate")
         return (logits, out.hidden_states[-1] if self.return_hidden else None,
                 out.hidden_states[-2] if penultimate else None)
