@@ -157,6 +157,8 @@ def test_transformers_cache_rollback():
     from conftest import tiny_llama
     from transformers import DynamicCache
 
+    from mmspec.evaluation.cache_commit import commit_by_concatenation
+
     model = tiny_llama()
     cache = DynamicCache(config=model.config)
     ids = torch.randint(3, 32, (2, 7))
@@ -168,10 +170,7 @@ def test_transformers_cache_rollback():
     values = cache.layers[0].values.clone()
     index = torch.tensor([[2, 0], [1, 1]])
     reference = copy.deepcopy(cache)  # the same selection done by concatenation, out of place
-    for ref in reference.layers:
-        slots = (2 + index).reshape(2, 1, 2, 1).expand(-1, ref.keys.shape[1], -1, ref.keys.shape[3])
-        ref.keys = torch.cat([ref.keys[:, :, :2], ref.keys.gather(2, slots)], 2)
-        ref.values = torch.cat([ref.values[:, :, :2], ref.values.gather(2, slots)], 2)
+    commit_by_concatenation(reference, 2, index)
     select_cache_slots(cache, 2, index)
     assert cache.get_seq_length() == 4
     layer = cache.layers[0]
