@@ -36,11 +36,11 @@ from .bench_cli import (
     new_parser,
     write_report,
 )
-from .bench_images import quality, reference_images
+from .bench_images import mean_quality, quality, reference_images
 from .speed import RunResult, run_benchmark
 
-DEFAULT_METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo", "mulo, sequential", "mulo, reverify",
-                   "mulo, reverify, exact")
+DEFAULT_METHODS = ("none", "eagle", "lantern", "lantern++", "sjd", "gsd", "mulo", "mulo, sequential",
+                   "mulo, reverify", "mulo, reverify, exact")
 _MULO = {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1}
 
 
@@ -53,6 +53,8 @@ def default_kwargs(greedy: bool, batch_size: int = 1) -> dict[str, dict[str, Any
         "none": {},
         "eagle": fast_method_kwargs("eagle", greedy, batch_size),
         "lantern": {**fast_method_kwargs("lantern", greedy, batch_size), "lantern_k": 64, "lantern_delta": 0.2},
+        "lantern++": {**fast_method_kwargs("lantern", greedy, batch_size), "method": "lantern", "lantern_k": 64,
+                      "lantern_lam": 2.0},
         "sjd": fast_method_kwargs("sjd", greedy, batch_size),
         "gsd": fast_method_kwargs("gsd", greedy, batch_size),
         "mulo": dict(_MULO),
@@ -83,21 +85,26 @@ def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: d
 
 def run(pipe: Any, methods: Sequence[str], kwargs_by_case: dict[str, dict[str, dict[str, dict]]], modes: Sequence[str],
         batch_sizes: Sequence[int], speed_prompts: Sequence[Any], quality_prompts: Sequence[Any], real: torch.Tensor,
-        repeats: int, quality_batch: int, seed: int, log=print) -> dict:
+        repeats: int, quality_batch: int, seed: int, quality_seeds: int = 1, log=print) -> dict:
     """Every measurement of the table. ``kwargs_by_case[mode][str(batch)][method]`` are the pipeline
     keywords of a timed batch size; quality is measured with those of batch 1 (the headline settings),
-    generated in chunks of ``quality_batch``. Returns a JSON-able dict."""
+    generated in chunks of ``quality_batch``, once per generation seed ``seed .. seed + quality_seeds - 1``
+    (:func:`~.bench_images.mean_quality`: the mean and the spread across seeds). The chance row "none, seed
+    2" uses the next seed, one no method row used. Returns a JSON-able dict."""
+    if quality_seeds < 1:
+        raise ValueError(f"quality_seeds must be >= 1, got {quality_seeds}")
     results: dict[str, Any] = {"modes": {}}
     for mode_name in modes:
         mode, kwargs = MODES[mode_name], kwargs_by_case[mode_name]["1"]
         texts = [p.text for p in quality_prompts]
-        scores: dict[str, dict[str, float]] = {}
+        scores: dict[str, dict[str, Any]] = {}
         for method in methods:
             start = time.perf_counter()
-            images, _ = generate(pipe, texts, method, kwargs[method], mode, quality_batch, seed)
-            scores[method] = quality(images, quality_prompts, real)
-            log(f"[{mode_name}] quality {method}: {scores[method]} ({time.perf_counter() - start:.0f} s)")
-        images, _ = generate(pipe, texts, "none", {}, mode, quality_batch, seed + 1)
+            per_seed = [quality(generate(pipe, texts, method, kwargs[method], mode, quality_batch, s)[0],
+                                quality_prompts, real) for s in range(seed, seed + quality_seeds)]
+            scores[method] = mean_quality(per_seed)
+            log(f"[{mode_name}] quality {method}: {per_seed} ({time.perf_counter() - start:.0f} s)")
+        images, _ = generate(pipe, texts, "none", {}, mode, quality_batch, seed + quality_seeds)
         scores["none, seed 2"] = quality(images, quality_prompts, real)
         log(f"[{mode_name}] quality none, seed 2: {scores['none, seed 2']}")
 
@@ -108,7 +115,7 @@ def run(pipe: Any, methods: Sequence[str], kwargs_by_case: dict[str, dict[str, d
                      for m in methods}
             report = run_benchmark(cases, baseline=methods[0], warmup=1, repeats=repeats, seed=seed, unit="images")
             for method, c in report.cases.items():
-                c.quality.update(scores[method])
+                c.quality.update({key: scores[method][key] for key in ("geneval", "fid")})
             by_batch[str(batch)] = report.to_dict()
             log(f"[{mode_name}] batch {batch}:\n{report.to_markdown()}")
         results["modes"][mode_name] = {"quality": scores, "speed": by_batch}
@@ -124,10 +131,12 @@ def _speed_case(pipe: Any, texts: list[str], method: str, kwargs: dict, mode: di
 
 
 def to_markdown(results: dict, command: str) -> str:
+    seeds = results.get("quality_seeds", 1)
+    spread = (f", mean ± standard deviation over {seeds} generation seeds" if seeds > 1 else "")
     lines = [f"Command: `{command}`", "",
              f"Machine: {results['machine']}; {results['speed_prompts']} prompts per timed call set, "
              f"{results['repeats']} timed repeats (median), quality on {results['quality_prompts']} prompts "
-             f"(GenEval-shapes = exact evaluator, FID = shapes features vs renders of the same prompts).", ""]
+             f"(GenEval-shapes = exact evaluator, FID = shapes features vs renders of the same prompts{spread}).", ""]
     for mode_name, mode in results["modes"].items():
         lines += [f"### {mode_name.replace('_', ' ')}", "",
                   "| batch | method | speedup | mean acc. len | images/s | target calls / image | GenEval-shapes | FID |",
@@ -139,11 +148,20 @@ def to_markdown(results: dict, command: str) -> str:
                 per_image = calls / c["num_items"] if calls else float("nan")
                 q = mode["quality"][name]
                 lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {c['mean_accepted_length'] or 0:.2f} | "
-                             f"{c['items_per_s']:.2f} | {per_image:.1f} | {q['geneval']:.3f} | {q['fid']:.2f} |")
+                             f"{c['items_per_s']:.2f} | {per_image:.1f} | {_score(q, 'geneval', 3)} | "
+                             f"{_score(q, 'fid', 2)} |")
         noise = mode["quality"]["none, seed 2"]
         lines += ["", f"Chance level: target-only with another seed scores GenEval-shapes {noise['geneval']:.3f}, "
                   f"FID {noise['fid']:.2f}.", ""]
     return "\n".join(lines) + "\n"
+
+
+def _score(quality_row: dict, key: str, digits: int) -> str:
+    """A quality cell: the score, with its spread across seeds when several were measured."""
+    value = f"{quality_row[key]:.{digits}f}"
+    if quality_row.get("seeds", 1) > 1:
+        value += f" ± {quality_row[key + '_sd']:.{digits}f}"
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--speed-prompts", type=int, default=4, help="timed prompts per category (6 categories)")
     parser.add_argument("--quality-prompts", type=int, default=50, help="quality prompts per category")
     parser.add_argument("--quality-batch", type=int, default=8)
+    parser.add_argument("--quality-seeds", type=int, default=1,
+                        help="generation seeds per method's quality (mean and spread reported)")
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
     parser.add_argument("--guidance-scale", type=float, default=None, help="override every method's guidance")
     return parser
@@ -162,6 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.quality_seeds < 1:
+        raise SystemExit(f"--quality-seeds must be >= 1, got {args.quality_seeds}")
     torch.set_num_threads(args.threads)
 
     def case_kwargs(mode: str, batch: int) -> dict[str, dict[str, Any]]:
@@ -184,9 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     image_size = pipe.grid_size * int(getattr(pipe.vqvae.config, "patch_size", 1))
     real = reference_images(quality_prompts, args.difficulty, image_size, args.seed)
     results = run(pipe, args.methods, kwargs, args.modes, args.batch_sizes, speed_prompts, quality_prompts, real,
-                  args.repeats, args.quality_batch, args.seed)
+                  args.repeats, args.quality_batch, args.seed, args.quality_seeds)
     results.update(machine=machine_line(), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
-                   repeats=args.repeats, kwargs=kwargs)
+                   quality_seeds=args.quality_seeds, repeats=args.repeats, kwargs=kwargs)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_ar_image", argv))
     write_report(args.out, table, results)
     return 0

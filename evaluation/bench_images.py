@@ -23,6 +23,23 @@ def reference_images(prompts: Sequence[Any], difficulty: float, size: int, seed:
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).float() / 255.0
 
 
+def mean_quality(per_seed: Sequence[dict[str, float]]) -> dict[str, Any]:
+    """One method's quality over several generation seeds: the mean of each score, its standard deviation
+    across seeds (``*_sd``, 0 for one seed) and the per-seed scores. At the benchmarks' sample sizes one
+    seed's GenEval-shapes moves by about as much as the goals' tolerances (0.03), so a comparison of methods
+    is only as good as the seeds averaged."""
+    if not per_seed:
+        raise ValueError("mean_quality needs the scores of at least one seed")
+    out: dict[str, Any] = {}
+    for key in per_seed[0]:
+        values = np.asarray([scores[key] for scores in per_seed], dtype=np.float64)
+        out[key] = float(values.mean())
+        out[f"{key}_sd"] = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    out["seeds"] = len(per_seed)
+    out["per_seed"] = [dict(scores) for scores in per_seed]
+    return out
+
+
 def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor) -> dict[str, float]:
     """``{"geneval", "fid"}`` of generated images (float ``[H, W, 3]`` in [0, 1], one per prompt): the exact
     evaluator's overall GenEval-shapes score and FID (shapes features) against ``real``."""

@@ -84,6 +84,9 @@ def test_fast_settings_depend_on_the_decoding_mode():
     greedy, sampling = bench_ar_image.default_kwargs(greedy=True), bench_ar_image.default_kwargs(greedy=False)
     assert greedy["lantern"]["num_draft_tokens"] == 12 and sampling["lantern"]["num_draft_tokens"] == 8
     assert greedy["lantern"]["lantern_delta"] == sampling["lantern"]["lantern_delta"] == 0.2
+    # LANTERN++ is the same drafter and chain with the multiplicative bound instead of the TV budget
+    assert sampling["lantern++"]["method"] == "lantern" and sampling["lantern++"]["lantern_lam"] == 2.0
+    assert sampling["lantern++"]["num_draft_tokens"] == sampling["lantern"]["num_draft_tokens"]
 
 
 def test_generate_runs_jacobi_methods_with_their_fast_window(folder, tmp_path, pipeline_calls):
@@ -119,7 +122,7 @@ def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     code = bench_ar_image.main(["--pipeline", str(folder), "--methods", "none", "eagle", "mulo", "mulo, sequential",
                                 "mulo, reverify, exact", "--modes", "greedy",
                                 "--batch-sizes", "1", "2", "--speed-prompts", "1", "--quality-prompts", "1",
-                                "--repeats", "1", "--threads", "1", "--out", str(out)])
+                                "--quality-seeds", "2", "--repeats", "1", "--threads", "1", "--out", str(out)])
     assert code == 0
     table = out.read_text()
     rows = [line for line in table.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
@@ -131,6 +134,11 @@ def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     quality = data["modes"]["greedy"]["quality"]
     assert set(quality) == {"none", "eagle", "mulo", "mulo, sequential", "mulo, reverify, exact", "none, seed 2"}
     assert quality["mulo, reverify, exact"] == quality["none"]  # lossless: the same images, the same scores
+    for name in ("none", "eagle"):  # two generation seeds, averaged, with their spread
+        per_seed = quality[name]["per_seed"]
+        assert len(per_seed) == 2 and quality[name]["seeds"] == 2
+        assert quality[name]["geneval"] == pytest.approx(sum(s["geneval"] for s in per_seed) / 2)
+    assert " ± " in rows[0] and "over 2 generation seeds" in table
     # the fast chain of the mode and batch: longer for greedy decoding of one image at a time
     assert data["kwargs"]["greedy"]["1"]["eagle"]["num_draft_tokens"] == 12
     assert data["kwargs"]["greedy"]["2"]["eagle"]["num_draft_tokens"] == 8

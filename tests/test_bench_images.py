@@ -1,0 +1,39 @@
+"""The image benchmarks' shared quality helpers (``mmspec.evaluation.bench_images``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from mmspec.evaluation import bench_ar_image
+from mmspec.evaluation.bench_images import mean_quality
+
+
+def test_mean_quality_averages_seeds_and_states_their_spread():
+    out = mean_quality([{"geneval": 0.80, "fid": 300.0}, {"geneval": 0.86, "fid": 320.0},
+                        {"geneval": 0.83, "fid": 310.0}])
+    assert out["geneval"] == pytest.approx(0.83) and out["fid"] == pytest.approx(310.0)
+    assert out["geneval_sd"] == pytest.approx(0.03) and out["fid_sd"] == pytest.approx(10.0)  # sample sd
+    assert out["seeds"] == 3 and [s["fid"] for s in out["per_seed"]] == [300.0, 320.0, 310.0]
+
+
+def test_mean_quality_of_one_seed_has_no_spread():
+    out = mean_quality([{"geneval": 0.5, "fid": 12.0}])
+    assert out["geneval"] == 0.5 and out["geneval_sd"] == 0.0 and out["seeds"] == 1
+
+
+def test_mean_quality_needs_a_seed():
+    with pytest.raises(ValueError, match="at least one seed"):
+        mean_quality([])
+
+
+def test_bench_ar_image_rejects_zero_quality_seeds():
+    with pytest.raises(SystemExit, match="--quality-seeds must be >= 1"):
+        bench_ar_image.main(["--quality-seeds", "0"])
+
+
+def test_quality_cells_show_the_spread_only_for_several_seeds():
+    one = {"geneval": 0.8333, "fid": 301.234, "seeds": 1, "geneval_sd": 0.0, "fid_sd": 0.0}
+    three = {**one, "seeds": 3, "geneval_sd": 0.0123}
+    assert bench_ar_image._score(one, "geneval", 3) == "0.833"
+    assert bench_ar_image._score(three, "geneval", 3) == "0.833 ± 0.012"
+    assert bench_ar_image._score({"geneval": 0.5, "fid": 1.0}, "fid", 2) == "1.00"  # older results: no seeds key
