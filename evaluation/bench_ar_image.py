@@ -36,7 +36,14 @@ from .bench_cli import (
     new_parser,
     write_report,
 )
-from .bench_images import mean_quality, quality, reference_images
+from .bench_images import (
+    add_quality_seeds_argument,
+    mean_quality,
+    quality,
+    reference_images,
+    score_cell,
+    spread_note,
+)
 from .speed import RunResult, run_benchmark
 
 DEFAULT_METHODS = ("none", "eagle", "lantern", "lantern++", "sjd", "gsd", "mulo", "mulo, sequential",
@@ -131,8 +138,7 @@ def _speed_case(pipe: Any, texts: list[str], method: str, kwargs: dict, mode: di
 
 
 def to_markdown(results: dict, command: str) -> str:
-    seeds = results.get("quality_seeds", 1)
-    spread = (f", mean ± standard deviation over {seeds} generation seeds" if seeds > 1 else "")
+    spread = spread_note(results)
     lines = [f"Command: `{command}`", "",
              f"Machine: {results['machine']}; {results['speed_prompts']} prompts per timed call set, "
              f"{results['repeats']} timed repeats (median), quality on {results['quality_prompts']} prompts "
@@ -148,20 +154,12 @@ def to_markdown(results: dict, command: str) -> str:
                 per_image = calls / c["num_items"] if calls else float("nan")
                 q = mode["quality"][name]
                 lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {c['mean_accepted_length'] or 0:.2f} | "
-                             f"{c['items_per_s']:.2f} | {per_image:.1f} | {_score(q, 'geneval', 3)} | "
-                             f"{_score(q, 'fid', 2)} |")
+                             f"{c['items_per_s']:.2f} | {per_image:.1f} | {score_cell(q, 'geneval', 3)} | "
+                             f"{score_cell(q, 'fid', 2)} |")
         noise = mode["quality"]["none, seed 2"]
         lines += ["", f"Chance level: target-only with another seed scores GenEval-shapes {noise['geneval']:.3f}, "
                   f"FID {noise['fid']:.2f}.", ""]
     return "\n".join(lines) + "\n"
-
-
-def _score(quality_row: dict, key: str, digits: int) -> str:
-    """A quality cell: the score, with its spread across seeds when several were measured."""
-    value = f"{quality_row[key]:.{digits}f}"
-    if quality_row.get("seeds", 1) > 1:
-        value += f" ± {quality_row[key + '_sd']:.{digits}f}"
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,8 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--speed-prompts", type=int, default=4, help="timed prompts per category (6 categories)")
     parser.add_argument("--quality-prompts", type=int, default=50, help="quality prompts per category")
     parser.add_argument("--quality-batch", type=int, default=8)
-    parser.add_argument("--quality-seeds", type=int, default=1,
-                        help="generation seeds per method's quality (mean and spread reported)")
+    add_quality_seeds_argument(parser)
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
     parser.add_argument("--guidance-scale", type=float, default=None, help="override every method's guidance")
     return parser
@@ -182,8 +179,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.quality_seeds < 1:
-        raise SystemExit(f"--quality-seeds must be >= 1, got {args.quality_seeds}")
     torch.set_num_threads(args.threads)
 
     def case_kwargs(mode: str, batch: int) -> dict[str, dict[str, Any]]:

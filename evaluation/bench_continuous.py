@@ -35,7 +35,14 @@ from .bench_cli import (
     new_parser,
     write_report,
 )
-from .bench_images import quality, reference_images
+from .bench_images import (
+    add_quality_seeds_argument,
+    mean_quality,
+    quality,
+    reference_images,
+    score_cell,
+    spread_note,
+)
 from .speed import RunResult, run_benchmark
 
 #: name -> pipeline keyword arguments (shared settings come from --num-iter etc.)
@@ -72,19 +79,25 @@ def _merge(stats: list) -> Any:
 
 def run(pipe: Any, configs: dict[str, dict], shared: dict, batch_sizes: Sequence[int], speed_prompts: Sequence[Any],
         quality_prompts: Sequence[Any], real: torch.Tensor, repeats: int, quality_batch: int, seed: int,
-        log=print) -> dict:
-    """Every measurement of the table; returns a JSON-able dict."""
+        quality_seeds: int = 1, log=print) -> dict:
+    """Every measurement of the table; returns a JSON-able dict. Quality is measured once per generation
+    seed ``seed .. seed + quality_seeds - 1`` and averaged (:func:`~.bench_images.mean_quality`); the
+    chance row "none, seed 2" uses the next seed."""
     names = list(configs)
     texts = [p.text for p in quality_prompts]
     scores: dict[str, dict[str, Any]] = {}
     for name in [*names, "none, seed 2"]:
         kwargs = {**shared, **_call_kwargs(configs["none" if name == "none, seed 2" else name])}
+        seeds = [seed + quality_seeds] if name == "none, seed 2" else range(seed, seed + quality_seeds)
         start = time.perf_counter()
-        images, stats = generate(pipe, texts, kwargs, quality_batch, seed + 1 if name == "none, seed 2" else seed)
-        merged = _merge(stats)
-        scores[name] = {**quality(images, quality_prompts, real), "acceptance_rate": merged.acceptance_rate,
+        per_seed, stats = [], []
+        for s in seeds:
+            images, seed_stats = generate(pipe, texts, kwargs, quality_batch, s)
+            per_seed.append(quality(images, quality_prompts, real))
+            stats += seed_stats
+        scores[name] = {**mean_quality(per_seed), "acceptance_rate": _merge(stats).acceptance_rate,
                         "seconds": round(time.perf_counter() - start, 1)}
-        log(f"quality {name}: {scores[name]}")
+        log(f"quality {name}: {per_seed}")
     by_batch = {}
     speed_texts = [p.text for p in speed_prompts]
     for batch in batch_sizes:
@@ -113,7 +126,7 @@ def to_markdown(results: dict, command: str) -> str:
              f"prompts per timed call set, {results['repeats']} timed repeats (median) after a warm-up, all "
              f"configurations round-robin in one process. Quality: {results['quality_prompts']} prompts, one image "
              "each (GenEval-shapes = exact evaluator, mean of the six categories; FID = shapes features vs renders "
-             "of the same prompts).", "",
+             f"of the same prompts{spread_note(results)}).", "",
              "| batch | method | speedup | acceptance rate | images/s | tokens / target forward | target calls / image "
              "| draft calls / image | GenEval-shapes | FID |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -125,7 +138,8 @@ def to_markdown(results: dict, command: str) -> str:
             rate = f"{stats['acceptance_rate']:.3f}" if stats.get("drafted_tokens") else "-"
             lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {rate} | {c['items_per_s']:.2f} | "
                          f"{c['tokens_per_target_call'] or 0:.2f} | {stats.get('target_calls', 0) / items:.1f} | "
-                         f"{stats.get('draft_calls', 0) / items:.1f} | {q['geneval']:.3f} | {q['fid']:.1f} |")
+                         f"{stats.get('draft_calls', 0) / items:.1f} | {score_cell(q, 'geneval', 3)} | "
+                         f"{score_cell(q, 'fid', 1)} |")
     noise = results["quality"]["none, seed 2"]
     base = results["quality"]["none"]
     lines += ["", f"Noise level: target-only with a second seed scores GenEval-shapes {noise['geneval']:.3f} "
@@ -149,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
+    add_quality_seeds_argument(parser)
     add_run_arguments(parser)
     return parser
 
@@ -176,9 +191,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
     real = reference_images(quality_prompts, args.difficulty, REFERENCE_SIZE, args.seed)
     results = run(pipe, configs, shared, args.batch_sizes, speed_prompts, quality_prompts, real, args.repeats,
-                  args.quality_batch, args.seed)
+                  args.quality_batch, args.seed, args.quality_seeds)
     results.update(machine=machine_line(), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
-                   repeats=args.repeats, configs=configs, shared=shared)
+                   quality_seeds=args.quality_seeds, repeats=args.repeats, configs=configs, shared=shared)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_continuous", argv))
     write_report(args.out, table, results)
     return 0

@@ -4,6 +4,7 @@ GenEval-shapes score and FID with the shapes feature network)."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from typing import Any
 
@@ -45,3 +46,30 @@ def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor
     evaluator's overall GenEval-shapes score and FID (shapes features) against ``real``."""
     fake = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).float()
     return {"geneval": evaluate(images, list(prompts)).overall, "fid": compute_fid(real, fake, "shapes").fid}
+
+
+def add_quality_seeds_argument(parser: argparse.ArgumentParser) -> None:
+    """``--quality-seeds N``: generation seeds per configuration's quality (mean and spread reported)."""
+    parser.add_argument("--quality-seeds", type=_positive_int, default=1,
+                        help="generation seeds per method's quality (mean and spread across them reported)")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def score_cell(quality_row: dict, key: str, digits: int) -> str:
+    """A table cell for one quality score, with its spread across seeds when several were measured."""
+    value = f"{quality_row[key]:.{digits}f}"
+    if quality_row.get("seeds", 1) > 1:
+        value += f" ± {quality_row[key + '_sd']:.{digits}f}"
+    return value
+
+
+def spread_note(results: dict) -> str:
+    """The table header's words for how quality was aggregated."""
+    seeds = results.get("quality_seeds", 1)
+    return f", mean ± standard deviation over {seeds} generation seeds" if seeds > 1 else ""

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mmspec.evaluation import bench_ar_image
-from mmspec.evaluation.bench_images import mean_quality
+from mmspec.evaluation import bench_ar_image, bench_continuous
+from mmspec.evaluation.bench_images import mean_quality, score_cell, spread_note
 
 
 def test_mean_quality_averages_seeds_and_states_their_spread():
@@ -26,14 +26,19 @@ def test_mean_quality_needs_a_seed():
         mean_quality([])
 
 
-def test_bench_ar_image_rejects_zero_quality_seeds():
-    with pytest.raises(SystemExit, match="--quality-seeds must be >= 1"):
-        bench_ar_image.main(["--quality-seeds", "0"])
+@pytest.mark.parametrize("bench", [bench_ar_image, bench_continuous])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_benchmarks_reject_non_positive_quality_seeds(bench, value, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--quality-seeds", value])
+    assert "--quality-seeds: must be >= 1" in capsys.readouterr().err
 
 
 def test_quality_cells_show_the_spread_only_for_several_seeds():
     one = {"geneval": 0.8333, "fid": 301.234, "seeds": 1, "geneval_sd": 0.0, "fid_sd": 0.0}
     three = {**one, "seeds": 3, "geneval_sd": 0.0123}
-    assert bench_ar_image._score(one, "geneval", 3) == "0.833"
-    assert bench_ar_image._score(three, "geneval", 3) == "0.833 ± 0.012"
-    assert bench_ar_image._score({"geneval": 0.5, "fid": 1.0}, "fid", 2) == "1.00"  # older results: no seeds key
+    assert score_cell(one, "geneval", 3) == "0.833"
+    assert score_cell(three, "geneval", 3) == "0.833 ± 0.012"
+    assert score_cell({"geneval": 0.5, "fid": 1.0}, "fid", 2) == "1.00"  # older results: no seeds key
+    assert spread_note({"quality_seeds": 3}) == ", mean ± standard deviation over 3 generation seeds"
+    assert spread_note({}) == ""

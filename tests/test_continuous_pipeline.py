@@ -331,8 +331,8 @@ def test_benchmark_script_writes_its_table(tmp_path):
                               text_tokenizer=words).save_pretrained(tmp_path / "pipe")
     out = tmp_path / "bench.md"
     code = bench_continuous.main(["--pipeline", str(tmp_path / "pipe"), "--batch-sizes", "1", "2", "--speed-prompts", "2",
-                                  "--quality-prompts", "1", "--repeats", "1", "--threads", "1", "--num-iter", "8",
-                                  "--out", str(out)])
+                                  "--quality-prompts", "1", "--quality-seeds", "2", "--repeats", "1", "--threads", "1",
+                                  "--num-iter", "8", "--out", str(out)])
     assert code == 0
     table = out.read_text()
     rows = [line for line in table.splitlines() if line.startswith(("| 1 |", "| 2 |"))]
@@ -344,6 +344,10 @@ def test_benchmark_script_writes_its_table(tmp_path):
     assert set(data["quality"]) == {*bench_continuous.DEFAULT_CONFIGS, "none, seed 2"}
     assert data["speed"]["2"]["cases"]["none"]["speedup"] == pytest.approx(1.0)
     assert data["speed"]["2"]["cases"]["cspd"]["stats"]["draft_calls"] > 0
+    cspd = data["quality"]["cspd"]  # two generation seeds, averaged, with their spread; the chance row one
+    assert cspd["seeds"] == 2 and len(cspd["per_seed"]) == 2 and data["quality"]["none, seed 2"]["seeds"] == 1
+    assert cspd["geneval"] == pytest.approx(sum(s["geneval"] for s in cspd["per_seed"]) / 2)
+    assert " ± " in rows[0] and "over 2 generation seeds" in table
 
 
 def test_cspd_token_distances_diagnostic():
