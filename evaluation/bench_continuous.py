@@ -27,6 +27,7 @@ import torch
 
 from mmspec.world import make_prompt_set
 
+from . import bench_images
 from .bench_cli import (
     add_run_arguments,
     command_line,
@@ -34,14 +35,6 @@ from .bench_cli import (
     machine_line,
     new_parser,
     write_report,
-)
-from .bench_images import (
-    add_quality_seeds_argument,
-    mean_quality,
-    quality,
-    reference_images,
-    score_cell,
-    spread_note,
 )
 from .speed import RunResult, run_benchmark
 
@@ -93,9 +86,9 @@ def run(pipe: Any, configs: dict[str, dict], shared: dict, batch_sizes: Sequence
         per_seed, stats = [], []
         for s in seeds:
             images, seed_stats = generate(pipe, texts, kwargs, quality_batch, s)
-            per_seed.append(quality(images, quality_prompts, real))
+            per_seed.append(bench_images.quality(images, quality_prompts, real))
             stats += seed_stats
-        scores[name] = {**mean_quality(per_seed), "acceptance_rate": _merge(stats).acceptance_rate,
+        scores[name] = {**bench_images.mean_quality(per_seed), "acceptance_rate": _merge(stats).acceptance_rate,
                         "seconds": round(time.perf_counter() - start, 1)}
         log(f"quality {name}: {per_seed}")
     by_batch = {}
@@ -126,7 +119,7 @@ def to_markdown(results: dict, command: str) -> str:
              f"prompts per timed call set, {results['repeats']} timed repeats (median) after a warm-up, all "
              f"configurations round-robin in one process. Quality: {results['quality_prompts']} prompts, one image "
              "each (GenEval-shapes = exact evaluator, mean of the six categories; FID = shapes features vs renders "
-             f"of the same prompts{spread_note(results)}).", "",
+             f"of the same prompts{bench_images.spread_note(results)}).", "",
              "| batch | method | speedup | acceptance rate | images/s | tokens / target forward | target calls / image "
              "| draft calls / image | GenEval-shapes | FID |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -138,8 +131,8 @@ def to_markdown(results: dict, command: str) -> str:
             rate = f"{stats['acceptance_rate']:.3f}" if stats.get("drafted_tokens") else "-"
             lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {rate} | {c['items_per_s']:.2f} | "
                          f"{c['tokens_per_target_call'] or 0:.2f} | {stats.get('target_calls', 0) / items:.1f} | "
-                         f"{stats.get('draft_calls', 0) / items:.1f} | {score_cell(q, 'geneval', 3)} | "
-                         f"{score_cell(q, 'fid', 1)} |")
+                         f"{stats.get('draft_calls', 0) / items:.1f} | {bench_images.score_cell(q, 'geneval', 3)} | "
+                         f"{bench_images.score_cell(q, 'fid', 1)} |")
     noise = results["quality"]["none, seed 2"]
     base = results["quality"]["none"]
     lines += ["", f"Noise level: target-only with a second seed scores GenEval-shapes {noise['geneval']:.3f} "
@@ -163,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
-    add_quality_seeds_argument(parser)
+    bench_images.add_quality_seeds_argument(parser)
     add_run_arguments(parser)
     return parser
 
@@ -189,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     speed_prompts = [speed_prompts[i] for i in rng.permutation(len(speed_prompts))[:args.speed_prompts]]
     quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
-    real = reference_images(quality_prompts, args.difficulty, REFERENCE_SIZE, args.seed)
+    real = bench_images.reference_images(quality_prompts, args.difficulty, REFERENCE_SIZE, args.seed)
     results = run(pipe, configs, shared, args.batch_sizes, speed_prompts, quality_prompts, real, args.repeats,
                   args.quality_batch, args.seed, args.quality_seeds)
     results.update(machine=machine_line(), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
