@@ -63,27 +63,40 @@ class DraftTree:
 
 
 def tree_depths(parents: torch.Tensor) -> torch.Tensor:
-    """``[B, N]`` depths from topologically ordered parent indices."""
-    depths = torch.zeros_like(parents)
-    for j in range(parents.shape[1]):
-        parent = parents[:, j]
-        depths[:, j] = torch.where(parent < 0, 1, depths.gather(1, parent.clamp_min(0).unsqueeze(1)).squeeze(1) + 1)
-    return depths
+    """``[B, N]`` depths from parent indices (``-1``: a child of the root, depth 1).
+
+    Pointer jumping: every node keeps a pointer ``up`` to an ancestor and the number of edges to it;
+    each pass adds the pointed-to node's count and doubles the jump, so a tree of depth D takes about
+    log2(D) vectorised passes instead of a Python step per node (this runs in every tree round)."""
+    depths = torch.ones_like(parents)
+    up = parents.clone()
+    while True:
+        above = up >= 0
+        if not bool(above.any()):
+            return depths
+        safe = up.clamp_min(0)
+        depths = torch.where(above, depths + depths.gather(1, safe), depths)
+        up = torch.where(above, up.gather(1, safe), up)
 
 
 def tree_attention_mask(parents: torch.Tensor, include_root: bool = True) -> torch.Tensor:
     """Boolean ancestor-or-self mask: ``mask[b, i, j]`` is True iff node j is i or an ancestor of i.
 
     With ``include_root`` the root (the last committed token) is prepended as index 0, visible to all:
-    the result is ``[B, N+1, N+1]``, matching the target's input ``[root, nodes...]``.
+    the result is ``[B, N+1, N+1]``, matching the target's input ``[root, nodes...]``. Built by walking
+    all nodes up one level per pass (as many passes as the tree is deep, not one per node).
     """
     batch, num_nodes = parents.shape
     mask = torch.eye(num_nodes, dtype=torch.bool, device=parents.device).expand(batch, -1, -1).clone()
-    for j in range(num_nodes):
-        parent = parents[:, j]
-        has_parent = parent >= 0
-        inherited = mask[torch.arange(batch), parent.clamp_min(0)] & has_parent.unsqueeze(-1)
-        mask[:, j] |= inherited
+    rows = torch.arange(batch, device=parents.device).unsqueeze(1).expand(-1, num_nodes)
+    nodes = torch.arange(num_nodes, device=parents.device).expand(batch, -1)
+    ancestor = parents.clone()  # [B, N]: each node's ancestor at the current distance (-1 above the root)
+    while True:
+        above = ancestor >= 0
+        if not bool(above.any()):
+            break
+        mask[rows[above], nodes[above], ancestor[above]] = True
+        ancestor = torch.where(above, parents.gather(1, ancestor.clamp_min(0)), ancestor)
     if not include_root:
         return mask
     full = torch.ones(batch, num_nodes + 1, num_nodes + 1, dtype=torch.bool, device=parents.device)
