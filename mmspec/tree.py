@@ -360,9 +360,10 @@ def _walk(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule, acc
             target_mass, draft_mass = rule.masses(current, q, token)
             accept = trying & (accept_u[rows, safe] * draft_mass < target_mass)
             reject = trying & ~accept
-            residual = rule.residual(current, q, token)
-            residual = residual / residual.sum(-1, keepdim=True)
-            current = torch.where(reject.unsqueeze(-1), residual, current)
+            if bool(reject.any()):  # the residual over the vocabulary only when some row needs it
+                residual = rule.residual(current, q, token)
+                residual = residual / residual.sum(-1, keepdim=True)
+                current = torch.where(reject.unsqueeze(-1), residual, current)
             current = torch.where(accept.unsqueeze(-1), target_probs[rows, safe + 1], current)
             node = torch.where(accept, child, node)
             path[:, depth] = torch.where(accept, child, path[:, depth])
