@@ -40,6 +40,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from mmspec.drafters import JacobiDrafter, TreeConfig
+from mmspec.inference_mode import inference_call, outside_inference_mode
 from mmspec.local_speculate import local_speculative_generate
 from mmspec.models.llamagen_text import caption_features, check_text_encoder
 from mmspec.models.text import WordTokenizer
@@ -219,7 +220,8 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
     def codebook_neighbors(self, k: int) -> torch.Tensor:
         """``vqvae.codebook_neighbors(k)`` computed once (for the largest k asked so far) and cached."""
         if self._neighbors is None or self._neighbors.shape[1] < k:
-            self._neighbors = self.vqvae.codebook_neighbors(k).to(torch.long)
+            with outside_inference_mode():  # the table outlives the call that first asks for it
+                self._neighbors = self.vqvae.codebook_neighbors(k).to(torch.long)
         return self._neighbors[:, :k]
 
     def codebook_embeddings(self) -> torch.Tensor | None:
@@ -353,7 +355,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         return drafter, PoolingThresholdRule(self.codebook_neighbors(mulo_k), k=mulo_k, tau=mulo_tau, greedy=greedy)
 
     # -- generation -----------------------------------------------------------------------------------
-    @torch.no_grad()
+    @inference_call
     def __call__(self, prompt: str | list[str] | None = None, class_labels: int | list[int] | torch.Tensor | None = None,
                  method: str = "none", *, do_sample: bool = True, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float = 1.0, guidance_scale: float = 3.0, num_images_per_prompt: int = 1,

@@ -49,6 +49,7 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
+from mmspec.inference_mode import inference_call, outside_inference_mode
 from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
 from mmspec.models.text import WordTokenizer
 from mmspec.models.video import NUM_TRAIN_TIMESTEPS, _at_least_fp32, check_timesteps
@@ -337,7 +338,8 @@ class ARVideoPipeline(WordVocabularyMixin, DiffusionPipeline):
             return resolve_reward(reward, **kwargs)
         key = (reward, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
         if key not in self._reward_cache:
-            self._reward_cache[key] = resolve_reward(reward, **kwargs)
+            with outside_inference_mode():  # scorers are kept beyond the call that builds them
+                self._reward_cache[key] = resolve_reward(reward, **kwargs)
         return self._reward_cache[key]
 
     def check_inputs(self, prompt: Any, method: str, num_blocks: int, tau: float, aggregate: str,
@@ -428,7 +430,7 @@ class ARVideoPipeline(WordVocabularyMixin, DiffusionPipeline):
         return cache
 
     # -- generation -----------------------------------------------------------------------------------
-    @torch.no_grad()
+    @inference_call
     def __call__(self, prompt: str | VideoPrompt | list[str | VideoPrompt], method: str = "none", *,
                  num_blocks: int | None = None, num_inference_steps: int = 4,
                  denoising_timesteps: Sequence[float] | None = None, sampler: str = "euler", tau: float = 0.0,

@@ -57,6 +57,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from mmspec.continuous import cspd_log_ratio_terms, gaussian_log_prob, verify_continuous
+from mmspec.inference_mode import inference_call
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines.conditioning import (
     WordVocabularyMixin,
@@ -397,7 +398,7 @@ class ContinuousARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
 
     # -- generation -----------------------------------------------------------------------------------
-    @torch.no_grad()
+    @inference_call
     def __call__(self, prompt: str | list[str] | None = None, class_labels: int | list[int] | torch.Tensor | None = None,
                  method: str = "none", *, num_iter: int | None = None, num_diffusion_steps: int | None = None,
                  temperature: float = 1.0, guidance_scale: float = 3.0, cfg_schedule: str = "linear",

@@ -42,6 +42,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from mmspec.drafters import ModelDrafter, TreeConfig
+from mmspec.inference_mode import inference_call
 from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner, vlm_family
 from mmspec.pipelines.hub import load_components, resolve_pretrained
@@ -256,7 +257,7 @@ class VLMPipeline(DiffusionPipeline):
                          "(mmspec.models.vlm_drafters or EagleHead)")
 
     # -- generation -----------------------------------------------------------------------------------
-    @torch.no_grad()
+    @inference_call
     def __call__(self, images: Any = None, prompt: str | Sequence[str] = "", method: str = "none", *,
                  videos: Any = None, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float = 1.0, max_new_tokens: int = 256, generator: torch.Generator | None = None,

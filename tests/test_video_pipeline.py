@@ -339,6 +339,8 @@ def test_clip_reward_from_local_random_weights(pipe, tmp_path):
     reward = ScorerFrameReward(scorer, "clip", 32)
     assert reward(out.frames[0, 2:4], PROMPTS[0]) == pytest.approx(out.stats.frame_rewards[0, 2:4].tolist(), abs=1e-4)
     assert pipe.get_reward("clip", kwargs) is pipe.get_reward("clip", kwargs)  # built once
+    # built inside the call (inference mode) but kept: its weights are ordinary tensors
+    assert not any(p.is_inference() for p in pipe.get_reward("clip", kwargs).scorer.model.parameters())
 
 
 @pytest.mark.skipif(importlib.util.find_spec("ImageReward") is None, reason="image-reward is an extra")
