@@ -19,6 +19,11 @@ from mmspec.inference_mode import as_ordinary_tensors, inference_call, outside_i
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
+@dataclass(frozen=True)
+class _Frozen:
+    values: torch.Tensor
+
+
 @dataclass
 class _Output:
     tokens: torch.Tensor
@@ -32,6 +37,9 @@ def test_as_ordinary_tensors_converts_nested_containers_and_keeps_ordinary_tenso
     with torch.inference_mode():
         made = [torch.ones(2) for _ in range(5)]
     out = _Output(made[0], [made[1], (made[2], ordinary)], {"x": made[3], "p": pair(made[4], ordinary)})
+    with torch.inference_mode():
+        frozen = _Frozen(torch.zeros(1))
+    assert not as_ordinary_tensors(frozen).values.is_inference()
     converted = as_ordinary_tensors(out)
     assert converted is out
     leaves = [out.tokens, out.extras[0], out.extras[1][0], out.stats["x"], out.stats["p"].a]
