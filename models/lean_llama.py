@@ -12,7 +12,7 @@ mask ``[B, S+T]`` (1 = valid; causal over cache slots) or an explicit boolean vi
 from :meth:`new_cache`; rollback is the core's ``select_cache_slots``). Query rows that may see no key at
 all (padding) attend to every key instead, as transformers does, so their outputs stay finite.
 
-**Inference fast path.** Without autograd (``torch.no_grad``: drafting) each layer runs fewer, larger ops,
+**Inference fast path.** Without autograd (``torch.no_grad`` or ``torch.inference_mode``: drafting) each layer runs fewer, larger ops,
 because a draft step on one token is bound by per-op overhead, not arithmetic: one matmul computes
 ``q, k, rotate_half(q), rotate_half(k), v`` (rotate_half is a signed permutation of rows, folded into a
 copy of the projection weights) and one ``addcmul`` applies RoPE to q and k together, one matmul computes
