@@ -38,10 +38,10 @@ from .bench_cli import (
 )
 from .bench_images import (
     add_quality_seeds_argument,
-    mean_quality,
     quality,
     reference_images,
     score_cell,
+    seeded_quality,
     spread_note,
 )
 from .speed import RunResult, run_benchmark
@@ -96,7 +96,7 @@ def run(pipe: Any, methods: Sequence[str], kwargs_by_case: dict[str, dict[str, d
     """Every measurement of the table. ``kwargs_by_case[mode][str(batch)][method]`` are the pipeline
     keywords of a timed batch size; quality is measured with those of batch 1 (the headline settings),
     generated in chunks of ``quality_batch``, once per generation seed ``seed .. seed + quality_seeds - 1``
-    (:func:`~.bench_images.mean_quality`: the mean and the spread across seeds). The chance row "none, seed
+    (:func:`~.bench_images.seeded_quality`: the mean and the spread across seeds). The chance row "none, seed
     2" uses the next seed, one no method row used (no seeds: ``mean_quality`` refuses). Returns a JSON-able
     dict."""
     results: dict[str, Any] = {"modes": {}}
@@ -106,10 +106,11 @@ def run(pipe: Any, methods: Sequence[str], kwargs_by_case: dict[str, dict[str, d
         scores: dict[str, dict[str, Any]] = {}
         for method in methods:
             start = time.perf_counter()
-            per_seed = [quality(generate(pipe, texts, method, kwargs[method], mode, quality_batch, s)[0],
-                                quality_prompts, real) for s in range(seed, seed + quality_seeds)]
-            scores[method] = mean_quality(per_seed)
-            log(f"[{mode_name}] quality {method}: {per_seed} ({time.perf_counter() - start:.0f} s)")
+            image_sets = (generate(pipe, texts, method, kwargs[method], mode, quality_batch, s)[0]
+                          for s in range(seed, seed + quality_seeds))
+            scores[method] = seeded_quality(image_sets, quality_prompts, real)
+            log(f"[{mode_name}] quality {method}: {scores[method]['per_seed']} "
+                f"({time.perf_counter() - start:.0f} s)")
         images, _ = generate(pipe, texts, "none", {}, mode, quality_batch, seed + quality_seeds)
         scores["none, seed 2"] = quality(images, quality_prompts, real)
         log(f"[{mode_name}] quality none, seed 2: {scores['none, seed 2']}")

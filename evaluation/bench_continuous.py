@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,7 +27,6 @@ import torch
 
 from mmspec.world import make_prompt_set
 
-from . import bench_images
 from .bench_cli import (
     add_run_arguments,
     command_line,
@@ -35,6 +34,13 @@ from .bench_cli import (
     machine_line,
     new_parser,
     write_report,
+)
+from .bench_images import (
+    add_quality_seeds_argument,
+    reference_images,
+    score_cell,
+    seeded_quality,
+    spread_note,
 )
 from .speed import RunResult, run_benchmark
 
@@ -70,11 +76,20 @@ def _merge(stats: list) -> Any:
     return type(stats[0]).merge(stats)
 
 
+def _images_per_seed(pipe: Any, prompts: Sequence[str], kwargs: dict, batch: int, seeds: Sequence[int],
+                     stats: list) -> Iterator[list[np.ndarray]]:
+    """The images of ``prompts`` for each seed in turn, adding every call's stats to ``stats``."""
+    for seed in seeds:
+        images, seed_stats = generate(pipe, prompts, kwargs, batch, seed)
+        stats.extend(seed_stats)
+        yield images
+
+
 def run(pipe: Any, configs: dict[str, dict], shared: dict, batch_sizes: Sequence[int], speed_prompts: Sequence[Any],
         quality_prompts: Sequence[Any], real: torch.Tensor, repeats: int, quality_batch: int, seed: int,
         quality_seeds: int = 1, log=print) -> dict:
     """Every measurement of the table; returns a JSON-able dict. Quality is measured once per generation
-    seed ``seed .. seed + quality_seeds - 1`` and averaged (:func:`~.bench_images.mean_quality`); the
+    seed ``seed .. seed + quality_seeds - 1`` and averaged (:func:`~.bench_images.seeded_quality`); the
     chance row "none, seed 2" uses the next seed."""
     names = list(configs)
     texts = [p.text for p in quality_prompts]
@@ -83,14 +98,12 @@ def run(pipe: Any, configs: dict[str, dict], shared: dict, batch_sizes: Sequence
         kwargs = {**shared, **_call_kwargs(configs["none" if name == "none, seed 2" else name])}
         seeds = [seed + quality_seeds] if name == "none, seed 2" else range(seed, seed + quality_seeds)
         start = time.perf_counter()
-        per_seed, stats = [], []
-        for s in seeds:
-            images, seed_stats = generate(pipe, texts, kwargs, quality_batch, s)
-            per_seed.append(bench_images.quality(images, quality_prompts, real))
-            stats += seed_stats
-        scores[name] = {**bench_images.mean_quality(per_seed), "acceptance_rate": _merge(stats).acceptance_rate,
+        stats: list = []
+        summary = seeded_quality(_images_per_seed(pipe, texts, kwargs, quality_batch, seeds, stats), quality_prompts,
+                                 real)
+        scores[name] = {**summary, "acceptance_rate": _merge(stats).acceptance_rate,
                         "seconds": round(time.perf_counter() - start, 1)}
-        log(f"quality {name}: {per_seed}")
+        log(f"quality {name}: {summary['per_seed']}")
     by_batch = {}
     speed_texts = [p.text for p in speed_prompts]
     for batch in batch_sizes:
@@ -119,7 +132,7 @@ def to_markdown(results: dict, command: str) -> str:
              f"prompts per timed call set, {results['repeats']} timed repeats (median) after a warm-up, all "
              f"configurations round-robin in one process. Quality: {results['quality_prompts']} prompts, one image "
              "each (GenEval-shapes = exact evaluator, mean of the six categories; FID = shapes features vs renders "
-             f"of the same prompts{bench_images.spread_note(results)}).", "",
+             f"of the same prompts{spread_note(results)}).", "",
              "| batch | method | speedup | acceptance rate | images/s | tokens / target forward | target calls / image "
              "| draft calls / image | GenEval-shapes | FID |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -131,8 +144,8 @@ def to_markdown(results: dict, command: str) -> str:
             rate = f"{stats['acceptance_rate']:.3f}" if stats.get("drafted_tokens") else "-"
             lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {rate} | {c['items_per_s']:.2f} | "
                          f"{c['tokens_per_target_call'] or 0:.2f} | {stats.get('target_calls', 0) / items:.1f} | "
-                         f"{stats.get('draft_calls', 0) / items:.1f} | {bench_images.score_cell(q, 'geneval', 3)} | "
-                         f"{bench_images.score_cell(q, 'fid', 1)} |")
+                         f"{stats.get('draft_calls', 0) / items:.1f} | {score_cell(q, 'geneval', 3)} | "
+                         f"{score_cell(q, 'fid', 1)} |")
     noise = results["quality"]["none, seed 2"]
     base = results["quality"]["none"]
     lines += ["", f"Noise level: target-only with a second seed scores GenEval-shapes {noise['geneval']:.3f} "
@@ -156,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--guidance-scale", type=float, default=None)
     parser.add_argument("--temperature", type=float, default=None)
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
-    bench_images.add_quality_seeds_argument(parser)
+    add_quality_seeds_argument(parser)
     add_run_arguments(parser)
     return parser
 
@@ -182,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rng = np.random.default_rng(args.seed)
     speed_prompts = [speed_prompts[i] for i in rng.permutation(len(speed_prompts))[:args.speed_prompts]]
     quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
-    real = bench_images.reference_images(quality_prompts, args.difficulty, REFERENCE_SIZE, args.seed)
+    real = reference_images(quality_prompts, args.difficulty, REFERENCE_SIZE, args.seed)
     results = run(pipe, configs, shared, args.batch_sizes, speed_prompts, quality_prompts, real, args.repeats,
                   args.quality_batch, args.seed, args.quality_seeds)
     results.update(machine=machine_line(), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),

@@ -5,7 +5,7 @@ GenEval-shapes score and FID with the shapes feature network)."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -39,6 +39,13 @@ def mean_quality(per_seed: Sequence[dict[str, float]]) -> dict[str, Any]:
     out["seeds"] = len(per_seed)
     out["per_seed"] = [dict(scores) for scores in per_seed]
     return out
+
+
+def seeded_quality(image_sets: Iterable[list[np.ndarray]], prompts: Sequence[Any], real: torch.Tensor
+                   ) -> dict[str, Any]:
+    """:func:`mean_quality` over image sets of the same ``prompts``, one per generation seed (an iterable, so
+    each set can be generated, scored and dropped in turn)."""
+    return mean_quality([quality(images, prompts, real) for images in image_sets])
 
 
 def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor) -> dict[str, float]:
