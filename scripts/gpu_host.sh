@@ -44,9 +44,13 @@ if [ ! -f "$SITE/.wheels-installed" ]; then  # the dependency wheels once per ho
     fi
     touch "$SITE/.wheels-installed"
 fi
-# mmspec itself on every call (a few seconds), so the installed copy is this tree's.
-rm -rf "$SITE"/mmspec "$SITE"/mmspec-*.dist-info
-"$PYTHON" -m pip install --quiet --no-index --no-deps --no-build-isolation --target "$SITE" "$ROOT"
+# mmspec itself on every call (a few seconds), so the installed copy is this tree's; a caller that starts
+# several commands at once installs first and sets MMSPEC_SITE_READY=1 for them (concurrent builds share
+# the tree's build/ folder and fail).
+if [ "${MMSPEC_SITE_READY:-0}" != 1 ]; then
+    rm -rf "$SITE"/mmspec "$SITE"/mmspec-*.dist-info
+    "$PYTHON" -m pip install --quiet --no-index --no-deps --no-build-isolation --target "$SITE" "$ROOT"
+fi
 export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 "$PYTHON" -c "import mmspec, sys; sys.exit(0 if mmspec.__file__.startswith('$SITE') else 1)" || {
