@@ -54,3 +54,28 @@ def test_bad_arguments_are_refused_before_any_work(tmp_path):
         result = _run(*args, env=env)
         assert result.returncode == 2 and ("usage" in result.stderr or "unknown job" in result.stderr), args
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.slow
+def test_gpu_host_installs_once_then_serves_concurrent_commands(tmp_path):
+    """gpu_lease_jobs.sh installs mmspec through gpu_host.sh once, then starts its jobs side by side with
+    MMSPEC_SITE_READY=1: those calls must not rebuild the tree (concurrent builds share build/ and failed on
+    a GPU lease) and must still import mmspec from the installed copy. Here the host's Python is this
+    environment's (it has torch and transformers, as a GPU host does)."""
+    site = tmp_path / "site"
+    env = {**os.environ, "PYTHON": sys.executable, "MMSPEC_SITE": str(site),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    host = ["bash", str(ROOT / "scripts" / "gpu_host.sh"), "python", "-c"]
+    where = "import mmspec.models, sys; print(mmspec.models.__file__); sys.exit(0)"
+    first = subprocess.run([*host, where], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.strip().startswith(str(site)), first.stdout
+    installed = (site / "mmspec" / "__init__.py").stat().st_mtime_ns
+    ready = {**env, "MMSPEC_SITE_READY": "1"}
+    calls = [subprocess.Popen([*host, where], cwd=ROOT, env=ready, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(4)]
+    for call in calls:
+        out, err = call.communicate(timeout=600)
+        assert call.returncode == 0, err[-3000:]
+        assert out.strip().startswith(str(site)), out
+    assert (site / "mmspec" / "__init__.py").stat().st_mtime_ns == installed  # nothing was reinstalled
