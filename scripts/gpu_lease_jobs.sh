@@ -17,7 +17,7 @@
 # Jobs (default: video vlm_control mar_draft):
 #   video        issue 7: a further stage of the zoo's video target (stage 4 came from the 2026-11-27
 #                lease with --seed 4) on fresh clips (--seed 5), then its drafter retrained from the new
-#                target's blocks 0, 1 (a quarter of SECONDS)
+#                target's blocks 0, 1 on the same clips (a quarter of SECONDS)
 #   vlm_control  issue 5: a tenth captioner stage, stage 9's mix on a fresh set (--seed 13; the
 #                2026-11-27 lease's 1300 steps on seed 12 raised questions from 86.5 % to 89 %)
 #   vlm_widened  issue 5: the same stage widened to 256 channels (--grow-text-width); the 2026-11-27
@@ -50,10 +50,10 @@ mkdir -p "$OUT" "$RUNS"
 smoke="${MMSPEC_LEASE_SMOKE:-0}"
 if [ "$smoke" = 1 ]; then
     runner=("${MMSPEC_LEASE_PYTHON:-${MMSPEC_VENV:-.venv}/bin/python}")  # the project's environment
-    device=(--device cpu --threads 1)
+    device=(--device cpu --threads 1 --data-workers 2)
 else
     runner=(bash scripts/gpu_host.sh python)
-    device=(--device cuda --threads 3)
+    device=(--device cuda --threads 3 --data-workers 4)  # 16 cores: the jobs build their data at the same time
     "${runner[@]}" -c "import mmspec.models" || exit 1  # gpu_host.sh installs once, before the jobs start,
     export MMSPEC_SITE_READY=1                             # and the jobs use that install
 fi
@@ -91,7 +91,8 @@ run_job() {
     video)
         "${runner[@]}" "${video_target[@]}" $(tiny video_smoke) "${device[@]}" --time-limit "$video_target_limit" \
             --work "$RUNS/lease_video" --out "$RUNS/lease_video/model" &&
-        "${runner[@]}" "${video_drafter[@]}" --init "$RUNS/lease_video/model" $(tiny video_smoke) "${device[@]}" \
+        "${runner[@]}" "${video_drafter[@]}" --init "$RUNS/lease_video/model" --data "$RUNS/lease_video/data.pt" \
+            $(tiny video_smoke) "${device[@]}" \
             --time-limit "$video_drafter_limit" --work "$RUNS/lease_video_drafter" --out "$RUNS/lease_video_drafter/model" ;;
     mar_draft)
         "${runner[@]}" "${mar_draft[@]}" $(tiny mar_smoke) "${device[@]}" --time-limit "$seconds" \

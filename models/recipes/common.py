@@ -8,25 +8,45 @@ import argparse
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from mmspec.world import ShapesImageDataset
+from mmspec.world.parallel import build_in_parts
+
 DEFAULT_VQ = Path(__file__).resolve().parents[1] / "zoo" / "tokenizers" / "vq"
 
 
 def add_run_arguments(parser: argparse.ArgumentParser, work: str) -> None:
     """``--work`` (checkpoints, logs, cached data), ``--vq``, the training-set knobs shared by the shapes
-    t2i recipes (same defaults, so every part of a zoo entry sees the same images), ``--threads``, ``--seed``."""
+    t2i recipes (same defaults, so every part of a zoo entry sees the same images), ``--threads``, ``--seed``,
+    ``--data-workers``."""
     parser.add_argument("--work", type=Path, default=Path(work))
     parser.add_argument("--vq", type=Path, default=DEFAULT_VQ)
     parser.add_argument("--train-images", type=int, default=50000)
     parser.add_argument("--difficulty", type=float, default=0.5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    add_data_workers_argument(parser)
+
+
+def add_data_workers_argument(parser: argparse.ArgumentParser) -> None:
+    """``--data-workers``: processes that build the training set (:mod:`mmspec.world.parallel`; the same set
+    for any number)."""
+    parser.add_argument("--data-workers", type=_positive_int, default=1, metavar="N",
+                        help="build the training set in N processes (the same set for any N; default 1)")
+
+
+def _positive_int(text: str) -> int:
+    """argparse type of a count >= 1."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return int(text)
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
@@ -73,6 +93,35 @@ def save_zoo_folder(pipe: Any, folder: Path) -> None:
         data = json.loads(config.read_text())
         if data.pop("_name_or_path", None) is not None:
             config.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+ENCODE_BATCH = 500  # images per tokenizer call while building an image training set
+
+
+def encode_image_set(num: int, seed: int, encode: Callable[[torch.Tensor], torch.Tensor], difficulty: float,
+                     split: str = "train", categories: Mapping[str, float] | None = None,
+                     workers: int = 1) -> tuple[torch.Tensor, list[str]]:
+    """Images ``0 .. num - 1`` of ``ShapesImageDataset(num, seed, split, difficulty=..., categories=...)``
+    rendered, passed through ``encode`` (``[B, 3, H, W]`` in [0, 1] -> codes, in batches of
+    ``ENCODE_BATCH``) and captioned: ``(codes [num, ...], captions)``. ``workers`` > 1 builds slices in that
+    many processes, cut at multiples of the batch so every batch is the one a single process encodes;
+    ``encode`` must then pickle (a ``functools.partial`` of a module-level function)."""
+    parts = build_in_parts(partial(_encoded_images, num=num, seed=seed, encode=encode, difficulty=difficulty,
+                                   split=split, categories=categories), num, workers, align=ENCODE_BATCH)
+    return torch.cat([codes for codes, _ in parts]), [caption for _, captions in parts for caption in captions]
+
+
+def _encoded_images(first: int, count: int, *, num: int, seed: int, encode: Callable[[torch.Tensor], torch.Tensor],
+                    difficulty: float, split: str, categories: Mapping[str, float] | None) -> tuple[torch.Tensor, list[str]]:
+    """Images ``first .. first + count - 1`` of :func:`encode_image_set`."""
+    data = ShapesImageDataset(num, seed=seed, split=split, difficulty=difficulty, categories=categories, texts=False)
+    codes, captions = [], []
+    for start in range(first, first + count, ENCODE_BATCH):
+        items = [data[i] for i in range(start, min(first + count, start + ENCODE_BATCH))]
+        with torch.no_grad():
+            codes.append(encode(torch.stack([item["image"] for item in items])))
+        captions += [item["caption"] for item in items]
+    return torch.cat(codes), captions
 
 
 def cached_data(work: Path, build: Callable[[], dict], name: str = "data.pt") -> dict:

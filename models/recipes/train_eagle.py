@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     words = WordTokenizer(vocabulary())
     cond_len = target.config.cls_token_num
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, cond_len,
-                                                     args.difficulty))
+                                                     args.difficulty, workers=args.data_workers))
     if args.self_distill:
         own = cached_data(args.work, lambda: self_distill_data(target, data["words"][: args.self_distill],
                                                                args.self_distill_guidance, args.seed,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -34,6 +35,7 @@ from mmspec.models.recipes.common import (
     add_device_argument,
     add_run_arguments,
     cached_data,
+    encode_image_set,
     init_from_folder,
     start_run,
     time_left,
@@ -41,7 +43,7 @@ from mmspec.models.recipes.common import (
 )
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
-from mmspec.world import ShapesImageDataset, vocabulary
+from mmspec.world import vocabulary
 
 GENEVAL_CATEGORIES = {c: 1.0 for c in ("single_object", "two_object", "counting", "colors", "position", "color_attr")}
 
@@ -56,18 +58,17 @@ PRESETS: dict[str, dict] = {
 
 
 def build_data(num: int, seed: int, tokenizer: ContinuousTokenizer, words: WordTokenizer, cond_len: int,
-               difficulty: float) -> dict[str, torch.Tensor]:
-    """Render, encode and caption ``num`` scenes: ``{"tokens": [N, 64, 16] fp16, "words": [N, cond_len]}``."""
-    data = ShapesImageDataset(num, seed=seed, split="train", difficulty=difficulty, categories=GENEVAL_CATEGORIES,
-                              texts=False)
-    tokens, captions = [], []
-    for start in range(0, num, 500):
-        items = [data[i] for i in range(start, min(num, start + 500))]
-        images = torch.stack([it["image"] for it in items])
-        with torch.no_grad():
-            tokens.append(tokenizer.encode(images).flatten(1, 2).to(torch.float16))
-        captions += [it["caption"] for it in items]
-    return {"tokens": torch.cat(tokens), "words": words.batch(captions, cond_len), "captions": captions}
+               difficulty: float, workers: int = 1) -> dict[str, torch.Tensor]:
+    """Render, encode and caption ``num`` scenes: ``{"tokens": [N, 64, 16] fp16, "words": [N, cond_len]}``
+    (``workers`` processes: :func:`~mmspec.models.recipes.common.encode_image_set`)."""
+    tokens, captions = encode_image_set(num, seed, partial(_encode_tokens, tokenizer), difficulty,
+                                        categories=GENEVAL_CATEGORIES, workers=workers)
+    return {"tokens": tokens, "words": words.batch(captions, cond_len), "captions": captions}
+
+
+def _encode_tokens(tokenizer: ContinuousTokenizer, images: torch.Tensor) -> torch.Tensor:
+    """The tokenizer's latents of ``images`` as the model's token rows ``[B, 64, 16]``, fp16."""
+    return tokenizer.encode(images).flatten(1, 2).to(torch.float16)
 
 
 class EMATrainer(nn.Module):
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = ContinuousTokenizer.from_pretrained(args.tokenizer)
     words = WordTokenizer(vocabulary())
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, tokenizer, words, args.cond_len,
-                                                     args.difficulty))
+                                                     args.difficulty, workers=args.data_workers))
     grid = int(round(data["tokens"].shape[1] ** 0.5))
     model = MARModel(grid_size=grid, token_dim=data["tokens"].shape[2], encoder_embed_dim=size["dim"],
                      encoder_depth=size["encoder_depth"], encoder_num_heads=size["heads"],

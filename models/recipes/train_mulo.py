@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> None:
     vq = VQTokenizer.from_pretrained(args.vq)
     words = WordTokenizer(vocabulary())
     def build() -> dict:
-        data = build_data(args.train_images, args.seed, vq, words, args.cond_len, args.difficulty)
+        data = build_data(args.train_images, args.seed, vq, words, args.cond_len, args.difficulty,
+                          workers=args.data_workers)
         return {**data, "low_tokens": low_res_tokens(vq, data["tokens"], args.ratio)}
 
     data = cached_data(args.work, build)

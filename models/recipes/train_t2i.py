@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from mmspec.models.recipes.common import (
     add_device_argument,
     add_run_arguments,
     cached_data,
+    encode_image_set,
     init_from_folder,
     start_run,
     time_left,
@@ -35,21 +37,21 @@ from mmspec.models.recipes.common import (
 )
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
-from mmspec.world import ShapesImageDataset, vocabulary
+from mmspec.world import vocabulary
 
 
 def build_data(num: int, seed: int, vq: VQTokenizer, words: WordTokenizer, cond_len: int,
-               difficulty: float, split: str = "train") -> dict[str, torch.Tensor]:
-    """Render, tokenize and caption ``num`` scenes: ``{"tokens": [N, 64], "words": [N, cond_len]}``."""
-    data = ShapesImageDataset(num, seed=seed, split=split, difficulty=difficulty, texts=False)
-    tokens, captions = [], []
-    for start in range(0, num, 500):
-        items = [data[i] for i in range(start, min(num, start + 500))]
-        images = torch.stack([it["image"] for it in items])
-        with torch.no_grad():
-            tokens.append(vq.encode(images).flatten(1))
-        captions += [it["caption"] for it in items]
-    return {"tokens": torch.cat(tokens), "words": words.batch(captions, cond_len), "captions": captions}
+               difficulty: float, split: str = "train", workers: int = 1) -> dict[str, torch.Tensor]:
+    """Render, tokenize and caption ``num`` scenes: ``{"tokens": [N, 64], "words": [N, cond_len]}``
+    (``workers`` processes: :func:`~mmspec.models.recipes.common.encode_image_set`)."""
+    tokens, captions = encode_image_set(num, seed, partial(_encode_tokens, vq), difficulty, split=split,
+                                        workers=workers)
+    return {"tokens": tokens, "words": words.batch(captions, cond_len), "captions": captions}
+
+
+def _encode_tokens(vq: VQTokenizer, images: torch.Tensor) -> torch.Tensor:
+    """The VQ codes of ``images`` in raster order, ``[B, 64]``."""
+    return vq.encode(images).flatten(1)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     vq = VQTokenizer.from_pretrained(args.vq)
     words = WordTokenizer(vocabulary())
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, args.cond_len,
-                                                     args.difficulty))
+                                                     args.difficulty, workers=args.data_workers))
     grid_tokens = data["tokens"].shape[1]
 
     model = LlamaGenTransformer(dim=args.dim, n_layer=args.layers, n_head=args.heads, multiple_of=32,

@@ -35,16 +35,25 @@ from __future__ import annotations
 import argparse
 import copy
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from mmspec.models.recipes.common import add_device_argument, cached_data, start_run, time_left, train_loop
+from mmspec.models.recipes.common import (
+    add_data_workers_argument,
+    add_device_argument,
+    cached_data,
+    start_run,
+    time_left,
+    train_loop,
+)
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.models.video import BlockCausalVideoTransformer, flow_matching_loss
 from mmspec.world import render_scene, rng_for, sample_video, vocabulary
+from mmspec.world.parallel import build_in_parts
 from mmspec.world.video import MotionSpec, VideoClip, video_prompt_text
 
 #: sizes of the two roles; a drafter pass costs about a quarter of a target pass on CPU (2 layers vs 8)
@@ -61,14 +70,26 @@ def clip_caption(clip: VideoClip) -> str:
 
 def build_data(num: int, seed: int, tokenizer: ContinuousTokenizer, words: WordTokenizer, text_length: int,
                num_frames: int, difficulty: float, max_objects: int = 2, split: str = "train",
-               first_index: int = 0, render_frames: int | None = None) -> dict:
+               first_index: int = 0, render_frames: int | None = None, workers: int = 1) -> dict:
     """Render, encode and caption ``num`` clips (indices ``first_index`` on of the ``split`` stream):
     ``{"latents": [N, F, C, h, w] fp16, "words": [N, L], "captions"}``. Clips are sampled with
     ``num_frames`` frames (start positions leave room for the whole motion); only the first
-    ``render_frames`` (default all) are rendered and encoded."""
+    ``render_frames`` (default all) are rendered and encoded. ``workers`` > 1 builds slices of the clips in
+    that many processes (:func:`~mmspec.world.parallel.build_in_parts`)."""
+    parts = build_in_parts(partial(_clips, seed=seed, tokenizer=tokenizer, num_frames=num_frames,
+                                   difficulty=difficulty, max_objects=max_objects, split=split,
+                                   first_index=first_index, render_frames=render_frames), num, workers)
+    captions = [caption for part in parts for caption in part["captions"]]
+    return {"latents": torch.cat([part["latents"] for part in parts]), "words": words.batch(captions, text_length),
+            "captions": captions}
+
+
+def _clips(first: int, count: int, *, seed: int, tokenizer: ContinuousTokenizer, num_frames: int, difficulty: float,
+           max_objects: int, split: str, first_index: int, render_frames: int | None) -> dict:
+    """Clips ``first .. first + count - 1`` of :func:`build_data`: ``latents`` and ``captions``."""
     latents, captions = [], []
     start = time.time()
-    for index in range(num):
+    for index in range(first, first + count):
         rng = rng_for(split, seed, first_index + index)
         clip = sample_video(rng, int(rng.integers(1, max_objects + 1)), num_frames)
         frames = np.stack([render_scene(clip.scene_at(t), tokenizer.config.image_size, difficulty, frame=t)
@@ -77,9 +98,9 @@ def build_data(num: int, seed: int, tokenizer: ContinuousTokenizer, words: WordT
             z = tokenizer.encode(torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255.0)  # [F, h, w, C]
         latents.append(z.permute(0, 3, 1, 2).to(torch.float16))
         captions.append(clip_caption(clip))
-        if (index + 1) % 2000 == 0:
-            print(f"data: {index + 1}/{num} clips ({time.time() - start:.0f} s)", flush=True)
-    return {"latents": torch.stack(latents), "words": words.batch(captions, text_length), "captions": captions}
+        if (index - first + 1) % 2000 == 0:
+            print(f"data: {index - first + 1}/{count} clips from clip {first} ({time.time() - start:.0f} s)", flush=True)
+    return {"latents": torch.stack(latents), "captions": captions}
 
 
 def init_from(model: BlockCausalVideoTransformer, folder: Path, layers: list[int] | None = None) -> None:
@@ -148,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, default=None, help="default: runs/train_video_<role>")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    add_data_workers_argument(parser)
     add_device_argument(parser)
     args = parser.parse_args(argv)
     if args.init_layers is not None and args.init is None:
@@ -162,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = ContinuousTokenizer.from_pretrained(str(args.tokenizer)).eval()
     words = WordTokenizer(vocabulary())
     build = lambda: build_data(args.train_clips, args.seed, tokenizer, words, args.text_length,  # noqa: E731
-                               args.num_frames, args.difficulty)
+                               args.num_frames, args.difficulty, workers=args.data_workers)
     if args.data is not None:
         if not args.data.is_file():
             raise FileNotFoundError(f"--data: no such file {args.data}")
@@ -189,7 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.first_block_batch > 0:
         first = cached_data(args.work, lambda: build_data(  # fresh clips (far past the training clips' indices)
             args.first_block_clips, args.seed, tokenizer, words, args.text_length, args.num_frames,
-            args.difficulty, first_index=FIRST_BLOCK_INDEX, render_frames=args.frames_per_block),
+            args.difficulty, first_index=FIRST_BLOCK_INDEX, render_frames=args.frames_per_block,
+            workers=args.data_workers),
             name="first_blocks.pt")
     out = Path(args.out)
 

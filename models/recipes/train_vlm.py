@@ -376,7 +376,8 @@ def main(argv: list[str] | None = None) -> None:
     data = cached_data(args.work, lambda: sv.build_training_set(args.train_images, args.train_videos, args.seed,
                                                                 "train", difficulty=args.difficulty,
                                                                 tokenizer=processor.tokenizer,
-                                                                duplicate_fraction=args.duplicate_fraction))
+                                                                duplicate_fraction=args.duplicate_fraction,
+                                                                workers=args.data_workers))
     trainee = Trainee(sv.build_model(args.size, seed=args.seed, **overrides))
     if args.init is not None:
         args.vision_steps = 0
