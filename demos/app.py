@@ -359,7 +359,8 @@ def _video_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox,
             fields["num_blocks"] = gr.Number(value=0, precision=0, label="blocks (0: all)", elem_id=f"{elem}-num-blocks")
             fields["num_inference_steps"] = gr.Number(value=4, precision=0, label="denoising steps per block",
                                                       elem_id=f"{elem}-steps")
-            fields["guidance_scale"] = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
+            # the zoo's pair draws the prompt in far more frames with guidance 3 (docs/pipeline_video.md)
+            fields["guidance_scale"] = gr.Number(value=3.0, label="guidance scale", elem_id=f"{elem}-guidance")
         return fields
 
     def animated(label: str, elem_id: str) -> gr.Image:

@@ -257,7 +257,7 @@ def reward_kwargs_for(reward: str, weights: str | None) -> dict[str, Any]:
 def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = EXAMPLE_PROMPTS[0],
               method: str = "sdvg", num_videos: int = 1, seed: int = 0, tau: float = 0.5, reward: str = "shapes",
               reward_weights: str | None = None, aggregate: str = "min", force_reject_first: bool = True,
-              num_blocks: int | None = None, num_inference_steps: int = 4, guidance_scale: float = 1.0,
+              num_blocks: int | None = None, num_inference_steps: int = 4, guidance_scale: float = 3.0,
               report: Report | None = None) -> VideoResult:
     """Generate with SDVG (or drafter only) and target-only with the same seed; return the animations (GIF
     paths in :data:`ANIMATIONS`' folder), the film strips, the per-block decisions with rewards, and the
