@@ -11,10 +11,10 @@
 # ended, each job's run folders (trained model folders and log.jsonl; no .pt data or checkpoints) and
 # its output (runs/lease_<job>.log) are packed into one archive, cut into 15 MiB parts
 # $OUT/<job>.tar.gz.part00, part01, ... (the lease tool brings back at most 8 files of 16 MiB each: the
-# default three jobs make 3, vlm_widened another 2). Unpack here in the repository root with `cat <job>.tar.gz.part* | tar -xzf -`
+# default four jobs make 4, vlm_widened another 2). Unpack here in the repository root with `cat <job>.tar.gz.part* | tar -xzf -`
 # (the folders land in runs/) and evaluate as the docs say (report_vlm, report_video, report_mar).
 #
-# Jobs (default: video vlm_control mar_draft):
+# Jobs (default: video vlm_control mar_draft eagle_head):
 #   video        issue 7: a further stage of the zoo's video target (stage 4 came from the 2026-11-27
 #                lease with --seed 4) on fresh clips (--seed 5), then its drafter retrained from the new
 #                target's blocks 0, 1 on the same clips (a quarter of SECONDS)
@@ -23,6 +23,8 @@
 #   vlm_widened  issue 5: the same stage widened to 256 channels (--grow-text-width); the 2026-11-27
 #                lease found it no better than vlm_control (docs/zoo_shapes_vlm.md), so not a default
 #   mar_draft    issue 6: the MAR draft at the target's GPU scale (batch 512, fresh images)
+#   eagle_head   issue 4: a fifth stage of the AR-image zoo's EAGLE head (its accuracy is the lever of the
+#                greedy goal): fresh images (--seed 5) plus 50,000 of the target's greedy images, batch 256
 #
 # MMSPEC_LEASE_SMOKE=1 runs every job on the CPU with tiny sizes and 2-step schedules, without
 # gpu_host.sh, with MMSPEC_LEASE_PYTHON (default: the set-up's $MMSPEC_VENV or .venv), to check the
@@ -31,16 +33,16 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "$#" -lt 1 ] || ! [[ "$1" =~ ^[0-9]+$ ]] || [ "$1" -lt 30 ]; then
-    echo "usage: bash scripts/gpu_lease_jobs.sh SECONDS [vlm_widened|vlm_control|video|mar_draft ...]  (SECONDS >= 30)" >&2
+    echo "usage: bash scripts/gpu_lease_jobs.sh SECONDS [video|vlm_control|mar_draft|eagle_head|vlm_widened ...]  (SECONDS >= 30)" >&2
     exit 2
 fi
 seconds=$1
 shift
 jobs_wanted=("$@")
-[ "${#jobs_wanted[@]}" -eq 0 ] && jobs_wanted=(video vlm_control mar_draft)
+[ "${#jobs_wanted[@]}" -eq 0 ] && jobs_wanted=(video vlm_control mar_draft eagle_head)
 for job in "${jobs_wanted[@]}"; do
-    case "$job" in vlm_widened|vlm_control|video|mar_draft) ;; *)
-        echo "gpu_lease_jobs: unknown job '$job' (vlm_widened, vlm_control, video, mar_draft)" >&2; exit 2 ;;
+    case "$job" in vlm_widened|vlm_control|video|mar_draft|eagle_head) ;; *)
+        echo "gpu_lease_jobs: unknown job '$job' (vlm_widened, vlm_control, video, mar_draft, eagle_head)" >&2; exit 2 ;;
     esac
 done
 
@@ -73,6 +75,10 @@ video_smoke=(--train-clips 4 --first-block-clips 4 --first-block-batch 2 --batch
 mar_draft=(-m mmspec.models.recipes.train_mar --role draft --init models/zoo/shapes-t2i-continuous/draft_transformer
            --steps 30000 --batch 512 --lr 4e-4 --seed 9 --train-images 100000 --save-every 500)
 mar_smoke=(--train-images 16 --batch 4 --steps 2)
+eagle_head=(-m mmspec.models.recipes.train_eagle --target models/zoo/shapes-t2i/transformer
+            --init models/zoo/shapes-t2i/eagle_head --seed 5 --train-images 100000 --self-distill 50000
+            --self-distill-greedy --self-distill-batch 1000 --lr 4e-4 --batch 256 --steps 30000)
+eagle_smoke=(--train-images 16 --self-distill 8 --self-distill-batch 4 --batch 4 --steps 2)
 
 tiny() {  # the job's smoke-mode sizes, or nothing
     [ "$smoke" = 1 ] && eval "printf '%s\n' \"\${${1}[@]}\""
@@ -97,6 +103,9 @@ run_job() {
     mar_draft)
         "${runner[@]}" "${mar_draft[@]}" $(tiny mar_smoke) "${device[@]}" --time-limit "$seconds" \
             --work "$RUNS/lease_mar_draft" --out "$RUNS/lease_mar_draft/model" ;;
+    eagle_head)
+        "${runner[@]}" "${eagle_head[@]}" $(tiny eagle_smoke) "${device[@]}" --time-limit "$seconds" \
+            --work "$RUNS/lease_eagle_head" --out "$RUNS/lease_eagle_head/model" ;;
     esac
 }
 

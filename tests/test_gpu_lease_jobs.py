@@ -23,7 +23,7 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 @pytest.mark.slow
 def test_smoke_run_of_every_job_packs_models_and_logs(tmp_path):
     runs = tmp_path / "runs"
-    jobs = ["vlm_widened", "vlm_control", "video", "mar_draft"]
+    jobs = ["vlm_widened", "vlm_control", "video", "mar_draft", "eagle_head"]
     result = _run("60", *jobs, env={"MMSPEC_LEASE_SMOKE": "1", "MMSPEC_LEASE_RUNS": str(runs),
                                           "MMSPEC_LEASE_PYTHON": sys.executable})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -39,7 +39,8 @@ def test_smoke_run_of_every_job_packs_models_and_logs(tmp_path):
             assert not any(name.endswith(".pt") for name in names), names
             tar.extractall(unpacked, filter="data")
     models = {"vlm_widened": ["lease_vlm_widened"], "vlm_control": ["lease_vlm_control"],
-              "video": ["lease_video", "lease_video_drafter"], "mar_draft": ["lease_mar_draft"]}
+              "video": ["lease_video", "lease_video_drafter"], "mar_draft": ["lease_mar_draft"],
+              "eagle_head": ["lease_eagle_head"]}
     for job, folders in models.items():
         assert (unpacked / "runs" / f"lease_{job}.log").is_file()
         for folder in folders:

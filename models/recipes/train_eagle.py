@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--self-distill", type=int, default=0,
                         help="extra rows of the target's own samples for the first N training captions")
     parser.add_argument("--self-distill-guidance", type=float, default=3.0)
+    parser.add_argument("--self-distill-batch", type=int, default=100,
+                        help="captions per generation call of the self-distilled rows (larger on a GPU)")
     parser.add_argument("--self-distill-greedy", action="store_true",
                         help="the self-distilled rows are the target's greedy (argmax) images, not temperature-1 samples")
     parser.add_argument("--rollout-steps", type=int, default=1,
@@ -121,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.rollout_steps < 1:
         parser.error(f"--rollout-steps must be >= 1, got {args.rollout_steps}")
+    if args.self_distill_batch < 1:
+        parser.error(f"--self-distill-batch must be >= 1, got {args.self_distill_batch}")
     if not 0 <= args.self_distill <= args.train_images:
         parser.error(f"--self-distill must be in [0, --train-images={args.train_images}], got {args.self_distill}")
     if args.guided_features is not None and args.uncond_prob != 0:
@@ -137,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.self_distill:
         own = cached_data(args.work, lambda: self_distill_data(target, data["words"][: args.self_distill],
                                                                args.self_distill_guidance, args.seed,
+                                                               batch=args.self_distill_batch,
                                                                greedy=args.self_distill_greedy),
                           name="self_distill_greedy.pt" if args.self_distill_greedy else "self_distill.pt")
         data = {key: torch.cat([data[key], own[key]]) for key in ("words", "tokens")}
