@@ -141,3 +141,14 @@ def test_eagle_guided_features_train_on_the_guided_combination(tmp_path):
     assert EagleHead.from_pretrained(tmp_path / "g").config.feature_guidance == 3.0
     with pytest.raises(SystemExit):
         train_eagle.main([*common, "--out", str(tmp_path / "x"), "--work", str(tmp_path / "wx")])
+
+
+def test_train_eagle_refuses_bad_self_distill_batch(capsys):
+    from mmspec.models.recipes.train_eagle import main
+
+    with pytest.raises(SystemExit):
+        main(["--target", "unused", "--out", "unused", "--self-distill-batch", "0"])
+    assert "--self-distill-batch must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--target", "unused", "--out", "unused", "--data-workers", "0"])
+    assert "--data-workers" in capsys.readouterr().err
