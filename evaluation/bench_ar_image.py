@@ -184,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     def case_kwargs(mode: str, batch: int) -> dict[str, dict[str, Any]]:
         """Every method's keywords for one mode and batch size: defaults, --method-kwargs, --guidance-scale."""
         by_method = method_kwargs(args.methods, default_kwargs(not MODES[mode].get("do_sample", True), batch),
-                                  args.method_kwargs)
+                                  args.method_kwargs, derived_cases=True)
         if args.guidance_scale is not None:
             for case in by_method.values():
                 case["guidance_scale"] = args.guidance_scale

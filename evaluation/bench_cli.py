@@ -50,23 +50,36 @@ def add_common_arguments(parser: argparse.ArgumentParser, methods: Sequence[str]
 
 
 def method_kwargs(methods: Sequence[str], defaults: Mapping[str, dict], overrides: str,
-                  baseline: str = "none") -> dict[str, dict]:
+                  baseline: str = "none", derived_cases: bool = False) -> dict[str, dict]:
     """Per-method pipeline keywords: ``defaults[m]`` updated by the JSON ``overrides`` ``{method: {...}}``.
 
-    Raises ``SystemExit`` with a clear message when the baseline is not first, a method is unknown or the
-    JSON is malformed (command-line errors)."""
+    With ``derived_cases`` (a benchmark whose cases carry their pipeline method in a ``"method"`` key) a
+    case not in ``defaults`` may be defined in ``overrides`` with ``"like": CASE``: ``CASE``'s keywords
+    and pipeline method, updated by the rest, e.g. ``{"eagle, K=4": {"like": "eagle", "num_draft_tokens":
+    4}}``, so variants of one method run side by side under their own names. Raises ``SystemExit`` with a
+    clear message when the baseline is not first, a method is unknown or the JSON is malformed
+    (command-line errors)."""
     if not methods or methods[0] != baseline:
         raise SystemExit(f"--methods must start with {baseline} (the baseline every speedup is measured against)")
-    unknown = [m for m in methods if m not in defaults]
-    if unknown:
-        raise SystemExit(f"unknown methods {unknown}; choose from {list(defaults)}")
     try:
         parsed = json.loads(overrides)
     except json.JSONDecodeError as error:
         raise SystemExit(f"--method-kwargs is not valid JSON: {error}") from None
-    if not isinstance(parsed, dict):
+    if not isinstance(parsed, dict) or not all(isinstance(v, dict) for v in parsed.values()):
         raise SystemExit("--method-kwargs must be a JSON object {method: {keyword: value}}")
-    return {m: {**defaults[m], **parsed.get(m, {})} for m in methods}
+    out = {}
+    for m in methods:
+        override = dict(parsed.get(m, {}))
+        like = override.pop("like", None) if derived_cases else None
+        if m in defaults and like is None:
+            out[m] = {**defaults[m], **override}
+        elif like in defaults and like != baseline:
+            out[m] = {**defaults[like], "method": defaults[like].get("method", like), **override}
+        else:
+            hint = ' (or define it in --method-kwargs with {"like": CASE, ...})' if derived_cases else ""
+            what = f"'like' case {like!r} of {m!r}" if like is not None else f"methods [{m!r}]"
+            raise SystemExit(f"unknown {what}; choose from {list(defaults)}{hint}")
+    return out
 
 
 def call_kwargs(kwargs: Mapping[str, Any], greedy: bool = False) -> dict[str, Any]:

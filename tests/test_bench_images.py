@@ -42,3 +42,26 @@ def test_quality_cells_show_the_spread_only_for_several_seeds():
     assert score_cell({"geneval": 0.5, "fid": 1.0}, "fid", 2) == "1.00"  # older results: no seeds key
     assert spread_note({"quality_seeds": 3}) == ", mean ± standard deviation over 3 generation seeds"
     assert spread_note({}) == ""
+
+
+def test_derived_cases_run_variants_of_a_method_under_their_own_names():
+    """bench_ar_image's ``{"like": CASE, ...}``: a case not in the defaults inherits CASE's keywords and
+    pipeline method; elsewhere (and for unknown names) the method list stays closed."""
+    from mmspec.evaluation.bench_cli import method_kwargs
+
+    defaults = bench_ar_image.default_kwargs(greedy=False, batch_size=4)
+    overrides = ('{"eagle, K=6": {"like": "eagle", "num_draft_tokens": 6}, "lam 3": {"like": "lantern++", '
+                 '"lantern_lam": 3.0}, "eagle": {"draft_confidence_threshold": 0.2}}')
+    out = method_kwargs(["none", "eagle", "eagle, K=6", "lam 3"], defaults, overrides, derived_cases=True)
+    assert out["eagle, K=6"] == {**defaults["eagle"], "method": "eagle", "num_draft_tokens": 6}
+    assert out["lam 3"]["method"] == "lantern" and out["lam 3"]["lantern_lam"] == 3.0  # lantern++'s own method
+    assert out["eagle"]["draft_confidence_threshold"] == 0.2 and "method" not in out["eagle"]
+    for methods, text, match in ((["none", "eagle, K=6"], "{}", "unknown methods"),
+                                 (["none", "x"], '{"x": {"like": "medusa"}}', "unknown 'like' case 'medusa'"),
+                                 (["none", "x"], '{"x": {"like": "none"}}', "unknown 'like' case 'none'")):
+        with pytest.raises(SystemExit, match=match):
+            method_kwargs(methods, defaults, text, derived_cases=True)
+    with pytest.raises(SystemExit, match="unknown methods"):  # without derived cases 'like' is not read
+        method_kwargs(["none", "x"], defaults, '{"x": {"like": "eagle"}}')
+    with pytest.raises(SystemExit, match="must be a JSON object"):
+        method_kwargs(["none"], defaults, '{"eagle": 3}', derived_cases=True)

@@ -50,7 +50,8 @@ def pipeline_calls(monkeypatch) -> list[dict]:
 def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(folder, tmp_path, capsys,
                                                                                pipeline_calls):
     """eagle runs with the fast chain of its decoding mode and batch (FAST_EAGLE_GREEDY_CHAIN for one greedy
-    image, FAST_EAGLE_CHAIN otherwise) unless overridden; the target-only comparison run gets the same
+    image, FAST_EAGLE_CHAIN for one sampled image, the FAST_EAGLE_BATCHED_* chains for several) unless
+    overridden; the target-only comparison run gets the same
     keywords and ignores the drafting ones (a threshold once made the baseline raise)."""
     assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "a"),
                      "--greedy"]) == 0
@@ -67,16 +68,26 @@ def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(
     assert pipeline_calls[-1]["num_draft_tokens"] == 8 and pipeline_calls[-1]["do_sample"]
     assert cli_main(["generate", "a red circle", "a blue square", "--pipeline", str(folder), "--outdir",
                      str(tmp_path / "d"), "--greedy", "--no-baseline"]) == 0
-    assert pipeline_calls[-1]["num_draft_tokens"] == 8  # two images per call: the shorter chain
+    assert pipeline_calls[-1]["num_draft_tokens"] == 5  # two greedy images per call: the batched chain
 
 
 def test_fast_settings_depend_on_the_decoding_mode():
-    from mmspec.pipelines.ar_image import FAST_EAGLE_CHAIN, FAST_EAGLE_GREEDY_CHAIN, fast_method_kwargs
+    from mmspec.pipelines.ar_image import (
+        FAST_EAGLE_BATCHED_CHAIN,
+        FAST_EAGLE_BATCHED_GREEDY_CHAIN,
+        FAST_EAGLE_CHAIN,
+        FAST_EAGLE_GREEDY_CHAIN,
+        fast_method_kwargs,
+    )
 
     for method in ("eagle", "lantern"):
         assert fast_method_kwargs(method, greedy=True) == FAST_EAGLE_GREEDY_CHAIN
         assert fast_method_kwargs(method, greedy=False) == FAST_EAGLE_CHAIN
-        assert fast_method_kwargs(method, greedy=True, batch_size=4) == FAST_EAGLE_CHAIN
+        assert fast_method_kwargs(method, greedy=True, batch_size=4) == FAST_EAGLE_BATCHED_GREEDY_CHAIN
+        assert fast_method_kwargs(method, greedy=False, batch_size=2) == FAST_EAGLE_BATCHED_CHAIN
+    # the chains get shorter as the forward gets compute-bound: greedy single image > sampling > batches
+    assert (FAST_EAGLE_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_CHAIN["num_draft_tokens"]
+            > FAST_EAGLE_BATCHED_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_BATCHED_CHAIN["num_draft_tokens"])
     assert fast_method_kwargs("sjd", greedy=True) == fast_method_kwargs("sjd") == {"sjd_window": 8, "sjd_init": "left"}
     assert fast_method_kwargs("none", greedy=True) == {}
     fast_method_kwargs("eagle")["num_draft_tokens"] = 99  # a fresh dict: the table is not changed
@@ -141,7 +152,7 @@ def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     assert " ± " in rows[0] and "over 2 generation seeds" in table
     # the fast chain of the mode and batch: longer for greedy decoding of one image at a time
     assert data["kwargs"]["greedy"]["1"]["eagle"]["num_draft_tokens"] == 12
-    assert data["kwargs"]["greedy"]["2"]["eagle"]["num_draft_tokens"] == 8
+    assert data["kwargs"]["greedy"]["2"]["eagle"]["num_draft_tokens"] == 5
     mulo_calls = speed["mulo"]["stats"]["target_calls"]
     assert mulo_calls == 3 * (1 + 8 // 2)  # 6 prompts in 3 calls: prefill + one pass per block of 2 rows
     assert speed["mulo, sequential"]["stats"]["target_calls"] > mulo_calls  # redrawn columns cost calls
