@@ -116,8 +116,8 @@ FAST_EAGLE_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 12, "draft_confid
 
 #: Chains for several images per call, sampling and greedy: there the CPU forward is compute-bound, every
 #: drafted position costs verification time, and shorter chains are faster (batch 4 on the zoo: EAGLE at
-#: temperature 1 0.80x / 0.88x / 1.00x / 1.08x of target-only with chains of up to 8 / 6 / 5 / 4, greedy
-#: 1.29x / 1.38x / 1.39x / 1.36x; docs/benchmarks/ar_image_chain_b4_cpu.md).
+#: temperature 1 0.80x / 0.89x / 1.01x / 1.06x of target-only with chains of up to 8 / 6 / 5 / 4, greedy
+#: 1.22x / 1.32x / 1.31-1.37x / 1.33x; docs/benchmarks/ar_image_chain_b4_cpu.md).
 FAST_EAGLE_BATCHED_CHAIN: dict[str, Any] = {"num_draft_tokens": 4, "draft_confidence_threshold": 0.5}
 FAST_EAGLE_BATCHED_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 5, "draft_confidence_threshold": 0.5}
 
