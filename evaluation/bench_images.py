@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmspec.validation import positive_int_argument
 from mmspec.world import evaluate, render_scene, scene_for_prompt
 
 from .fid import compute_fid
@@ -57,15 +58,8 @@ def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor
 
 def add_quality_seeds_argument(parser: argparse.ArgumentParser) -> None:
     """``--quality-seeds N``: generation seeds per configuration's quality (mean and spread reported)."""
-    parser.add_argument("--quality-seeds", type=_positive_int, default=1,
+    parser.add_argument("--quality-seeds", type=positive_int_argument, default=1,
                         help="generation seeds per method's quality (mean and spread across them reported)")
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def score_cell(quality_row: dict, key: str, digits: int) -> str:

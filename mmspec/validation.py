@@ -7,6 +7,7 @@ reductions) and can be switched off for hot loops that already validated their i
 
 from __future__ import annotations
 
+import argparse
 import os
 from contextlib import contextmanager
 
@@ -34,6 +35,14 @@ def value_checks(enabled: bool):
 def check_positive_int(value: int, name: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def positive_int_argument(text: str) -> int:
+    """argparse ``type=`` of a count >= 1 (command-line options such as ``--quality-seeds``)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def check_callable(value: object, name: str) -> None:

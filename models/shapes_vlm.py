@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from mmspec.validation import check_positive_int
 from mmspec.world import (
     caption_scene,
     caption_video,
@@ -55,7 +56,7 @@ from mmspec.world import (
     sample_video,
     vocabulary,
 )
-from mmspec.world.parallel import build_in_parts, check_workers, concat_parts
+from mmspec.world.parallel import build_in_parts, concat_parts
 from mmspec.world.scene import COLORS, MAX_OBJECTS, NAMESPACES, SHAPES, SIZES, Scene, rng_for
 from mmspec.world.video import VideoClip
 
@@ -560,18 +561,16 @@ def build_training_set(num_images: int, num_videos: int, seed: int = 0, split: s
         raise ValueError(f"num_images and num_videos must be non-negative integers, got {num_images}, {num_videos}")
     if not isinstance(duplicate_fraction, (int, float)) or not 0 <= duplicate_fraction <= 1:
         raise ValueError(f"duplicate_fraction must be a number in [0, 1], got {duplicate_fraction!r}")
-    check_workers(workers)
+    check_positive_int(workers, "data workers")
     tokenizer = tokenizer or build_tokenizer()
     common = dict(seed=seed, split=split, clearance=clearance, difficulty=difficulty, tokenizer=tokenizer)
     scenes = build_in_parts(partial(_image_part, duplicate_fraction=duplicate_fraction, **common), num_images, workers)
     clips = build_in_parts(partial(_video_part, **common), num_videos, workers)
     images, videos = concat_parts(scenes), concat_parts(clips)
-    video_patches, video_offsets = (videos[key].reshape(-1, GRID * GRID, videos[key].shape[-1])
-                                    for key in ("patches", "offsets"))
     return {"images": torch.from_numpy(images["frames"]), "videos": torch.from_numpy(videos["frames"]),
             "examples": images["examples"] + videos["examples"],
-            "patch_classes": torch.from_numpy(np.concatenate([images["patches"], video_patches])).to(torch.uint8),
-            "patch_offsets": torch.from_numpy(np.concatenate([images["offsets"], video_offsets]))}
+            "patch_classes": torch.from_numpy(np.concatenate([images["patches"], videos["patches"]])).to(torch.uint8),
+            "patch_offsets": torch.from_numpy(np.concatenate([images["offsets"], videos["offsets"]]))}
 
 
 def _example(tokenizer, task: str, video: bool, ref: int, prompt: str, answer: str) -> dict:
@@ -604,17 +603,17 @@ def _image_part(first: int, count: int, *, seed: int, split: str, clearance: flo
 
 def _video_part(first: int, count: int, *, seed: int, split: str, clearance: float, difficulty: float,
                 tokenizer) -> dict:
-    """Clips ``first .. first + count - 1`` of :func:`build_training_set`: frames, per-frame patch labels
-    ``[count, T, 64, ...]``, examples."""
+    """Clips ``first .. first + count - 1`` of :func:`build_training_set`: frames, the patch labels of their
+    frames in order (``[count * T, 64, ...]``), examples."""
     frames = np.zeros((count, VIDEO_FRAMES, IMAGE_SIZE, IMAGE_SIZE, 3), np.uint8)
-    patches = np.zeros((count, VIDEO_FRAMES, GRID * GRID, len(PATCH_FIELDS)), np.int64)
-    offsets = np.zeros((count, VIDEO_FRAMES, GRID * GRID, 2), np.float32)
+    patches = np.zeros((count * VIDEO_FRAMES, GRID * GRID, len(PATCH_FIELDS)), np.int64)
+    offsets = np.zeros((count * VIDEO_FRAMES, GRID * GRID, 2), np.float32)
     examples = []
     for k, j in enumerate(range(first, first + count)):
         clip = sample_clear_clip(_video_rng(split, seed, j), 2, VIDEO_FRAMES, clearance)
         frames[k] = render_video(clip, IMAGE_SIZE, difficulty)
         for t in range(VIDEO_FRAMES):
-            patches[k, t], offsets[k, t] = patch_labels(clip.scene_at(t))
+            patches[k * VIDEO_FRAMES + t], offsets[k * VIDEO_FRAMES + t] = patch_labels(clip.scene_at(t))
         examples.append(_example(tokenizer, "narrate", True, j, task_prompt("narrate"), narrate_video(clip)))
         if j % 3 == 0:
             examples.append(_example(tokenizer, "video_caption", True, j, task_prompt("video_caption"),

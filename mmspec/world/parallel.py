@@ -18,14 +18,9 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
+from mmspec.validation import check_positive_int
+
 Part = TypeVar("Part")
-
-
-def check_workers(workers: int) -> int:
-    """``workers`` as a positive int, or a ValueError naming it."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"data workers must be a positive integer, got {workers!r}")
-    return workers
 
 
 def part_bounds(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
@@ -36,8 +31,9 @@ def part_bounds(total: int, parts: int, align: int = 1) -> list[tuple[int, int]]
     for name, value, least in (("total", total, 0), ("align", align, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
+    check_positive_int(parts, "parts")
     units = -(-total // align)
-    parts = max(1, min(check_workers(parts), units))
+    parts = max(1, min(parts, units))
     size, extra = divmod(units, parts)
     bounds, first = [], 0
     for i in range(parts):
@@ -64,7 +60,7 @@ def build_in_parts(build_part: Callable[[int, int], Part], total: int, workers: 
     tensors and lists); ``build_part`` must number its samples from ``first`` so the merged set equals the
     one-process build.
     """
-    check_workers(workers)
+    check_positive_int(workers, "data workers")
     bounds = part_bounds(total, 1 if workers == 1 else 2 * workers, align)
     if len(bounds) == 1:
         return [build_part(*bounds[0])]

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmspec.validation import positive_int_argument
 from mmspec.world import ShapesImageDataset
-from mmspec.world.parallel import build_in_parts
+from mmspec.world.parallel import build_in_parts, concat_parts
 
 DEFAULT_VQ = Path(__file__).resolve().parents[1] / "zoo" / "tokenizers" / "vq"
 
@@ -38,15 +39,8 @@ def add_run_arguments(parser: argparse.ArgumentParser, work: str) -> None:
 def add_data_workers_argument(parser: argparse.ArgumentParser) -> None:
     """``--data-workers``: processes that build the training set (:mod:`mmspec.world.parallel`; the same set
     for any number)."""
-    parser.add_argument("--data-workers", type=_positive_int, default=1, metavar="N",
+    parser.add_argument("--data-workers", type=positive_int_argument, default=1, metavar="N",
                         help="build the training set in N processes (the same set for any N; default 1)")
-
-
-def _positive_int(text: str) -> int:
-    """argparse type of a count >= 1."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return int(text)
 
 
 def add_device_argument(parser: argparse.ArgumentParser) -> None:
@@ -108,12 +102,13 @@ def encode_image_set(num: int, seed: int, encode: Callable[[torch.Tensor], torch
     ``encode`` must then pickle (a ``functools.partial`` of a module-level function)."""
     parts = build_in_parts(partial(_encoded_images, num=num, seed=seed, encode=encode, difficulty=difficulty,
                                    split=split, categories=categories), num, workers, align=ENCODE_BATCH)
-    return torch.cat([codes for codes, _ in parts]), [caption for _, captions in parts for caption in captions]
+    merged = concat_parts(parts)
+    return merged["codes"], merged["captions"]
 
 
 def _encoded_images(first: int, count: int, *, num: int, seed: int, encode: Callable[[torch.Tensor], torch.Tensor],
-                    difficulty: float, split: str, categories: Mapping[str, float] | None) -> tuple[torch.Tensor, list[str]]:
-    """Images ``first .. first + count - 1`` of :func:`encode_image_set`."""
+                    difficulty: float, split: str, categories: Mapping[str, float] | None) -> dict[str, Any]:
+    """Images ``first .. first + count - 1`` of :func:`encode_image_set`: ``codes`` and ``captions``."""
     data = ShapesImageDataset(num, seed=seed, split=split, difficulty=difficulty, categories=categories, texts=False)
     codes, captions = [], []
     for start in range(first, first + count, ENCODE_BATCH):
@@ -121,7 +116,7 @@ def _encoded_images(first: int, count: int, *, num: int, seed: int, encode: Call
         with torch.no_grad():
             codes.append(encode(torch.stack([item["image"] for item in items])))
         captions += [item["caption"] for item in items]
-    return torch.cat(codes), captions
+    return {"codes": torch.cat(codes), "captions": captions}
 
 
 def cached_data(work: Path, build: Callable[[], dict], name: str = "data.pt") -> dict:

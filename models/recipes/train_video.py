@@ -53,7 +53,7 @@ from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.models.video import BlockCausalVideoTransformer, flow_matching_loss
 from mmspec.world import render_scene, rng_for, sample_video, vocabulary
-from mmspec.world.parallel import build_in_parts
+from mmspec.world.parallel import build_in_parts, concat_parts
 from mmspec.world.video import MotionSpec, VideoClip, video_prompt_text
 
 #: sizes of the two roles; a drafter pass costs about a quarter of a target pass on CPU (2 layers vs 8)
@@ -79,9 +79,8 @@ def build_data(num: int, seed: int, tokenizer: ContinuousTokenizer, words: WordT
     parts = build_in_parts(partial(_clips, seed=seed, tokenizer=tokenizer, num_frames=num_frames,
                                    difficulty=difficulty, max_objects=max_objects, split=split,
                                    first_index=first_index, render_frames=render_frames), num, workers)
-    captions = [caption for part in parts for caption in part["captions"]]
-    return {"latents": torch.cat([part["latents"] for part in parts]), "words": words.batch(captions, text_length),
-            "captions": captions}
+    data = concat_parts(parts)
+    return {**data, "words": words.batch(data["captions"], text_length)}
 
 
 def _clips(first: int, count: int, *, seed: int, tokenizer: ContinuousTokenizer, num_frames: int, difficulty: float,
