@@ -470,6 +470,77 @@ def test_name_weight_raises_the_loss_on_description_names(processor):
         train_vlm.make_loss_fn(trainee, data, name_weight=0.0, name_cue_id=cue)
 
 
+def test_referent_targets_label_each_name_with_its_object(processor):
+    """At each answer "the" that starts a name ("the [size] colour shape") the labels are that object's colour
+    and shape classes; other "the"s, prompt tokens and rows not selected stay unlabelled (-100)."""
+    from mmspec.world.scene import COLORS, SHAPES
+
+    tokenizer = processor.tokenizer
+    vocab = train_vlm.ReferentVocab(tokenizer)
+    words = "the image shows two shapes . the small pink square is to the left of the cyan diamond ."
+    ids = torch.tensor([tokenizer(words, add_special_tokens=False)["input_ids"]] * 2)
+    answer = torch.ones(ids.shape, dtype=torch.bool)
+    answer[:, :6] = False  # "the image shows two shapes ." is the prompt here
+    colours, shapes = train_vlm.referent_targets(ids, answer, torch.tensor([True, False]), vocab)
+    labelled = [(i, w) for i, w in enumerate(words.split()) if colours[0, i] >= 0]
+    assert labelled == [(6, "the"), (15, "the")]  # not "the image" (prompt, no name), nor "the left"
+    assert colours[0, 6] == list(COLORS).index("pink") and shapes[0, 6] == SHAPES.index("square")
+    assert colours[0, 15] == list(COLORS).index("cyan") and shapes[0, 15] == SHAPES.index("diamond")
+    assert (colours[1] == -100).all() and (shapes[1] == -100).all() and ((colours >= 0) == (shapes >= 0)).all()
+    with pytest.raises(ValueError, match="outside the tokenizer"):
+        train_vlm.referent_targets(ids + len(tokenizer), answer, torch.tensor([True, True]), vocab)
+
+
+def test_referent_probe_reads_its_layer_and_trains_only_below_it(processor):
+    """make_loss_fn(referent_weight=W) adds the probe's loss on description names, read at the trainee's
+    referent layer: its gradient reaches that layer and the ones below, not the layers above (they get only
+    the language-model loss, which is the same with the probe or without)."""
+    data = sv.build_training_set(6, 1, seed=0, tokenizer=processor.tokenizer)
+    vocab = train_vlm.ReferentVocab(processor.tokenizer)
+    index = torch.tensor([i for i, e in enumerate(data["examples"]) if e["task"] == "describe"])
+    assert len(index) > 0
+    vlm = sv.build_model("tiny", seed=0, text_layers=2)
+    plain = train_vlm.Trainee(vlm)
+    probed = train_vlm.Trainee(vlm, referent_layer=0)
+    base = train_vlm.make_loss_fn(plain, data, aux_weight=0.0)(index)
+    with_probe = train_vlm.make_loss_fn(probed, data, aux_weight=0.0, referent_weight=2.0, referent_vocab=vocab)
+    total = with_probe(index)
+    assert torch.isfinite(total) and total.item() > base.item()  # the untrained probe's cross-entropy is added
+    total.backward()
+    layers = vlm.model.language_model.layers
+    above = [p.grad.clone() for p in layers[1].parameters()]
+    below = [p.grad.clone() for p in layers[0].parameters()]
+    assert probed.referent.proj.weight.grad.abs().sum() > 0
+    vlm.zero_grad()
+    base = train_vlm.make_loss_fn(plain, data, aux_weight=0.0)(index)
+    base.backward()
+    assert all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(above, layers[1].parameters()))
+    assert any(not torch.allclose(b, p.grad, atol=1e-6) for b, p in zip(below, layers[0].parameters()))
+    with pytest.raises(ValueError, match="referent_layer"):
+        train_vlm.make_loss_fn(plain, data, referent_weight=1.0, referent_vocab=vocab)
+    with pytest.raises(ValueError, match="referent_weight"):
+        train_vlm.make_loss_fn(probed, data, referent_weight=float("nan"), referent_vocab=vocab)
+    with pytest.raises(ValueError, match=r"text layer index in \[0, 2\)"):
+        train_vlm.Trainee(vlm, referent_layer=2)
+
+
+def test_recipe_referent_options(tmp_path):
+    """--referent-weight trains the probe in the recipe (a plain LLaVA is saved, no probe weights); a layer
+    without a weight, or a bad weight, is refused before any data is built."""
+    args = ["--size", "tiny", "--steps", "1", "--batch", "4", "--train-images", "12", "--train-videos", "3",
+            "--threads", "1", "--vision-steps", "0"]
+    train_vlm.main(args + ["--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa"), "--referent-weight", "1"])
+    saved = load_file(tmp_path / "a" / "model.safetensors")
+    assert not any("referent" in key or "probe" in key for key in saved)
+    checkpoint = torch.load(tmp_path / "wa" / "checkpoint.pt", map_location="cpu")["model"]
+    assert "referent.proj.weight" in checkpoint
+    for extra, message in ((["--referent-layer", "1"], "needs --referent-weight"),
+                           (["--referent-weight", "-1"], "finite positive")):
+        with pytest.raises(ValueError, match=message):
+            train_vlm.main(args + ["--out", str(tmp_path / "b"), "--work", str(tmp_path / "wb")] + extra)
+        assert not (tmp_path / "wb").exists()
+
+
 def test_training_batch_masks_answers_only(processor):
     data = sv.build_training_set(5, 2, seed=0)
     tasks = [e["task"] for e in data["examples"]]
@@ -641,7 +712,12 @@ def with_objects_reversed(clip):
 
 
 def test_report_name_errors_tell_added_from_dropped_qualifiers():
-    from mmspec.models.recipes.report_vlm import name_errors, relation_names
+    from mmspec.models.recipes.report_vlm import (
+        look_alike_group,
+        name_errors,
+        name_errors_by_look_alikes,
+        relation_names,
+    )
     from mmspec.world.captions import describe_scene
     from mmspec.world.scene import Scene, WorldObject
 
@@ -659,3 +735,14 @@ def test_report_name_errors_tell_added_from_dropped_qualifiers():
               .replace("the white triangle", "the white square"))
     assert name_errors([(reference, output), (reference, reference)]) == \
         {"names": 8, "over_qualified": 1, "under_qualified": 1, "other": 1}
+    groups = name_errors_by_look_alikes([(scene, reference, output), (scene, reference, reference)])
+    assert groups["look-alike (same colour and shape)"] == {"names": 4, "wrong": 1}
+    assert groups["colour shared"] == {"names": 4, "wrong": 2}
+    assert all(groups[g] == {"names": 0, "wrong": 0} for g in ("nothing shared", "shape shared",
+                                                                 "colour and shape, by different objects"))
+    # a red circle beside a red square and a blue circle: colour and shape are both shared, by different objects
+    mixed = Scene((WorldObject("circle", "red", "small", 0.2, 0.2), WorldObject("square", "red", "large", 0.8, 0.2),
+                   WorldObject("circle", "blue", "large", 0.5, 0.8)))
+    assert look_alike_group(mixed, "red", "circle") == "colour and shape, by different objects"
+    assert look_alike_group(mixed, "red", "square") == "colour shared"
+    assert look_alike_group(mixed, "blue", "circle") == "shape shared"

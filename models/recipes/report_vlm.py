@@ -9,7 +9,8 @@ training stage's stream instead, to tell a model that cannot fit its data from o
   distribution: every centre at least one pixel from a decision boundary, see
   :func:`mmspec.models.shapes_vlm.scene_clearance`), with a breakdown by object count and by sentence
   kind (:func:`sentence_errors`: which parts of a description are wrong) and of how the relations name
-  the objects (:func:`name_errors`: qualifiers added where none is needed, or dropped where one is);
+  the objects (:func:`name_errors`: qualifiers added where none is needed, or dropped where one is;
+  :func:`name_errors_by_look_alikes`: the wrong names by what the named object shares with the others);
 * ``describe_any``: detailed descriptions of unrestricted world scenes (``clearance=0``), where some
   centres lie a fraction of a pixel from a region edge, so that no model can be exact on all of them;
 * ``caption``, ``qa``, ``narrate``, ``video_caption`` (clear scenes / clips); the video tasks also by
@@ -38,6 +39,7 @@ import torch
 from mmspec.models import shapes_vlm as sv
 from mmspec.world import qa_kind
 from mmspec.world.prompts import RELATION_PHRASES
+from mmspec.world.scene import SIZES
 
 MAX_NEW_TOKENS = 256
 
@@ -180,6 +182,39 @@ def name_errors(pairs: list[tuple[str, str]]) -> dict[str, int]:
 _CAPTION_PARTS_RE = re.compile(r", | and (?=an? )")  # between the objects of a video caption ("... and a blue ...")
 
 
+#: :func:`name_errors_by_look_alikes`' groups: what the named object shares with the scene's other objects
+LOOK_ALIKE_GROUPS = ("nothing shared", "shape shared", "colour shared", "colour and shape, by different objects",
+                     "look-alike (same colour and shape)")
+
+
+def look_alike_group(scene, colour: str, shape: str) -> str:
+    """Which of :data:`LOOK_ALIKE_GROUPS` an object of ``colour`` and ``shape`` in ``scene`` falls in: whether
+    another object has its colour, its shape, or both (a look-alike, whose presence asks for a size)."""
+    same_colour = sum(o.color == colour for o in scene.objects) > 1
+    same_shape = sum(o.shape == shape for o in scene.objects) > 1
+    if sum(o.color == colour and o.shape == shape for o in scene.objects) > 1:
+        return LOOK_ALIKE_GROUPS[4]
+    return LOOK_ALIKE_GROUPS[2 * same_colour + same_shape]
+
+
+def name_errors_by_look_alikes(items) -> dict[str, dict[str, int]]:
+    """Relation names of the references over ``(scene, reference, output)`` triples, grouped by what the
+    named object shares with the others (:func:`look_alike_group`): ``{group: {"names", "wrong"}}``, a name
+    wrong when the output's relations never use it. A name needs its size exactly when a look-alike exists,
+    so a captioner that only knew whether the colour is shared and whether the shape is would err in the
+    groups "colour and shape, by different objects" (adding a size) and "look-alike" (leaving it out)."""
+    out = {group: {"names": 0, "wrong": 0} for group in LOOK_ALIKE_GROUPS}
+    sizes = set(SIZES)
+    for scene, reference, output in items:
+        said = relation_names(output)
+        for name in relation_names(reference):
+            colour, shape = [word for word in name.split() if word not in sizes][:2]
+            row = out[look_alike_group(scene, colour, shape)]
+            row["names"] += 1
+            row["wrong"] += name not in said
+    return out
+
+
 def object_parts(task: str, text: str) -> list[str]:
     """The parts of a video text that name one object each, sorted: the sentences of a narration (per
     object, plus the layout sentences), the ``a COLOUR SHAPE moving DIRECTION`` phrases of a video caption.
@@ -239,6 +274,8 @@ def score_task(model, processor, task: str, num: int, seed: int, batch: int, spl
         pairs = [(e["answer"], text) for (text, _), e in zip(answers, examples)]
         result["sentence_errors"] = sentence_errors(pairs)
         result["name_errors"] = name_errors(pairs)
+        result["name_errors_by_look_alikes"] = name_errors_by_look_alikes(
+            (e["scene"], reference, output) for e, (reference, output) in zip(examples, pairs))
     if task == "qa":
         result.update(exact_by_question_kind(correct, [e["question"] for e in examples]))
         result["wrong_color_answers"] = wrong_color_answers(examples, [text for text, _ in answers])

@@ -28,6 +28,9 @@ training continues from the trained captioner's exact outputs with more depth to
 wider one whose new channels, heads and MLP units start silent (:func:`widen_text_model`), likewise exact.
 ``--task-weight TASK=W`` counts a task's answer tokens W times in the loss, ``--name-weight W`` the description tokens that
 decide how far a name is qualified (the word after "the"; tried, docs/zoo_shapes_vlm.md, not used by the zoo).
+``--referent-weight W`` adds a training-only probe on one text layer (``--referent-layer``, default the
+middle one) that must read, at each "the" before a name in a description, the colour and shape of the
+object named (:class:`ReferentProbe`: the identity the qualification decision needs at that position).
 
 Run long jobs in the background (``nohup ... &``). ``--device cuda`` trains on a GPU (batches are built
 on the CPU and moved there; the saved model is the same CPU fp16 checkpoint); raise ``--max-tokens`` there
@@ -57,6 +60,7 @@ from mmspec.models.recipes.common import (
     train_loop,
     widen_state_dict,
 )
+from mmspec.world.scene import COLORS, SHAPES, SIZES
 
 # Per size: steps, batch, peak learning rate (chosen with short prototype runs; see docs/zoo_shapes_vlm.md).
 DEFAULTS: dict[str, dict] = {
@@ -111,12 +115,19 @@ class PatchProbe(nn.Module):
 
 
 class Trainee(nn.Module):
-    """What the optimiser sees: the VLM and its training-only patch probe (the checkpoint holds both)."""
+    """What the optimiser sees: the VLM and its training-only probes (the checkpoint holds them all): the
+    patch probe, and with ``referent_layer`` set the :class:`ReferentProbe` reading that text layer."""
 
-    def __init__(self, vlm: nn.Module) -> None:
+    def __init__(self, vlm: nn.Module, referent_layer: int | None = None) -> None:
         super().__init__()
         self.vlm = vlm
         self.probe = PatchProbe(vlm.config.text_config.hidden_size)
+        self.referent_layer = referent_layer
+        if referent_layer is not None:
+            layers = vlm.config.text_config.num_hidden_layers
+            if not 0 <= referent_layer < layers:
+                raise ValueError(f"referent_layer must be a text layer index in [0, {layers}), got {referent_layer}")
+            self.referent = ReferentProbe(vlm.config.text_config.hidden_size)
 
 
 #: The word before every referring name in a description ("the pink diamond is to the left of the small
@@ -140,9 +151,84 @@ def name_token_weights(input_ids: torch.Tensor, weighted_rows: torch.Tensor, cue
     return weights
 
 
+class ReferentProbe(nn.Module):
+    """Training-only linear read-out, from one text layer's hidden state at the word "the" before a name in
+    a description's relation sentence, of the colour and shape of the object that name refers to.
+
+    Why: whether a name needs its size ("the small red circle") depends on whether another object shares
+    *both* its colour and its shape, and the captioner decides it at that one position, before it writes
+    the colour and shape. Trained captioners behave as if they only knew whether the colour is shared and
+    whether the shape is (docs/zoo_shapes_vlm.md: look-alikes under-qualified two times in three); this
+    probe asks a middle layer to hold the referent's identity at the decision, so the layers above it can
+    compare that conjunction with the listed objects."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, len(COLORS) + len(SHAPES))
+
+    def forward(self, hidden: torch.Tensor, colours: torch.Tensor, shapes: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Summed colour + shape cross-entropy over the labelled positions of ``hidden [B, L, D]`` (labels
+        ``[B, L]``, -100 = none), and how many positions that is."""
+        labelled = colours >= 0
+        count = int(labelled.sum())
+        if count == 0:
+            return hidden.new_zeros((), dtype=torch.float32), 0
+        logits = self.proj(hidden[labelled].float())
+        loss = nn.functional.cross_entropy(logits[:, :len(COLORS)], colours[labelled], reduction="sum")
+        loss = loss + nn.functional.cross_entropy(logits[:, len(COLORS):], shapes[labelled], reduction="sum")
+        return loss, count
+
+
+class ReferentVocab:
+    """Lookup tables over a tokenizer's ids for :func:`referent_targets`: the cue word, which ids are sizes,
+    and each id's colour and shape class (index in the world's ``COLORS`` / ``SHAPES``; -100 for others)."""
+
+    def __init__(self, tokenizer) -> None:
+        def ids(words) -> list[int]:
+            out = tokenizer.convert_tokens_to_ids(list(words))
+            if tokenizer.unk_token_id in out:
+                raise ValueError(f"the tokenizer lacks some of the words {list(words)}")
+            return out
+
+        self.cue = ids([NAME_CUE])[0]
+        self.is_size = torch.zeros(len(tokenizer), dtype=torch.bool)
+        self.is_size[ids(SIZES)] = True
+        self.colour_class = torch.full((len(tokenizer),), -100, dtype=torch.long)
+        self.colour_class[ids(COLORS)] = torch.arange(len(COLORS))
+        self.shape_class = torch.full((len(tokenizer),), -100, dtype=torch.long)
+        self.shape_class[ids(SHAPES)] = torch.arange(len(SHAPES))
+
+
+def referent_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: torch.Tensor, vocab: ReferentVocab
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Colour and shape classes ``[B, L]`` (-100 where none) of the object named after each answer token
+    "the" that starts a name, "the [size] colour shape" (as relation sentences name objects), in the rows
+    where ``rows`` (bool ``[B]``) is set; ``loss_mask`` marks the answer tokens (:func:`sv.training_batch`)."""
+    ids = input_ids.cpu()
+    if ids.numel() and int(ids.max()) >= vocab.is_size.shape[0]:
+        raise ValueError(f"token id {int(ids.max())} is outside the tokenizer the ReferentVocab was built from")
+
+    def ahead(k: int) -> torch.Tensor:  # the token k places later (padding id 0 past the end)
+        return torch.cat([ids[:, k:], ids.new_zeros(ids.shape[0], k)], dim=1)
+
+    sized = vocab.is_size[ahead(1)]
+    colour = vocab.colour_class[torch.where(sized, ahead(2), ahead(1))]
+    shape = vocab.shape_class[torch.where(sized, ahead(3), ahead(2))]
+    named = (ids == vocab.cue) & (colour >= 0) & (shape >= 0) & loss_mask.cpu().bool() & rows.cpu()[:, None]
+    none = torch.full_like(colour, -100)
+    return (torch.where(named, colour, none).to(input_ids.device),
+            torch.where(named, shape, none).to(input_ids.device))
+
+
+def _layer_output(output):
+    """A decoder layer's hidden states, whether it returns them alone or first in a tuple."""
+    return output[0] if isinstance(output, tuple) else output
+
+
 def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weight: float = 1.0,
                  blind_fraction: float = 0.0, task_weights: dict[str, float] | None = None,
-                 device: str | torch.device = "cpu", name_weight: float = 1.0, name_cue_id: int | None = None):
+                 device: str | torch.device = "cpu", name_weight: float = 1.0, name_cue_id: int | None = None,
+                 referent_weight: float = 0.0, referent_vocab: ReferentVocab | None = None):
     """``loss_fn(indices)`` for :func:`train_loop`: mean cross-entropy per answer token over the batch, plus
     ``aux_weight`` x the patch probe's loss per frame (when the data carries patch labels). Each length
     chunk is read blind (no ``pixel_values``) with probability ``blind_fraction`` (torch's RNG, which the
@@ -153,8 +239,16 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
     examples that many times: a one-word ``qa`` answer is about 1 % of a batch's answer tokens next to
     90-token descriptions, too little gradient for the question-answering path to be learnt well.
 
+    ``referent_weight`` (> 0 needs a trainee built with ``referent_layer`` and ``referent_vocab``) adds that
+    many times the :class:`ReferentProbe`'s loss per labelled name of the descriptions.
+
     Batches are built on the CPU (the blind draws use torch's CPU generator) and moved to ``device``."""
     projector = trainee.vlm.model.multi_modal_projector
+    if referent_weight:
+        check_loss_weight("referent_weight", referent_weight)
+        if trainee.referent_layer is None or referent_vocab is None:
+            raise ValueError("referent_weight > 0 needs a Trainee built with referent_layer and a referent_vocab")
+        referent_layer = trainee.vlm.model.language_model.layers[trainee.referent_layer]
     task_weights = check_task_weights(task_weights or {})
     name_weight = check_loss_weight("name_weight", name_weight)
     if name_weight != 1.0 and name_cue_id is None:
@@ -162,28 +256,38 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         total, count, aux, frames = 0.0, 0, 0.0, 0
+        referent, referent_count = 0.0, 0
         for rows in chunks_by_length(data, index.tolist(), max_tokens):
             batch = {key: value.to(device) for key, value in sv.training_batch(data, rows).items()}
             if blind_fraction and torch.rand(()) < blind_fraction:
                 batch.pop("pixel_values")
-            captured = []
-            handle = projector.register_forward_hook(lambda module, args, output, store=captured: store.append(output))
+            captured, hidden = [], []
+            handles = [projector.register_forward_hook(lambda module, args, output, store=captured: store.append(output))]
+            if referent_weight:
+                handles.append(referent_layer.register_forward_hook(
+                    lambda module, args, output, store=hidden: store.append(_layer_output(output))))
             weights = None
             if task_weights:
                 weights = torch.tensor([task_weights.get(data["examples"][r]["task"], 1.0) for r in rows], device=device)
+            describe = torch.tensor([data["examples"][r]["task"] == "describe" for r in rows], device=device)
             token_weights = None
             if name_weight != 1.0:
-                describe = torch.tensor([data["examples"][r]["task"] == "describe" for r in rows], device=device)
                 token_weights = name_token_weights(batch["input_ids"], describe, name_cue_id, name_weight)
             try:
                 loss, n = sv.answer_loss(trainee.vlm, batch, weights, token_weights)
             finally:
-                handle.remove()
+                for handle in handles:
+                    handle.remove()
             total, count = total + loss, count + n
             if aux_weight and captured and "patch_classes" in batch:
                 aux = aux + trainee.probe(captured[0], batch["patch_classes"], batch["patch_offsets"])
                 frames += captured[0].shape[0]
-        return total / max(count, 1) + aux_weight * aux / max(frames, 1)
+            if referent_weight:
+                colours, shapes = referent_targets(batch["input_ids"], batch["loss_mask"], describe, referent_vocab)
+                loss, n = trainee.referent(hidden[0], colours, shapes)
+                referent, referent_count = referent + loss, referent_count + n
+        out = total / max(count, 1) + aux_weight * aux / max(frames, 1)
+        return out + referent_weight * referent / max(referent_count, 1) if referent_weight else out
 
     return loss_fn
 
@@ -339,6 +443,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--name-weight", type=float, default=1.0,
                         help="loss weight of each description token after 'the' (the token that decides how far "
                              "a name is qualified; default 1)")
+    parser.add_argument("--referent-weight", type=float, default=0.0,
+                        help="weight of the referent probe's loss: a text layer's state at each 'the' before a "
+                             "name in a description must give the named object's colour and shape (0: off)")
+    parser.add_argument("--referent-layer", type=int, default=None,
+                        help="the text layer (0-based) the referent probe reads (default: the middle one)")
     parser.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
                         help="model size entries to change, e.g. text_dim=192 text_layers=6")
     parser.add_argument("--grow-text-layers", action="store_true",
@@ -365,6 +474,10 @@ def main(argv: list[str] | None = None) -> None:
         overrides[key] = int(value)
     task_weights = parse_task_weights(args.task_weight)
     check_loss_weight("--name-weight", args.name_weight)  # before the minutes of building the data
+    if args.referent_weight:
+        check_loss_weight("--referent-weight", args.referent_weight)
+    elif args.referent_layer is not None:
+        raise ValueError("--referent-layer needs --referent-weight > 0")
     for flag, value in (("--grow-text-layers", args.grow_text_layers), ("--grow-text-width", args.grow_text_width)):
         if value and args.init is None:
             raise ValueError(f"{flag} grows a trained captioner: give it with --init")
@@ -378,7 +491,12 @@ def main(argv: list[str] | None = None) -> None:
                                                                 tokenizer=processor.tokenizer,
                                                                 duplicate_fraction=args.duplicate_fraction,
                                                                 workers=args.data_workers))
-    trainee = Trainee(sv.build_model(args.size, seed=args.seed, **overrides))
+    vlm = sv.build_model(args.size, seed=args.seed, **overrides)
+    referent_layer = None
+    if args.referent_weight:
+        layers = vlm.config.text_config.num_hidden_layers
+        referent_layer = layers // 2 if args.referent_layer is None else args.referent_layer
+    trainee = Trainee(vlm, referent_layer)
     if args.init is not None:
         args.vision_steps = 0
         if not (args.work / "checkpoint.pt").is_file():
@@ -402,7 +520,8 @@ def main(argv: list[str] | None = None) -> None:
             trainee.load_state_dict(torch.load(stage1 / "checkpoint.pt", map_location="cpu")["model"])
     torch.manual_seed(args.seed + 1)  # stage 2 draws the same batches whether or not stage 1 ran in this process
     loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction, task_weights,
-                           args.device, args.name_weight, processor.tokenizer.convert_tokens_to_ids(NAME_CUE))
+                           args.device, args.name_weight, processor.tokenizer.convert_tokens_to_ids(NAME_CUE),
+                           args.referent_weight, ReferentVocab(processor.tokenizer) if args.referent_weight else None)
     train_loop(trainee, loss_fn, len(data["examples"]), steps=args.steps, batch=args.batch, lr=args.lr,
                work=args.work, save=save, save_every=args.save_every, device=args.device, time_limit=time_left(args))
 
