@@ -491,6 +491,45 @@ def test_referent_targets_label_each_name_with_its_object(processor):
         train_vlm.referent_targets(ids + len(tokenizer), answer, torch.tensor([True, True]), vocab)
 
 
+def test_lookalike_targets_compare_each_listed_object_with_the_earlier_ones(processor):
+    """At the shape word of each listed object ("there is a small red circle ...") the labels say whether an
+    earlier listed object has its colour, its shape, both; relation names and other rows stay unlabelled."""
+    from mmspec.world.scene import Scene, WorldObject
+
+    scene = Scene((WorldObject("circle", "red", "small", 0.2, 0.2), WorldObject("square", "red", "large", 0.8, 0.2),
+                   WorldObject("circle", "blue", "large", 0.2, 0.8), WorldObject("circle", "red", "large", 0.8, 0.8)))
+    text = describe_scene(scene)
+    tokenizer = processor.tokenizer
+    ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]] * 2)
+    labels = train_vlm.lookalike_targets(ids, torch.ones(ids.shape, dtype=torch.bool), torch.tensor([True, False]),
+                                         train_vlm.ReferentVocab(tokenizer))
+    words = tokenizer.convert_ids_to_tokens(ids[0].tolist())
+    labelled = [(words[p - 1], words[p], labels[0, p].tolist()) for p in range(len(words)) if labels[0, p, 0] >= 0]
+    assert labelled == [("red", "circle", [0, 0, 0]), ("red", "square", [1, 0, 0]), ("blue", "circle", [0, 1, 0]),
+                        ("red", "circle", [1, 1, 1])]  # the listing order is top row first, left to right
+    assert (labels[1] == -100).all()
+
+
+def test_lookalike_probe_adds_its_loss(processor):
+    data = sv.build_training_set(6, 1, seed=0, tokenizer=processor.tokenizer)
+    vocab = train_vlm.ReferentVocab(processor.tokenizer)
+    index = torch.tensor([i for i, e in enumerate(data["examples"]) if e["task"] == "describe"])
+    vlm = sv.build_model("tiny", seed=0, text_layers=2)
+    trainee = train_vlm.Trainee(vlm, referent_layer=0, lookalike_layer=1)
+    base = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0)(index)
+    both = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0, referent_weight=1.0, referent_vocab=vocab,
+                                  lookalike_weight=1.0)(index)
+    referent = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0, referent_weight=1.0, referent_vocab=vocab)(index)
+    assert base.item() < referent.item() < both.item()  # each probe adds its untrained loss
+    both.backward()
+    assert trainee.lookalike.proj.weight.grad.abs().sum() > 0 and trainee.referent.proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="lookalike_layer"):
+        train_vlm.make_loss_fn(train_vlm.Trainee(vlm, referent_layer=0), data, lookalike_weight=1.0,
+                               referent_vocab=vocab)
+    with pytest.raises(ValueError, match=r"lookalike_layer must be a text layer index"):
+        train_vlm.Trainee(vlm, lookalike_layer=-1)
+
+
 def test_referent_probe_reads_its_layer_and_trains_only_below_it(processor):
     """make_loss_fn(referent_weight=W) adds the probe's loss on description names, read at the trainee's
     referent layer: its gradient reaches that layer and the ones below, not the layers above (they get only
@@ -529,12 +568,15 @@ def test_recipe_referent_options(tmp_path):
     without a weight, or a bad weight, is refused before any data is built."""
     args = ["--size", "tiny", "--steps", "1", "--batch", "4", "--train-images", "12", "--train-videos", "3",
             "--threads", "1", "--vision-steps", "0"]
-    train_vlm.main(args + ["--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa"), "--referent-weight", "1"])
+    train_vlm.main(args + ["--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa"), "--referent-weight", "1",
+                           "--lookalike-weight", "1", "--lookalike-layer", "0"])
     saved = load_file(tmp_path / "a" / "model.safetensors")
     assert not any("referent" in key or "probe" in key for key in saved)
     checkpoint = torch.load(tmp_path / "wa" / "checkpoint.pt", map_location="cpu")["model"]
-    assert "referent.proj.weight" in checkpoint
+    assert "referent.proj.weight" in checkpoint and "lookalike.proj.weight" in checkpoint
     for extra, message in ((["--referent-layer", "1"], "needs --referent-weight"),
+                           (["--lookalike-layer", "1"], "needs --lookalike-weight"),
+                           (["--lookalike-weight", "nan"], "finite positive"),
                            (["--referent-weight", "-1"], "finite positive")):
         with pytest.raises(ValueError, match=message):
             train_vlm.main(args + ["--out", str(tmp_path / "b"), "--work", str(tmp_path / "wb")] + extra)

@@ -31,6 +31,8 @@ decide how far a name is qualified (the word after "the"; tried, docs/zoo_shapes
 ``--referent-weight W`` adds a training-only probe on one text layer (``--referent-layer``, default the
 middle one) that must read, at each "the" before a name in a description, the colour and shape of the
 object named (:class:`ReferentProbe`: the identity the qualification decision needs at that position).
+``--lookalike-weight W`` (``--lookalike-layer``) likewise adds :class:`LookAlikeProbe`: at the shape word of
+each listed object, whether an earlier one shares its colour, its shape, both (the comparison itself).
 
 Run long jobs in the background (``nohup ... &``). ``--device cuda`` trains on a GPU (batches are built
 on the CPU and moved there; the saved model is the same CPU fp16 checkpoint); raise ``--max-tokens`` there
@@ -116,18 +118,23 @@ class PatchProbe(nn.Module):
 
 class Trainee(nn.Module):
     """What the optimiser sees: the VLM and its training-only probes (the checkpoint holds them all): the
-    patch probe, and with ``referent_layer`` set the :class:`ReferentProbe` reading that text layer."""
+    patch probe, with ``referent_layer`` set the :class:`ReferentProbe` reading that text layer, and with
+    ``lookalike_layer`` set the :class:`LookAlikeProbe` reading that one."""
 
-    def __init__(self, vlm: nn.Module, referent_layer: int | None = None) -> None:
+    def __init__(self, vlm: nn.Module, referent_layer: int | None = None, lookalike_layer: int | None = None) -> None:
         super().__init__()
         self.vlm = vlm
-        self.probe = PatchProbe(vlm.config.text_config.hidden_size)
-        self.referent_layer = referent_layer
+        dim = vlm.config.text_config.hidden_size
+        self.probe = PatchProbe(dim)
+        self.referent_layer, self.lookalike_layer = referent_layer, lookalike_layer
+        layers = vlm.config.text_config.num_hidden_layers
+        for name, layer in (("referent_layer", referent_layer), ("lookalike_layer", lookalike_layer)):
+            if layer is not None and not 0 <= layer < layers:
+                raise ValueError(f"{name} must be a text layer index in [0, {layers}), got {layer}")
         if referent_layer is not None:
-            layers = vlm.config.text_config.num_hidden_layers
-            if not 0 <= referent_layer < layers:
-                raise ValueError(f"referent_layer must be a text layer index in [0, {layers}), got {referent_layer}")
-            self.referent = ReferentProbe(vlm.config.text_config.hidden_size)
+            self.referent = ReferentProbe(dim)
+        if lookalike_layer is not None:
+            self.lookalike = LookAlikeProbe(dim)
 
 
 #: The word before every referring name in a description ("the pink diamond is to the left of the small
@@ -180,8 +187,8 @@ class ReferentProbe(nn.Module):
 
 
 class ReferentVocab:
-    """Lookup tables over a tokenizer's ids for :func:`referent_targets`: the cue word, which ids are sizes,
-    and each id's colour and shape class (index in the world's ``COLORS`` / ``SHAPES``; -100 for others)."""
+    """Lookup tables over a tokenizer's ids for :func:`referent_targets` and :func:`lookalike_targets`: the
+    cue word, which ids are articles and sizes, and each id's colour and shape class (index in the world's ``COLORS`` / ``SHAPES``; -100 for others)."""
 
     def __init__(self, tokenizer) -> None:
         def ids(words) -> list[int]:
@@ -191,6 +198,8 @@ class ReferentVocab:
             return out
 
         self.cue = ids([NAME_CUE])[0]
+        self.is_article = torch.zeros(len(tokenizer), dtype=torch.bool)
+        self.is_article[ids(["a", "an"])] = True
         self.is_size = torch.zeros(len(tokenizer), dtype=torch.bool)
         self.is_size[ids(SIZES)] = True
         self.colour_class = torch.full((len(tokenizer),), -100, dtype=torch.long)
@@ -220,6 +229,56 @@ def referent_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: tor
             torch.where(named, shape, none).to(input_ids.device))
 
 
+class LookAlikeProbe(nn.Module):
+    """Training-only linear read-out, from one text layer's hidden state at the shape word of each object a
+    description lists ("there is a small red *circle* ..."), of whether an object listed before it has the
+    same colour, the same shape, and both (three yes/no logits).
+
+    Why: a name needs its size exactly when a look-alike (same colour *and* shape) exists, and trained
+    captioners behave as if they only compared colours and shapes separately (docs/zoo_shapes_vlm.md). This
+    asks for the conjunction on every listed object, where all the earlier objects are in view, so the
+    model has to build the colour-and-shape comparison that the relation names need, on four positions
+    per description instead of at the rare look-alike name."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, 3)
+
+    def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Summed binary cross-entropy of the three answers over the labelled positions of ``hidden [B, L,
+        D]`` (labels ``[B, L, 3]`` of 0 / 1, -100 = none), and how many positions that is."""
+        labelled = labels[..., 0] >= 0
+        count = int(labelled.sum())
+        if count == 0:
+            return hidden.new_zeros((), dtype=torch.float32), 0
+        logits = self.proj(hidden[labelled].float())
+        return nn.functional.binary_cross_entropy_with_logits(logits, labels[labelled].float(), reduction="sum"), count
+
+
+def lookalike_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: torch.Tensor, vocab: ReferentVocab
+                      ) -> torch.Tensor:
+    """Labels ``[B, L, 3]`` for :class:`LookAlikeProbe` (-100 where none): at the shape word of each listed
+    object, "a / an size colour shape" among the answer tokens of the rows where ``rows`` is set, whether an
+    object listed earlier in the same answer has its colour, its shape, both (1 / 0)."""
+    ids = input_ids.cpu()
+    if ids.numel() and int(ids.max()) >= vocab.is_size.shape[0]:
+        raise ValueError(f"token id {int(ids.max())} is outside the tokenizer the ReferentVocab was built from")
+    labels = torch.full((*ids.shape, 3), -100, dtype=torch.long)
+    answer = loss_mask.cpu().bool() & rows.cpu()[:, None]
+    for b in range(ids.shape[0]):
+        listed: list[tuple[int, int]] = []
+        for p in range(3, ids.shape[1]):
+            colour, shape = int(vocab.colour_class[ids[b, p - 1]]), int(vocab.shape_class[ids[b, p]])
+            if not (answer[b, p] and shape >= 0 and colour >= 0 and vocab.is_size[ids[b, p - 2]]
+                    and vocab.is_article[ids[b, p - 3]]):
+                continue
+            labels[b, p, 0] = any(c == colour for c, _ in listed)
+            labels[b, p, 1] = any(h == shape for _, h in listed)
+            labels[b, p, 2] = (colour, shape) in listed
+            listed.append((colour, shape))
+    return labels.to(input_ids.device)
+
+
 def _layer_output(output):
     """A decoder layer's hidden states, whether it returns them alone or first in a tuple."""
     return output[0] if isinstance(output, tuple) else output
@@ -228,7 +287,8 @@ def _layer_output(output):
 def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weight: float = 1.0,
                  blind_fraction: float = 0.0, task_weights: dict[str, float] | None = None,
                  device: str | torch.device = "cpu", name_weight: float = 1.0, name_cue_id: int | None = None,
-                 referent_weight: float = 0.0, referent_vocab: ReferentVocab | None = None):
+                 referent_weight: float = 0.0, referent_vocab: ReferentVocab | None = None,
+                 lookalike_weight: float = 0.0):
     """``loss_fn(indices)`` for :func:`train_loop`: mean cross-entropy per answer token over the batch, plus
     ``aux_weight`` x the patch probe's loss per frame (when the data carries patch labels). Each length
     chunk is read blind (no ``pixel_values``) with probability ``blind_fraction`` (torch's RNG, which the
@@ -240,15 +300,20 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
     90-token descriptions, too little gradient for the question-answering path to be learnt well.
 
     ``referent_weight`` (> 0 needs a trainee built with ``referent_layer`` and ``referent_vocab``) adds that
-    many times the :class:`ReferentProbe`'s loss per labelled name of the descriptions.
+    many times the :class:`ReferentProbe`'s loss per labelled name of the descriptions, ``lookalike_weight``
+    (> 0 needs ``lookalike_layer`` and the vocab too) the :class:`LookAlikeProbe`'s per listed object.
 
     Batches are built on the CPU (the blind draws use torch's CPU generator) and moved to ``device``."""
     projector = trainee.vlm.model.multi_modal_projector
-    if referent_weight:
-        check_loss_weight("referent_weight", referent_weight)
-        if trainee.referent_layer is None or referent_vocab is None:
-            raise ValueError("referent_weight > 0 needs a Trainee built with referent_layer and a referent_vocab")
-        referent_layer = trainee.vlm.model.language_model.layers[trainee.referent_layer]
+    probes = {}  # probe name -> (weight, text layer index) of the name probes in use
+    for name, weight, layer in (("referent", referent_weight, trainee.referent_layer),
+                                ("lookalike", lookalike_weight, trainee.lookalike_layer)):
+        if weight:
+            check_loss_weight(f"{name}_weight", weight)
+            if layer is None or referent_vocab is None:
+                raise ValueError(f"{name}_weight > 0 needs a Trainee built with {name}_layer and a referent_vocab")
+            probes[name] = (weight, layer)
+    text_layers = trainee.vlm.model.language_model.layers
     task_weights = check_task_weights(task_weights or {})
     name_weight = check_loss_weight("name_weight", name_weight)
     if name_weight != 1.0 and name_cue_id is None:
@@ -256,16 +321,16 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         total, count, aux, frames = 0.0, 0, 0.0, 0
-        referent, referent_count = 0.0, 0
+        probe_sums = {name: [0.0, 0] for name in probes}  # summed loss, labelled positions
         for rows in chunks_by_length(data, index.tolist(), max_tokens):
             batch = {key: value.to(device) for key, value in sv.training_batch(data, rows).items()}
             if blind_fraction and torch.rand(()) < blind_fraction:
                 batch.pop("pixel_values")
-            captured, hidden = [], []
+            captured, hidden = [], {}
             handles = [projector.register_forward_hook(lambda module, args, output, store=captured: store.append(output))]
-            if referent_weight:
-                handles.append(referent_layer.register_forward_hook(
-                    lambda module, args, output, store=hidden: store.append(_layer_output(output))))
+            for layer in {layer for _, layer in probes.values()}:
+                handles.append(text_layers[layer].register_forward_hook(
+                    lambda module, args, output, layer=layer, store=hidden: store.__setitem__(layer, _layer_output(output))))
             weights = None
             if task_weights:
                 weights = torch.tensor([task_weights.get(data["examples"][r]["task"], 1.0) for r in rows], device=device)
@@ -282,12 +347,18 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
             if aux_weight and captured and "patch_classes" in batch:
                 aux = aux + trainee.probe(captured[0], batch["patch_classes"], batch["patch_offsets"])
                 frames += captured[0].shape[0]
-            if referent_weight:
-                colours, shapes = referent_targets(batch["input_ids"], batch["loss_mask"], describe, referent_vocab)
-                loss, n = trainee.referent(hidden[0], colours, shapes)
-                referent, referent_count = referent + loss, referent_count + n
+            for name, (_, layer) in probes.items():
+                args = batch["input_ids"], batch["loss_mask"], describe, referent_vocab
+                if name == "referent":
+                    loss, n = trainee.referent(hidden[layer], *referent_targets(*args))
+                else:
+                    loss, n = trainee.lookalike(hidden[layer], lookalike_targets(*args))
+                probe_sums[name][0] += loss
+                probe_sums[name][1] += n
         out = total / max(count, 1) + aux_weight * aux / max(frames, 1)
-        return out + referent_weight * referent / max(referent_count, 1) if referent_weight else out
+        for name, (weight, _) in probes.items():
+            out = out + weight * probe_sums[name][0] / max(probe_sums[name][1], 1)
+        return out
 
     return loss_fn
 
@@ -448,6 +519,12 @@ def main(argv: list[str] | None = None) -> None:
                              "name in a description must give the named object's colour and shape (0: off)")
     parser.add_argument("--referent-layer", type=int, default=None,
                         help="the text layer (0-based) the referent probe reads (default: the middle one)")
+    parser.add_argument("--lookalike-weight", type=float, default=0.0,
+                        help="weight of the look-alike probe's loss: a text layer's state at each listed object's "
+                             "shape word must tell whether an earlier listed object shares its colour, its shape, "
+                             "both (0: off)")
+    parser.add_argument("--lookalike-layer", type=int, default=None,
+                        help="the text layer (0-based) the look-alike probe reads (default: the middle one)")
     parser.add_argument("--override", nargs="*", default=[], metavar="KEY=INT",
                         help="model size entries to change, e.g. text_dim=192 text_layers=6")
     parser.add_argument("--grow-text-layers", action="store_true",
@@ -474,10 +551,11 @@ def main(argv: list[str] | None = None) -> None:
         overrides[key] = int(value)
     task_weights = parse_task_weights(args.task_weight)
     check_loss_weight("--name-weight", args.name_weight)  # before the minutes of building the data
-    if args.referent_weight:
-        check_loss_weight("--referent-weight", args.referent_weight)
-    elif args.referent_layer is not None:
-        raise ValueError("--referent-layer needs --referent-weight > 0")
+    for probe in ("referent", "lookalike"):
+        if getattr(args, f"{probe}_weight"):
+            check_loss_weight(f"--{probe}-weight", getattr(args, f"{probe}_weight"))
+        elif getattr(args, f"{probe}_layer") is not None:
+            raise ValueError(f"--{probe}-layer needs --{probe}-weight > 0")
     for flag, value in (("--grow-text-layers", args.grow_text_layers), ("--grow-text-width", args.grow_text_width)):
         if value and args.init is None:
             raise ValueError(f"{flag} grows a trained captioner: give it with --init")
@@ -492,11 +570,11 @@ def main(argv: list[str] | None = None) -> None:
                                                                 duplicate_fraction=args.duplicate_fraction,
                                                                 workers=args.data_workers))
     vlm = sv.build_model(args.size, seed=args.seed, **overrides)
-    referent_layer = None
-    if args.referent_weight:
-        layers = vlm.config.text_config.num_hidden_layers
-        referent_layer = layers // 2 if args.referent_layer is None else args.referent_layer
-    trainee = Trainee(vlm, referent_layer)
+    middle = vlm.config.text_config.num_hidden_layers // 2
+    probe_layers = [(middle if layer is None else layer) if weight else None
+                    for weight, layer in ((args.referent_weight, args.referent_layer),
+                                          (args.lookalike_weight, args.lookalike_layer))]
+    trainee = Trainee(vlm, *probe_layers)
     if args.init is not None:
         args.vision_steps = 0
         if not (args.work / "checkpoint.pt").is_file():
@@ -521,7 +599,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(args.seed + 1)  # stage 2 draws the same batches whether or not stage 1 ran in this process
     loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction, task_weights,
                            args.device, args.name_weight, processor.tokenizer.convert_tokens_to_ids(NAME_CUE),
-                           args.referent_weight, ReferentVocab(processor.tokenizer) if args.referent_weight else None)
+                           args.referent_weight, ReferentVocab(processor.tokenizer), args.lookalike_weight)
     train_loop(trainee, loss_fn, len(data["examples"]), steps=args.steps, batch=args.batch, lr=args.lr,
                work=args.work, save=save, save_every=args.save_every, device=args.device, time_limit=time_left(args))
 
