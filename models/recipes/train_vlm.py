@@ -207,15 +207,20 @@ class ReferentVocab:
         self.shape_class = torch.full((len(tokenizer),), -100, dtype=torch.long)
         self.shape_class[ids(SHAPES)] = torch.arange(len(SHAPES))
 
+    def checked(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``input_ids`` on the CPU, or ``ValueError`` if an id is outside the tokenizer the tables index."""
+        ids = input_ids.cpu()
+        if ids.numel() and int(ids.max()) >= self.is_size.shape[0]:
+            raise ValueError(f"token id {int(ids.max())} is outside the tokenizer the ReferentVocab was built from")
+        return ids
+
 
 def referent_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: torch.Tensor, vocab: ReferentVocab
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Colour and shape classes ``[B, L]`` (-100 where none) of the object named after each answer token
     "the" that starts a name, "the [size] colour shape" (as relation sentences name objects), in the rows
     where ``rows`` (bool ``[B]``) is set; ``loss_mask`` marks the answer tokens (:func:`sv.training_batch`)."""
-    ids = input_ids.cpu()
-    if ids.numel() and int(ids.max()) >= vocab.is_size.shape[0]:
-        raise ValueError(f"token id {int(ids.max())} is outside the tokenizer the ReferentVocab was built from")
+    ids = vocab.checked(input_ids)
 
     def ahead(k: int) -> torch.Tensor:  # the token k places later (padding id 0 past the end)
         return torch.cat([ids[:, k:], ids.new_zeros(ids.shape[0], k)], dim=1)
@@ -260,9 +265,7 @@ def lookalike_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: to
     """Labels ``[B, L, 3]`` for :class:`LookAlikeProbe` (-100 where none): at the shape word of each listed
     object, "a / an size colour shape" among the answer tokens of the rows where ``rows`` is set, whether an
     object listed earlier in the same answer has its colour, its shape, both (1 / 0)."""
-    ids = input_ids.cpu()
-    if ids.numel() and int(ids.max()) >= vocab.is_size.shape[0]:
-        raise ValueError(f"token id {int(ids.max())} is outside the tokenizer the ReferentVocab was built from")
+    ids = vocab.checked(input_ids)
     labels = torch.full((*ids.shape, 3), -100, dtype=torch.long)
     answer = loss_mask.cpu().bool() & rows.cpu()[:, None]
     for b in range(ids.shape[0]):
