@@ -476,7 +476,7 @@ def test_referent_targets_label_each_name_with_its_object(processor):
     from mmspec.world.scene import COLORS, SHAPES
 
     tokenizer = processor.tokenizer
-    vocab = train_vlm.ReferentVocab(tokenizer)
+    vocab = train_vlm.NameVocab(tokenizer)
     words = "the image shows two shapes . the small pink square is to the left of the cyan diamond ."
     ids = torch.tensor([tokenizer(words, add_special_tokens=False)["input_ids"]] * 2)
     answer = torch.ones(ids.shape, dtype=torch.bool)
@@ -502,7 +502,7 @@ def test_lookalike_targets_compare_each_listed_object_with_the_earlier_ones(proc
     tokenizer = processor.tokenizer
     ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]] * 2)
     labels = train_vlm.lookalike_targets(ids, torch.ones(ids.shape, dtype=torch.bool), torch.tensor([True, False]),
-                                         train_vlm.ReferentVocab(tokenizer))
+                                         train_vlm.NameVocab(tokenizer))
     words = tokenizer.convert_ids_to_tokens(ids[0].tolist())
     labelled = [(words[p - 1], words[p], labels[0, p].tolist()) for p in range(len(words)) if labels[0, p, 0] >= 0]
     assert labelled == [("red", "circle", [0, 0, 0]), ("red", "square", [1, 0, 0]), ("blue", "circle", [0, 1, 0]),
@@ -512,20 +512,20 @@ def test_lookalike_targets_compare_each_listed_object_with_the_earlier_ones(proc
 
 def test_lookalike_probe_adds_its_loss(processor):
     data = sv.build_training_set(6, 1, seed=0, tokenizer=processor.tokenizer)
-    vocab = train_vlm.ReferentVocab(processor.tokenizer)
+    vocab = train_vlm.NameVocab(processor.tokenizer)
     index = torch.tensor([i for i, e in enumerate(data["examples"]) if e["task"] == "describe"])
     vlm = sv.build_model("tiny", seed=0, text_layers=2)
     trainee = train_vlm.Trainee(vlm, referent_layer=0, lookalike_layer=1)
     base = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0)(index)
-    both = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0, referent_weight=1.0, referent_vocab=vocab,
+    both = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0, referent_weight=1.0, name_vocab=vocab,
                                   lookalike_weight=1.0)(index)
-    referent = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0, referent_weight=1.0, referent_vocab=vocab)(index)
+    referent = train_vlm.make_loss_fn(trainee, data, aux_weight=0.0, referent_weight=1.0, name_vocab=vocab)(index)
     assert base.item() < referent.item() < both.item()  # each probe adds its untrained loss
     both.backward()
     assert trainee.lookalike.proj.weight.grad.abs().sum() > 0 and trainee.referent.proj.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="lookalike_layer"):
         train_vlm.make_loss_fn(train_vlm.Trainee(vlm, referent_layer=0), data, lookalike_weight=1.0,
-                               referent_vocab=vocab)
+                               name_vocab=vocab)
     with pytest.raises(ValueError, match=r"lookalike_layer must be a text layer index"):
         train_vlm.Trainee(vlm, lookalike_layer=-1)
 
@@ -535,14 +535,14 @@ def test_referent_probe_reads_its_layer_and_trains_only_below_it(processor):
     referent layer: its gradient reaches that layer and the ones below, not the layers above (they get only
     the language-model loss, which is the same with the probe or without)."""
     data = sv.build_training_set(6, 1, seed=0, tokenizer=processor.tokenizer)
-    vocab = train_vlm.ReferentVocab(processor.tokenizer)
+    vocab = train_vlm.NameVocab(processor.tokenizer)
     index = torch.tensor([i for i, e in enumerate(data["examples"]) if e["task"] == "describe"])
     assert len(index) > 0
     vlm = sv.build_model("tiny", seed=0, text_layers=2)
     plain = train_vlm.Trainee(vlm)
     probed = train_vlm.Trainee(vlm, referent_layer=0)
     base = train_vlm.make_loss_fn(plain, data, aux_weight=0.0)(index)
-    with_probe = train_vlm.make_loss_fn(probed, data, aux_weight=0.0, referent_weight=2.0, referent_vocab=vocab)
+    with_probe = train_vlm.make_loss_fn(probed, data, aux_weight=0.0, referent_weight=2.0, name_vocab=vocab)
     total = with_probe(index)
     assert torch.isfinite(total) and total.item() > base.item()  # the untrained probe's cross-entropy is added
     total.backward()
@@ -556,9 +556,9 @@ def test_referent_probe_reads_its_layer_and_trains_only_below_it(processor):
     assert all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(above, layers[1].parameters()))
     assert any(not torch.allclose(b, p.grad, atol=1e-6) for b, p in zip(below, layers[0].parameters()))
     with pytest.raises(ValueError, match="referent_layer"):
-        train_vlm.make_loss_fn(plain, data, referent_weight=1.0, referent_vocab=vocab)
+        train_vlm.make_loss_fn(plain, data, referent_weight=1.0, name_vocab=vocab)
     with pytest.raises(ValueError, match="referent_weight"):
-        train_vlm.make_loss_fn(probed, data, referent_weight=float("nan"), referent_vocab=vocab)
+        train_vlm.make_loss_fn(probed, data, referent_weight=float("nan"), name_vocab=vocab)
     with pytest.raises(ValueError, match=r"text layer index in \[0, 2\)"):
         train_vlm.Trainee(vlm, referent_layer=2)
 

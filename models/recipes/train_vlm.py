@@ -186,9 +186,10 @@ class ReferentProbe(nn.Module):
         return loss, count
 
 
-class ReferentVocab:
-    """Lookup tables over a tokenizer's ids for :func:`referent_targets` and :func:`lookalike_targets`: the
-    cue word, which ids are articles and sizes, and each id's colour and shape class (index in the world's ``COLORS`` / ``SHAPES``; -100 for others)."""
+class NameVocab:
+    """Lookup tables over a tokenizer's ids for the name probes' targets (:func:`referent_targets`,
+    :func:`lookalike_targets`): the cue word :data:`NAME_CUE`, which ids are articles and sizes, and each
+    id's colour and shape class (index in the world's ``COLORS`` / ``SHAPES``; -100 for others)."""
 
     def __init__(self, tokenizer) -> None:
         def ids(words) -> list[int]:
@@ -211,23 +212,26 @@ class ReferentVocab:
         """``input_ids`` on the CPU, or ``ValueError`` if an id is outside the tokenizer the tables index."""
         ids = input_ids.cpu()
         if ids.numel() and int(ids.max()) >= self.is_size.shape[0]:
-            raise ValueError(f"token id {int(ids.max())} is outside the tokenizer the ReferentVocab was built from")
+            raise ValueError(f"token id {int(ids.max())} is outside the tokenizer the NameVocab was built from")
         return ids
 
 
-def referent_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: torch.Tensor, vocab: ReferentVocab
+def _shifted(ids: torch.Tensor, k: int) -> torch.Tensor:
+    """``ids [B, L]`` moved so that position p holds the token at p + k (k < 0: k places back), id 0 (padding)
+    where that falls outside the row."""
+    pad = ids.new_zeros(ids.shape[0], abs(k))
+    return torch.cat([ids[:, k:], pad], dim=1) if k >= 0 else torch.cat([pad, ids[:, :k]], dim=1)
+
+
+def referent_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: torch.Tensor, vocab: NameVocab
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Colour and shape classes ``[B, L]`` (-100 where none) of the object named after each answer token
     "the" that starts a name, "the [size] colour shape" (as relation sentences name objects), in the rows
     where ``rows`` (bool ``[B]``) is set; ``loss_mask`` marks the answer tokens (:func:`sv.training_batch`)."""
     ids = vocab.checked(input_ids)
-
-    def ahead(k: int) -> torch.Tensor:  # the token k places later (padding id 0 past the end)
-        return torch.cat([ids[:, k:], ids.new_zeros(ids.shape[0], k)], dim=1)
-
-    sized = vocab.is_size[ahead(1)]
-    colour = vocab.colour_class[torch.where(sized, ahead(2), ahead(1))]
-    shape = vocab.shape_class[torch.where(sized, ahead(3), ahead(2))]
+    sized = vocab.is_size[_shifted(ids, 1)]
+    colour = vocab.colour_class[torch.where(sized, _shifted(ids, 2), _shifted(ids, 1))]
+    shape = vocab.shape_class[torch.where(sized, _shifted(ids, 3), _shifted(ids, 2))]
     named = (ids == vocab.cue) & (colour >= 0) & (shape >= 0) & loss_mask.cpu().bool() & rows.cpu()[:, None]
     none = torch.full_like(colour, -100)
     return (torch.where(named, colour, none).to(input_ids.device),
@@ -260,25 +264,23 @@ class LookAlikeProbe(nn.Module):
         return nn.functional.binary_cross_entropy_with_logits(logits, labels[labelled].float(), reduction="sum"), count
 
 
-def lookalike_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: torch.Tensor, vocab: ReferentVocab
+def lookalike_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: torch.Tensor, vocab: NameVocab
                       ) -> torch.Tensor:
     """Labels ``[B, L, 3]`` for :class:`LookAlikeProbe` (-100 where none): at the shape word of each listed
     object, "a / an size colour shape" among the answer tokens of the rows where ``rows`` is set, whether an
     object listed earlier in the same answer has its colour, its shape, both (1 / 0)."""
     ids = vocab.checked(input_ids)
+    colour, shape = vocab.colour_class[_shifted(ids, -1)], vocab.shape_class[ids]
+    listing = ((shape >= 0) & (colour >= 0) & vocab.is_size[_shifted(ids, -2)] & vocab.is_article[_shifted(ids, -3)]
+               & loss_mask.cpu().bool() & rows.cpu()[:, None])
     labels = torch.full((*ids.shape, 3), -100, dtype=torch.long)
-    answer = loss_mask.cpu().bool() & rows.cpu()[:, None]
-    for b in range(ids.shape[0]):
+    for b, positions in enumerate(listing.tolist()):  # a few listed objects per row, compared in order
         listed: list[tuple[int, int]] = []
-        for p in range(3, ids.shape[1]):
-            colour, shape = int(vocab.colour_class[ids[b, p - 1]]), int(vocab.shape_class[ids[b, p]])
-            if not (answer[b, p] and shape >= 0 and colour >= 0 and vocab.is_size[ids[b, p - 2]]
-                    and vocab.is_article[ids[b, p - 3]]):
-                continue
-            labels[b, p, 0] = any(c == colour for c, _ in listed)
-            labels[b, p, 1] = any(h == shape for _, h in listed)
-            labels[b, p, 2] = (colour, shape) in listed
-            listed.append((colour, shape))
+        for p in (p for p, is_listed in enumerate(positions) if is_listed):
+            kind = int(colour[b, p]), int(shape[b, p])
+            labels[b, p] = torch.tensor([any(c == kind[0] for c, _ in listed), any(h == kind[1] for _, h in listed),
+                                         kind in listed])
+            listed.append(kind)
     return labels.to(input_ids.device)
 
 
@@ -290,7 +292,7 @@ def _layer_output(output):
 def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weight: float = 1.0,
                  blind_fraction: float = 0.0, task_weights: dict[str, float] | None = None,
                  device: str | torch.device = "cpu", name_weight: float = 1.0, name_cue_id: int | None = None,
-                 referent_weight: float = 0.0, referent_vocab: ReferentVocab | None = None,
+                 referent_weight: float = 0.0, name_vocab: NameVocab | None = None,
                  lookalike_weight: float = 0.0):
     """``loss_fn(indices)`` for :func:`train_loop`: mean cross-entropy per answer token over the batch, plus
     ``aux_weight`` x the patch probe's loss per frame (when the data carries patch labels). Each length
@@ -302,7 +304,7 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
     examples that many times: a one-word ``qa`` answer is about 1 % of a batch's answer tokens next to
     90-token descriptions, too little gradient for the question-answering path to be learnt well.
 
-    ``referent_weight`` (> 0 needs a trainee built with ``referent_layer`` and ``referent_vocab``) adds that
+    ``referent_weight`` (> 0 needs a trainee built with ``referent_layer`` and ``name_vocab``) adds that
     many times the :class:`ReferentProbe`'s loss per labelled name of the descriptions, ``lookalike_weight``
     (> 0 needs ``lookalike_layer`` and the vocab too) the :class:`LookAlikeProbe`'s per listed object.
 
@@ -313,8 +315,8 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
                                 ("lookalike", lookalike_weight, trainee.lookalike_layer)):
         if weight:
             check_loss_weight(f"{name}_weight", weight)
-            if layer is None or referent_vocab is None:
-                raise ValueError(f"{name}_weight > 0 needs a Trainee built with {name}_layer and a referent_vocab")
+            if layer is None or name_vocab is None:
+                raise ValueError(f"{name}_weight > 0 needs a Trainee built with {name}_layer and a name_vocab")
             probes[name] = (weight, layer)
     text_layers = trainee.vlm.model.language_model.layers
     task_weights = check_task_weights(task_weights or {})
@@ -337,7 +339,9 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
             weights = None
             if task_weights:
                 weights = torch.tensor([task_weights.get(data["examples"][r]["task"], 1.0) for r in rows], device=device)
-            describe = torch.tensor([data["examples"][r]["task"] == "describe" for r in rows], device=device)
+            describe = None
+            if name_weight != 1.0 or probes:
+                describe = torch.tensor([data["examples"][r]["task"] == "describe" for r in rows], device=device)
             token_weights = None
             if name_weight != 1.0:
                 token_weights = name_token_weights(batch["input_ids"], describe, name_cue_id, name_weight)
@@ -351,7 +355,7 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
                 aux = aux + trainee.probe(captured[0], batch["patch_classes"], batch["patch_offsets"])
                 frames += captured[0].shape[0]
             for name, (_, layer) in probes.items():
-                args = batch["input_ids"], batch["loss_mask"], describe, referent_vocab
+                args = batch["input_ids"], batch["loss_mask"], describe, name_vocab
                 if name == "referent":
                     loss, n = trainee.referent(hidden[layer], *referent_targets(*args))
                 else:
@@ -600,9 +604,9 @@ def main(argv: list[str] | None = None) -> None:
         else:
             trainee.load_state_dict(torch.load(stage1 / "checkpoint.pt", map_location="cpu")["model"])
     torch.manual_seed(args.seed + 1)  # stage 2 draws the same batches whether or not stage 1 ran in this process
+    vocab = NameVocab(processor.tokenizer)
     loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction, task_weights,
-                           args.device, args.name_weight, processor.tokenizer.convert_tokens_to_ids(NAME_CUE),
-                           args.referent_weight, ReferentVocab(processor.tokenizer), args.lookalike_weight)
+                           args.device, args.name_weight, vocab.cue, args.referent_weight, vocab, args.lookalike_weight)
     train_loop(trainee, loss_fn, len(data["examples"]), steps=args.steps, batch=args.batch, lr=args.lr,
                work=args.work, save=save, save_every=args.save_every, device=args.device, time_limit=time_left(args))
 
