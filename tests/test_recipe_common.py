@@ -100,3 +100,34 @@ def test_a_recipe_with_a_time_limit_it_does_not_reach_trains_as_without(tmp_path
     assert all(torch.equal(plain[k], limited[k]) for k in plain)
     with pytest.raises(ValueError, match="--time-limit must be a positive"):
         train_video.main(["--out", str(tmp_path / "c"), "--work", str(tmp_path / "wc"), "--time-limit", "0", *small])
+
+
+def test_cached_data_builds_once_then_loads(tmp_path):
+    calls = []
+
+    def build() -> dict:
+        calls.append(1)
+        return {"tokens": torch.arange(6)}
+
+    first = common.cached_data(tmp_path, build)
+    second = common.cached_data(tmp_path, build)
+    assert len(calls) == 1 and torch.equal(first["tokens"], second["tokens"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.pt"]  # no partial file left behind
+
+
+def test_save_atomically_keeps_the_previous_file_when_writing_fails(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    common.save_atomically({"step": 1}, path)
+    real_save = torch.save
+
+    def failing_save(obj, target):  # writes part of the file, then the process "dies"
+        real_save({"step": 2, "padding": torch.zeros(1000)}, target)
+        with open(target, "r+b") as handle:
+            handle.truncate(100)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(common.torch, "save", failing_save)
+    with pytest.raises(KeyboardInterrupt):
+        common.save_atomically({"step": 2}, path)
+    monkeypatch.undo()
+    assert torch.load(path) == {"step": 1}  # the complete previous checkpoint, not a truncated one

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -125,8 +126,17 @@ def cached_data(work: Path, build: Callable[[], dict], name: str = "data.pt") ->
     if path.is_file():
         return torch.load(path)
     data = build()
-    torch.save(data, path)
+    save_atomically(data, path)
     return data
+
+
+def save_atomically(obj: Any, path: Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then rename it over ``path``. A run stopped while
+    writing (a lease's end, a killed session) leaves the previous file or none, never a truncated one that
+    the next run's resume or data cache would fail to load."""
+    partial_path = path.with_name(path.name + ".partial")
+    torch.save(obj, partial_path)
+    os.replace(partial_path, path)
 
 
 def step_generator() -> torch.Generator:
@@ -351,7 +361,7 @@ def train_loop(model: nn.Module, loss_fn: Callable[[torch.Tensor], torch.Tensor]
                 log.write(json.dumps({"stopped_at": step, "reason": "time limit"}) + "\n")
                 log.flush()
             if step % save_every == 0 or step == last:
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                            "rng": torch.get_rng_state()}, ckpt)
+                save_atomically({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                                 "rng": torch.get_rng_state()}, ckpt)
                 save(model)
     model.eval()
