@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -158,7 +159,24 @@ def name_token_weights(input_ids: torch.Tensor, weighted_rows: torch.Tensor, cue
     return weights
 
 
-class ReferentProbe(nn.Module):
+class _PositionProbe(nn.Module):
+    """A training-only linear read-out of one text layer's hidden states at some labelled positions."""
+
+    def __init__(self, dim: int, outputs: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(dim, outputs)
+
+    def _summed(self, hidden: torch.Tensor, labelled: torch.Tensor,
+                loss_of: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, int]:
+        """``loss_of(logits)`` of the ``labelled`` (bool ``[B, L]``) positions of ``hidden [B, L, D]`` and how
+        many positions that is (a zero loss when there are none)."""
+        count = int(labelled.sum())
+        if count == 0:
+            return hidden.new_zeros((), dtype=torch.float32), 0
+        return loss_of(self.proj(hidden[labelled].float())), count
+
+
+class ReferentProbe(_PositionProbe):
     """Training-only linear read-out, from one text layer's hidden state at the word "the" before a name in
     a description's relation sentence, of the colour and shape of the object that name refers to.
 
@@ -170,20 +188,19 @@ class ReferentProbe(nn.Module):
     compare that conjunction with the listed objects."""
 
     def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.proj = nn.Linear(dim, len(COLORS) + len(SHAPES))
+        super().__init__(dim, len(COLORS) + len(SHAPES))
 
     def forward(self, hidden: torch.Tensor, colours: torch.Tensor, shapes: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Summed colour + shape cross-entropy over the labelled positions of ``hidden [B, L, D]`` (labels
         ``[B, L]``, -100 = none), and how many positions that is."""
         labelled = colours >= 0
-        count = int(labelled.sum())
-        if count == 0:
-            return hidden.new_zeros((), dtype=torch.float32), 0
-        logits = self.proj(hidden[labelled].float())
-        loss = nn.functional.cross_entropy(logits[:, :len(COLORS)], colours[labelled], reduction="sum")
-        loss = loss + nn.functional.cross_entropy(logits[:, len(COLORS):], shapes[labelled], reduction="sum")
-        return loss, count
+
+        def loss_of(logits: torch.Tensor) -> torch.Tensor:
+            cross_entropy = nn.functional.cross_entropy
+            return (cross_entropy(logits[:, :len(COLORS)], colours[labelled], reduction="sum")
+                    + cross_entropy(logits[:, len(COLORS):], shapes[labelled], reduction="sum"))
+
+        return self._summed(hidden, labelled, loss_of)
 
 
 class NameVocab:
@@ -238,7 +255,7 @@ def referent_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: tor
             torch.where(named, shape, none).to(input_ids.device))
 
 
-class LookAlikeProbe(nn.Module):
+class LookAlikeProbe(_PositionProbe):
     """Training-only linear read-out, from one text layer's hidden state at the shape word of each object a
     description lists ("there is a small red *circle* ..."), of whether an object listed before it has the
     same colour, the same shape, and both (three yes/no logits).
@@ -250,18 +267,14 @@ class LookAlikeProbe(nn.Module):
     per description instead of at the rare look-alike name."""
 
     def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.proj = nn.Linear(dim, 3)
+        super().__init__(dim, 3)
 
     def forward(self, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Summed binary cross-entropy of the three answers over the labelled positions of ``hidden [B, L,
         D]`` (labels ``[B, L, 3]`` of 0 / 1, -100 = none), and how many positions that is."""
         labelled = labels[..., 0] >= 0
-        count = int(labelled.sum())
-        if count == 0:
-            return hidden.new_zeros((), dtype=torch.float32), 0
-        logits = self.proj(hidden[labelled].float())
-        return nn.functional.binary_cross_entropy_with_logits(logits, labels[labelled].float(), reduction="sum"), count
+        return self._summed(hidden, labelled, lambda logits: nn.functional.binary_cross_entropy_with_logits(
+            logits, labels[labelled].float(), reduction="sum"))
 
 
 def lookalike_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: torch.Tensor, vocab: NameVocab
@@ -310,14 +323,17 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
 
     Batches are built on the CPU (the blind draws use torch's CPU generator) and moved to ``device``."""
     projector = trainee.vlm.model.multi_modal_projector
-    probes = {}  # probe name -> (weight, text layer index) of the name probes in use
-    for name, weight, layer in (("referent", referent_weight, trainee.referent_layer),
-                                ("lookalike", lookalike_weight, trainee.lookalike_layer)):
+    probes = {}  # probe name -> (weight, text layer index, loss of (hidden, target-builder arguments))
+    for name, weight, layer, probe_loss in (
+            ("referent", referent_weight, trainee.referent_layer,
+             lambda hidden, args: trainee.referent(hidden, *referent_targets(*args))),
+            ("lookalike", lookalike_weight, trainee.lookalike_layer,
+             lambda hidden, args: trainee.lookalike(hidden, lookalike_targets(*args)))):
         if weight:
             check_loss_weight(f"{name}_weight", weight)
             if layer is None or name_vocab is None:
                 raise ValueError(f"{name}_weight > 0 needs a Trainee built with {name}_layer and a name_vocab")
-            probes[name] = (weight, layer)
+            probes[name] = (weight, layer, probe_loss)
     text_layers = trainee.vlm.model.language_model.layers
     task_weights = check_task_weights(task_weights or {})
     name_weight = check_loss_weight("name_weight", name_weight)
@@ -333,7 +349,7 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
                 batch.pop("pixel_values")
             captured, hidden = [], {}
             handles = [projector.register_forward_hook(lambda module, args, output, store=captured: store.append(output))]
-            for layer in {layer for _, layer in probes.values()}:
+            for layer in {layer for _, layer, _ in probes.values()}:
                 handles.append(text_layers[layer].register_forward_hook(
                     lambda module, args, output, layer=layer, store=hidden: store.__setitem__(layer, _layer_output(output))))
             weights = None
@@ -354,16 +370,12 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
             if aux_weight and captured and "patch_classes" in batch:
                 aux = aux + trainee.probe(captured[0], batch["patch_classes"], batch["patch_offsets"])
                 frames += captured[0].shape[0]
-            for name, (_, layer) in probes.items():
-                args = batch["input_ids"], batch["loss_mask"], describe, name_vocab
-                if name == "referent":
-                    loss, n = trainee.referent(hidden[layer], *referent_targets(*args))
-                else:
-                    loss, n = trainee.lookalike(hidden[layer], lookalike_targets(*args))
+            for name, (_, layer, probe_loss) in probes.items():
+                loss, n = probe_loss(hidden[layer], (batch["input_ids"], batch["loss_mask"], describe, name_vocab))
                 probe_sums[name][0] += loss
                 probe_sums[name][1] += n
         out = total / max(count, 1) + aux_weight * aux / max(frames, 1)
-        for name, (weight, _) in probes.items():
+        for name, (weight, _, _) in probes.items():
             out = out + weight * probe_sums[name][0] / max(probe_sums[name][1], 1)
         return out
 
