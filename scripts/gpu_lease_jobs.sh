@@ -11,10 +11,10 @@
 # ended, each job's run folders (trained model folders and log.jsonl; no .pt data or checkpoints) and
 # its output (runs/lease_<job>.log) are packed into one archive, cut into 15 MiB parts
 # $OUT/<job>.tar.gz.part00, part01, ... (the lease tool brings back at most 8 files of 16 MiB each: the
-# default four jobs make 4, vlm_widened another 2). Unpack here in the repository root with `cat <job>.tar.gz.part* | tar -xzf -`
+# default three jobs make 3 (one part each in the 2026-11-27 leases), eagle_head 1, vlm_widened 2). Unpack here in the repository root with `cat <job>.tar.gz.part* | tar -xzf -`
 # (the folders land in runs/) and evaluate as the docs say (report_vlm, report_video, report_mar).
 #
-# Jobs (default: video vlm_control mar_draft eagle_head):
+# Jobs (default: video vlm_control mar_draft):
 #   video        issue 7: a further stage of the zoo's video target (stage 4 came from the first 2026-11-27
 #                lease with --seed 4, the stage-5 try of the second lease from --seed 5) on fresh clips
 #                (--seed 6), then its drafter retrained from the new target's blocks 0, 1 on the same clips
@@ -25,8 +25,10 @@
 #                lease found it no better than vlm_control (docs/zoo_shapes_vlm.md), so not a default
 #   mar_draft    issue 6: the MAR draft at the target's GPU scale (batch 512, fresh images; --seed 9 ran in
 #                the second 2026-11-27 lease, the next run takes --seed 10)
-#   eagle_head   issue 4: a fifth stage of the AR-image zoo's EAGLE head (its accuracy is the lever of the
-#                greedy goal): fresh images (--seed 5) plus 50,000 of the target's greedy images, batch 256
+#   eagle_head   issue 4: a further stage of the AR-image zoo's EAGLE head: fresh images (--seed 5) plus
+#                50,000 of the target's greedy images, batch 256. Not a default: stage 9 (the second
+#                2026-11-27 lease, stage 7's data at batch 256) raised the head's held-out agreement and
+#                lowered its accepted length in the pipeline (docs/pipeline_ar_image.md)
 #
 # MMSPEC_LEASE_SMOKE=1 runs every job on the CPU with tiny sizes and 2-step schedules, without
 # gpu_host.sh, with MMSPEC_LEASE_PYTHON (default: the set-up's $MMSPEC_VENV or .venv), to check the
@@ -41,7 +43,7 @@ fi
 seconds=$1
 shift
 jobs_wanted=("$@")
-[ "${#jobs_wanted[@]}" -eq 0 ] && jobs_wanted=(video vlm_control mar_draft eagle_head)
+[ "${#jobs_wanted[@]}" -eq 0 ] && jobs_wanted=(video vlm_control mar_draft)
 for job in "${jobs_wanted[@]}"; do
     case "$job" in vlm_widened|vlm_control|video|mar_draft|eagle_head) ;; *)
         echo "gpu_lease_jobs: unknown job '$job' (vlm_widened, vlm_control, video, mar_draft, eagle_head)" >&2; exit 2 ;;
