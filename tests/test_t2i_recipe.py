@@ -152,3 +152,33 @@ def test_train_eagle_refuses_bad_self_distill_batch(capsys):
     with pytest.raises(SystemExit):
         main(["--target", "unused", "--out", "unused", "--data-workers", "0"])
     assert "--data-workers" in capsys.readouterr().err
+
+
+def test_generate_tokens_guides_with_the_conditional_rows_first_on_the_conditions_device(monkeypatch):
+    """``generate_tokens`` runs classifier-free guidance as one doubled batch: the B conditional rows, then the
+    same conditions dropped; its drop mask lives on the conditions' device (a CPU mask next to CUDA
+    conditions failed in ``train_eagle --self-distill --device cuda``; conditions on the ``meta`` device
+    check that here without a GPU)."""
+    from mmspec.models.recipes import report_t2i
+    from mmspec.sampling import SamplingConfig
+
+    seen = {}
+
+    class Out:
+        sequences = torch.zeros(3, 4, dtype=torch.long)
+
+    def fake_generate(target, drafter, input_ids, attention_mask, **kwargs):
+        seen.update(kwargs, attention_mask=attention_mask)
+        return Out()
+
+    monkeypatch.setattr(report_t2i, "speculative_generate", fake_generate)
+    model = LlamaGenTransformer(dim=32, n_layer=1, n_head=2, vocab_size=16, block_size=4)
+    words = torch.tensor([[1, 2], [-1, 3], [4, 5]])
+    out = report_t2i.generate_tokens(model, words, 3.0, SamplingConfig(do_sample=False), torch.Generator())
+    assert torch.equal(out, Out.sequences)
+    assert torch.equal(seen["condition_drop"], torch.tensor([False] * 3 + [True] * 3))
+    assert seen["condition_drop"].device == words.device
+    assert torch.equal(seen["condition_ids"], torch.cat([words, words]))
+    assert torch.equal(seen["attention_mask"], (torch.cat([words, words]) >= 0).long())
+    report_t2i.generate_tokens(model, words.to("meta"), 3.0, SamplingConfig(do_sample=False), torch.Generator())
+    assert seen["condition_drop"].device.type == "meta" and seen["condition_ids"].device.type == "meta"
