@@ -218,6 +218,12 @@ class GuidedRunner:
             raise ValueError(f"hidden must be 'cond', 'both' or 'guided', got {hidden!r}")
         self.runner, self.guidance_scale, self.hidden = runner, guidance_scale, hidden
 
+    @staticmethod
+    def condition_drop(batch: int, device: torch.device | str) -> torch.Tensor:
+        """The ``condition_drop`` mask ``[2B]`` of a guided prompt batch: False for the B conditional rows,
+        True for the B unconditional ones after them, on ``device`` (the conditions' device)."""
+        return torch.arange(2 * batch, device=device) >= batch
+
     @property
     def vocab_size(self) -> int:
         return self.runner.vocab_size

@@ -452,7 +452,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         if guidance_scale != 1.0:
             target = GuidedRunner(target, guidance_scale, hidden=getattr(drafter, "target_hidden", "cond"))
             inputs = {name: torch.cat([values, values]),
-                      "condition_drop": torch.arange(2 * batch, device=device) >= batch}
+                      "condition_drop": GuidedRunner.condition_drop(batch, device)}
             mask = torch.cat([mask, mask])  # unconditional rows keep their prompt's layout, as LlamaGen's sampler
 
         # 3. Decode block_size tokens per row; every accept/reject happens in the core.

@@ -34,7 +34,7 @@ def generate_tokens(model: LlamaGenTransformer, words: torch.Tensor, guidance_sc
     """Target-only image tokens ``[B, N]`` for word-id conditions ``[B, C]`` (left-padded with -1)."""
     batch = words.shape[0]
     condition = torch.cat([words, words])
-    drop = torch.arange(2 * batch, device=words.device) >= batch  # the conditional rows, then the unconditional
+    drop = GuidedRunner.condition_drop(batch, words.device)
     target = GuidedRunner(CausalLMRunner(model), guidance_scale)
     out = speculative_generate(target, None, None, (condition >= 0).long(), max_new_tokens=model.config.block_size,
                                sampling=sampling, generator=generator, condition_ids=condition, condition_drop=drop)
