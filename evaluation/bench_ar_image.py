@@ -9,14 +9,18 @@ another seed ("none, seed 2") states how much GenEval and FID move by chance alo
 
     python -m mmspec.evaluation.bench_ar_image --out docs/benchmarks/ar_image_cpu.md
 
-Method knobs can be overridden with ``--method-kwargs '{"lantern": {"lantern_delta": 0.3}}'``.
+Method knobs can be overridden with ``--method-kwargs '{"lantern": {"lantern_delta": 0.3}}'``. A case may
+draft with another EAGLE head than the pipeline's by naming its folder, so two heads are compared in one
+run: ``--method-kwargs '{"eagle, other head": {"like": "eagle", "eagle_head": "runs/x/head"}}'``.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,17 +55,18 @@ DEFAULT_METHODS = ("none", "eagle", "lantern", "lantern++", "sjd", "gsd", "mulo"
 _MULO = {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1}
 
 
-def default_kwargs(greedy: bool, batch_size: int = 1) -> dict[str, dict[str, Any]]:
+def default_kwargs(greedy: bool, batch_size: int = 1, num_future: int = 1) -> dict[str, dict[str, Any]]:
     """Per-case keyword arguments of the pipeline call in one decoding mode and batch size (overridable
     with --method-kwargs); a case named other than its pipeline method says which with a "method" key.
-    EAGLE and LANTERN chains are the fastest measured for the mode and batch (``fast_method_kwargs``:
-    longer for greedy decoding at batch 1)."""
+    EAGLE and LANTERN chains are the fastest measured for the mode, batch and the pipeline's head
+    (``fast_method_kwargs``: longer for greedy decoding at batch 1, longer still for a head that drafts
+    ``num_future`` > 1 tokens per forward)."""
+    eagle = fast_method_kwargs("eagle", greedy, batch_size, num_future)
     return {
         "none": {},
-        "eagle": fast_method_kwargs("eagle", greedy, batch_size),
-        "lantern": {**fast_method_kwargs("lantern", greedy, batch_size), "lantern_k": 64, "lantern_delta": 0.2},
-        "lantern++": {**fast_method_kwargs("lantern", greedy, batch_size), "method": "lantern", "lantern_k": 64,
-                      "lantern_lam": 2.0},
+        "eagle": eagle,
+        "lantern": {**eagle, "lantern_k": 64, "lantern_delta": 0.2},
+        "lantern++": {**eagle, "method": "lantern", "lantern_k": 64, "lantern_lam": 2.0},
         "sjd": fast_method_kwargs("sjd", greedy, batch_size),
         "gsd": fast_method_kwargs("gsd", greedy, batch_size),
         "mulo": dict(_MULO),
@@ -74,19 +79,47 @@ def default_kwargs(greedy: bool, batch_size: int = 1) -> dict[str, dict[str, Any
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
 
+_HEADS: dict[str, Any] = {}  # EAGLE heads named by cases, loaded once per folder
+
+
+@contextmanager
+def drafting_with_head(pipe: Any, folder: str | None) -> Iterator[None]:
+    """Swap the pipeline's ``eagle_head`` for the one saved in ``folder`` (None: keep it) while a case runs."""
+    if folder is None:
+        yield
+        return
+    if folder not in _HEADS:
+        from mmspec.models.eagle import EagleHead
+
+        if not (Path(folder) / "config.json").is_file():
+            raise SystemExit(f"--method-kwargs: no EAGLE head saved in eagle_head={folder!r}")
+        head = EagleHead.from_pretrained(folder).to(pipe.transformer.dtype).eval()
+        _HEADS[folder] = head.bind_target(pipe.transformer.get_input_embeddings(),
+                                          pipe.transformer.get_output_embeddings())
+    own = pipe.eagle_head
+    pipe.eagle_head = _HEADS[folder]
+    try:
+        yield
+    finally:
+        pipe.eagle_head = own
+
+
 def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: dict, batch: int, seed: int
              ) -> tuple[list[np.ndarray], list[Any]]:
     """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``; the pipeline
-    method is ``kwargs["method"]`` when given, else the case's name."""
+    method is ``kwargs["method"]`` when given, else the case's name; ``kwargs["eagle_head"]``, a folder,
+    drafts with that head instead of the pipeline's."""
     kwargs = dict(kwargs)
     method = kwargs.pop("method", case)
+    head_folder = kwargs.pop("eagle_head", None)
     generator = torch.Generator().manual_seed(seed)
     images, stats = [], []
-    for start in range(0, len(prompts), batch):
-        out = pipe(list(prompts[start:start + batch]), method=method, output_type="np", generator=generator,
-                   **mode, **call_kwargs(kwargs, greedy=not mode.get("do_sample", True)))
-        images += list(out.images)
-        stats.append(out.stats)
+    with drafting_with_head(pipe, head_folder):
+        for start in range(0, len(prompts), batch):
+            out = pipe(list(prompts[start:start + batch]), method=method, output_type="np", generator=generator,
+                       **mode, **call_kwargs(kwargs, greedy=not mode.get("do_sample", True)))
+            images += list(out.images)
+            stats.append(out.stats)
     return images, stats
 
 
@@ -181,10 +214,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
 
+    from mmspec.pipelines import ARImagePipeline
+    from mmspec.pipelines.ar_image import head_num_future
+
+    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline)
+
     def case_kwargs(mode: str, batch: int) -> dict[str, dict[str, Any]]:
         """Every method's keywords for one mode and batch size: defaults, --method-kwargs, --guidance-scale."""
-        by_method = method_kwargs(args.methods, default_kwargs(not MODES[mode].get("do_sample", True), batch),
-                                  args.method_kwargs, derived_cases=True)
+        defaults = default_kwargs(not MODES[mode].get("do_sample", True), batch, head_num_future(pipe))
+        by_method = method_kwargs(args.methods, defaults, args.method_kwargs, derived_cases=True)
         if args.guidance_scale is not None:
             for case in by_method.values():
                 case["guidance_scale"] = args.guidance_scale
@@ -192,10 +230,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     kwargs = {mode: {str(batch): case_kwargs(mode, batch) for batch in sorted({1, *args.batch_sizes})}
               for mode in args.modes}
-
-    from mmspec.pipelines import ARImagePipeline
-
-    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline)
     speed_prompts = make_prompt_set(n_per_category=args.speed_prompts, seed=args.seed + 7)
     quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
     image_size = pipe.grid_size * int(getattr(pipe.vqvae.config, "patch_size", 1))

@@ -94,13 +94,14 @@ def main(argv: list[str] | None = None) -> None:
     if args.prompts <= 0:
         raise ValueError("--prompts must be positive")
     from mmspec.pipelines import ARImagePipeline
-    from mmspec.pipelines.ar_image import fast_method_kwargs
+    from mmspec.pipelines.ar_image import fast_method_kwargs, head_num_future
     from mmspec.world import make_prompt_set
 
     torch.set_num_threads(args.threads)
     pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline)
     prompts = [p.text for p in make_prompt_set(n_per_category=args.prompts, seed=7)]
-    kwargs = json.loads(args.method_kwargs) if args.method_kwargs else fast_method_kwargs("eagle", greedy=True)
+    kwargs = json.loads(args.method_kwargs) if args.method_kwargs else \
+        fast_method_kwargs("eagle", greedy=True, num_future=head_num_future(pipe))
     print(json.dumps(profile(pipe, prompts, args.repeats, **kwargs), indent=1))
 
 

@@ -43,34 +43,46 @@ def check_chain_confidence(confidence_threshold: float, tree: TreeConfig | None)
 def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], num_tokens: int,
                 sampling: SamplingConfig, generator: torch.Generator | None,
                 confidence_threshold: float = 0.0) -> DraftChain:
-    """Autoregressive chain drafting shared by every drafter.
+    """Autoregressive chain drafting shared by every drafter, one token or one block per drafter forward.
 
     Args:
-        logits: ``[B, V]`` the drafter's logits for the first draft.
-        step: ``step(token [B]) -> logits [B, V]`` feeds a drafted token and returns the next logits.
-        num_tokens: K, the longest chain; sampling: greedy drafts (deterministic, ``probs=None``) or
-            sampled drafts returned with the distributions they were drawn from.
+        logits: ``[B, V]`` the drafter's logits for the first draft, or ``[B, k, V]`` for a first *block* of
+            k drafts (a semi-autoregressive drafter such as FLASH's head proposes k tokens per forward; each
+            is drawn from its own distribution, which is what exact verification needs).
+        step: feeds what was drafted and returns the next logits of the same kind: ``step(token [B]) ->
+            [B, V]``, or for blocks ``step(block [B, k]) -> [B, k', V]``.
+        num_tokens: K, the longest chain (a last block is cut to fit); sampling: greedy drafts
+            (deterministic, ``probs=None``) or sampled drafts returned with the distributions they were drawn
+            from.
         confidence_threshold: dynamic chain length. After each draft the chain stops early when, in
             every row, the drafter gave its drafted token less than this probability: later drafts
-            would most likely be rejected, and each costs a drafter forward. 0 (default) always drafts
-            K. The stop depends only on the drafter's own distributions, so verification stays exact
-            (a shorter chain only moves the target's bonus token earlier).
+            would most likely be rejected, and each costs a drafter forward. A block is cut after its
+            first such draft. 0 (default) always drafts K. The stop depends only on the drafter's own
+            distributions, so verification stays exact (a shorter chain only moves the target's bonus
+            token earlier).
 
     Returns a chain of 1 to K tokens (the same length in every row).
     """
     to_probs = target_probs_fn(sampling)
-    tokens, dists = [], []
-    for i in range(num_tokens):
+    tokens, dists, drafted = [], [], 0
+    while True:
         probs = to_probs(logits)
-        token = sample(probs, generator) if sampling.do_sample else probs.argmax(-1)
-        tokens.append(token)
-        dists.append(probs)
-        if i == num_tokens - 1:
+        drawn = sample(probs, generator) if sampling.do_sample else probs.argmax(-1)
+        block, block_probs = (drawn, probs) if probs.ndim == 3 else (drawn.unsqueeze(1), probs.unsqueeze(1))
+        take = min(block.shape[1], num_tokens - drafted)
+        stop = drafted + take == num_tokens
+        if confidence_threshold > 0:
+            confidence = block_probs[:, :take].gather(-1, block[:, :take].unsqueeze(-1)).squeeze(-1).amax(0)
+            unsure = (confidence < confidence_threshold).nonzero()
+            if len(unsure):
+                take, stop = int(unsure[0]) + 1, True
+        tokens.append(block[:, :take])
+        dists.append(block_probs[:, :take])
+        drafted += take
+        if stop:
             break
-        if confidence_threshold > 0 and probs.gather(-1, token.unsqueeze(-1)).max() < confidence_threshold:
-            break
-        logits = step(token)
-    return DraftChain(torch.stack(tokens, 1), torch.stack(dists, 1) if sampling.do_sample else None)
+        logits = step(drawn)
+    return DraftChain(torch.cat(tokens, 1), torch.cat(dists, 1) if sampling.do_sample else None)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,11 @@ itself; the same weights load into either). The core's :class:`~mmspec.runner.Ca
 trees included.
 
 The embedding and LM head are the target's, frozen, and not saved with the head (:meth:`bind_target`).
+
+``num_future = K > 1`` adds FLASH's semi-autoregressive readout (:class:`FutureReadout`, arXiv 2505.12728):
+each pair predicts the K next features ``h^_i .. h^_{i+K-1}``, so one draft forward proposes K tokens and
+a chain of n tokens costs about n / K head forwards instead of n. The first future starts as the plain
+head's prediction; the later ones are read without the drafted tokens between them.
 """
 
 from __future__ import annotations
@@ -46,6 +51,30 @@ class EagleOutput:
     hidden_states: tuple[torch.Tensor, ...]
 
 
+class FutureReadout(nn.Sequential):
+    """FLASH's semi-autoregressive readout: ``Linear(d, 4d) - SiLU - Linear(4d, K d)`` predicts K future
+    features as offsets from the decoder output ``[B, T, d]`` -> ``[B, T, K, d]``. Shared by the image EAGLE
+    head (``num_future``) and the VLM :class:`~mmspec.models.vlm_drafters.flash.FlashHead`."""
+
+    def __init__(self, hidden_size: int, num_future: int) -> None:
+        check_positive_int(num_future, "num_future")
+        super().__init__(nn.Linear(hidden_size, 4 * hidden_size), nn.SiLU(),
+                         nn.Linear(4 * hidden_size, num_future * hidden_size))
+        self.num_future = num_future
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        steps = super().forward(features).unflatten(-1, (self.num_future, features.shape[-1]))
+        return features.unsqueeze(-2) + steps
+
+    def start_as_identity(self) -> FutureReadout:
+        """Zero the last layer: every future equals the decoder output (a plain head's prediction), the
+        start when a trained one-token head grows a readout."""
+        with torch.no_grad():
+            self[-1].weight.zero_()
+            self[-1].bias.zero_()
+        return self
+
+
 class EagleHead(ModelMixin, ConfigMixin):
     """One-layer feature-level draft head.
 
@@ -62,6 +91,9 @@ class EagleHead(ModelMixin, ConfigMixin):
             s for a head trained on its *guided* features ``h_u + s (h_c - h_u)`` at guidance scale s, whose
             LM-head logits are the guided logits: it drafts the guided target from one row
             (:class:`EagleDrafter` ``guided_features=True``).
+        num_future: K features (tokens) predicted per pair by a :class:`FutureReadout` (1: the plain head).
+            Logits and features then carry a K axis (``[B, T, K, V]``, ``[B, T, K, d]``), and
+            :class:`EagleDrafter` drafts K tokens per head forward.
     """
 
     @register_to_config
@@ -69,8 +101,9 @@ class EagleHead(ModelMixin, ConfigMixin):
                  num_key_value_heads: int | None = None, intermediate_size: int | None = None,
                  rope_theta: float = 10000.0, input_norm: bool = False, norm_eps: float = 1e-6,
                  max_position_embeddings: int = 4096, decoder_impl: str = "lean",
-                 feature_guidance: float | None = None) -> None:
+                 feature_guidance: float | None = None, num_future: int = 1) -> None:
         super().__init__()
+        check_positive_int(num_future, "num_future")
         if decoder_impl not in ("lean", "transformers"):  # (not "decoder": config keys shadow submodules)
             raise ValueError(f"decoder_impl must be 'lean' or 'transformers', got {decoder_impl!r}")
         self.llama_config = LlamaConfig(
@@ -86,6 +119,7 @@ class EagleHead(ModelMixin, ConfigMixin):
         else:
             self.decoder = LlamaModel(self.llama_config)
             self.decoder.embed_tokens = None  # inputs arrive as embeddings
+        self.future = FutureReadout(hidden_size, num_future) if num_future > 1 else None
         self._target: dict[str, nn.Module] = {}
 
     # -- target binding -------------------------------------------------------------------------------
@@ -115,6 +149,10 @@ class EagleHead(ModelMixin, ConfigMixin):
     def get_output_embeddings(self) -> nn.Module:
         return self._bound()["head"]
 
+    def readout(self, features: torch.Tensor) -> torch.Tensor:
+        """Decoder output ``[B, T, d]`` -> predicted features: the same (plain head) or ``[B, T, K, d]``."""
+        return features if self.future is None else self.future(features)
+
     # -- forward --------------------------------------------------------------------------------------
     def fuse(self, input_ids: torch.Tensor | None, target_hidden: torch.Tensor,
              token_embeds: torch.Tensor | None = None) -> torch.Tensor:
@@ -135,8 +173,10 @@ class EagleHead(ModelMixin, ConfigMixin):
     def forward(self, input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = True,
                 output_hidden_states: bool = False, target_hidden: torch.Tensor | None = None,
-                token_embeds: torch.Tensor | None = None, logits_to_keep: int = 0) -> EagleOutput:
-        """Predict features ``[B, T, d]`` and their logits ``[B, T, V]``.
+                token_embeds: torch.Tensor | None = None, logits_to_keep: int = 0,
+                use_readout: bool = True) -> EagleOutput:
+        """Predict features ``[B, T, d]`` and their logits ``[B, T, V]`` (``num_future`` K > 1: ``[B, T, K, d]``
+        and ``[B, T, K, V]``).
 
         Args:
             input_ids: ``[B, T]`` tokens x_i (-1 = no token: condition positions).
@@ -145,13 +185,15 @@ class EagleHead(ModelMixin, ConfigMixin):
             logits_to_keep: as in transformers' causal LMs: logits of the last ``logits_to_keep`` slots
                 only (``[B, logits_to_keep, V]``; 0 = every slot). The LM head is the head's largest matmul,
                 and a round's first forward reads one slot's logits.
+            use_readout: False skips the ``num_future`` readout and returns the decoder's own next-feature
+                prediction (``[B, T, d]``, as a plain head): token-by-token drafting with a K-future head.
         """
         if target_hidden is None:
             raise ValueError("EagleHead needs target_hidden [B, T, d], the feature preceding each token")
         embeds = self.fuse(input_ids, target_hidden, token_embeds)
         out = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=past_key_values, use_cache=use_cache)
-        features = out.last_hidden_state
+        features = self.readout(out.last_hidden_state) if use_readout else out.last_hidden_state
         read = features[:, -logits_to_keep:] if logits_to_keep else features
         lm_head = self._bound()["head"]
         logits = lm_head(read.to(lm_head.weight.dtype))
@@ -161,7 +203,7 @@ class EagleHead(ModelMixin, ConfigMixin):
 def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: torch.Tensor,
                valid: torch.Tensor | None = None, feature_noise: float = 0.0, feature_weight: float = 1.0,
                ce_weight: float = 0.1, generator: torch.Generator | None = None,
-               rollout_steps: int = 1) -> dict[str, torch.Tensor]:
+               rollout_steps: int = 1, train_first_future: bool = True) -> dict[str, torch.Tensor]:
     """EAGLE's training objective on one batch of target features (teacher forcing).
 
     Pairs (x_i, h_{i-1}) predict h_i: SmoothL1 to the target feature (``feature_weight``) plus a soft
@@ -182,6 +224,9 @@ def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: t
         target_hidden: ``[B, T, d]`` target top hidden states of the same positions (no grad).
         valid: bool ``[B, T]`` (padding False).
         rollout_steps: drafting depths trained (1: plain EAGLE teacher forcing).
+        train_first_future: a head with ``num_future`` K > 1: False leaves future 1 out of the loss (it is
+            still reported), for a readout trained on a frozen plain head whose next-feature prediction
+            must stay its own (the readout's first offset then keeps its zero start).
     Returns:
         dict with "loss" (mean over depths), "feature_loss", "ce_loss" and "top1" of depth 1 over every
         valid slot (top1: agreement of argmaxes, a proxy for acceptance) and, when ``rollout_steps > 1``,
@@ -203,6 +248,12 @@ def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: t
     lm_head = head.get_output_embeddings()
     with torch.no_grad():
         target_probs = lm_head(targets).softmax(-1)
+    if head.future is not None:
+        if rollout_steps > 1:
+            raise ValueError("rollout_steps > 1 trains token-by-token drafting depths; a head with num_future > 1 "
+                             "drafts K tokens per forward: use rollout_steps=1")
+        return _future_loss(head, tokens, inputs, targets, target_probs, pair_valid, feature_weight, ce_weight,
+                            train_first_future)
     chains = _chain_weights(pair_valid, tokens, rollout_steps)
     result: dict[str, torch.Tensor] = {}
     total = target_hidden.new_zeros(())
@@ -221,6 +272,39 @@ def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: t
             chain = chains[depth - 1].to(agree.dtype)
             result[f"top1_depth{depth}"] = ((agree * chain).sum() / chain.sum().clamp_min(1.0)).detach()
     return {"loss": total / rollout_steps, **result}
+
+
+def _future_loss(head: EagleHead, tokens: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor,
+                 target_probs: torch.Tensor, pair_valid: torch.Tensor, feature_weight: float, ce_weight: float,
+                 train_first_future: bool = True) -> dict[str, torch.Tensor]:
+    """:func:`eagle_loss` of a head with K futures: future k of the pair at slot j predicts ``targets`` at slot
+    j + k, counted where slots j..j+k can be one drafting chain (:func:`_chain_weights`; future 0 over every
+    valid pair, as the plain head's loss). The loss is the mean over the trained futures (all, or 2..K) of
+    SmoothL1 + CE; "top1" is future 0's agreement and "top1_future{k}" (k = 1..K) every future's over its
+    chain slots."""
+    futures = head.readout(rollout_features(head, tokens, inputs, pair_valid, 1)[0])  # [B, T, K, d]
+    count_k = futures.shape[2]
+    chains = _chain_weights(pair_valid, tokens, count_k)
+    lm_head = head.get_output_embeddings()
+    total = futures.new_zeros(())
+    result: dict[str, torch.Tensor] = {}
+    length = targets.shape[1]
+    for k in range(count_k):
+        predicted = futures[:, : length - k, k]
+        weight = (pair_valid if k == 0 else chains[k][:, k:]).to(predicted.dtype)
+        count = weight.sum().clamp_min(1.0)
+        feature_loss = (nn.functional.smooth_l1_loss(predicted, targets[:, k:], reduction="none").mean(-1)
+                        * weight).sum() / count
+        logits = lm_head(predicted.to(lm_head.weight.dtype))
+        probs = target_probs[:, k:]
+        ce_loss = (-(probs * logits.log_softmax(-1)).sum(-1) * weight).sum() / count
+        if k or train_first_future:
+            total = total + feature_weight * feature_loss + ce_weight * ce_loss
+        agree = (logits.argmax(-1) == probs.argmax(-1)).to(weight.dtype)
+        result[f"top1_future{k + 1}"] = ((agree * weight).sum() / count).detach()
+        if k == 0:
+            result.update(feature_loss=feature_loss.detach(), ce_loss=ce_loss.detach(), top1=result["top1_future1"])
+    return {"loss": total / (count_k if train_first_future else count_k - 1), **result}
 
 
 def rollout_features(head: EagleHead, input_ids: torch.Tensor | None, features: torch.Tensor,
@@ -288,7 +372,10 @@ class EagleDrafter(Drafter):
     Args:
         head: a trained (or untrained: correctness never depends on it) :class:`EagleHead`, bound to
             the target's embedding and LM head.
-        num_draft_tokens: chain length K; tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`.
+        num_draft_tokens: chain length; tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`. A head with
+            ``num_future`` K > 1 drafts the chain in blocks of K tokens, one head forward each (chains only).
+        blocks: for a head with ``num_future`` > 1: True / None draft blocks of K tokens, False drafts token by
+            token with the decoder's own next-feature prediction (the readout skipped; chains or trees).
         sampling: the target's sampling config (sampled chains return their distributions).
         guidance_scale: 1.0 drafts from the conditional features only. Any other value drafts *under
             classifier-free guidance*: the head runs on both halves ``[cond; uncond]`` (a doubled batch,
@@ -308,9 +395,21 @@ class EagleDrafter(Drafter):
     def __init__(self, head: EagleHead, num_draft_tokens: int = 4,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
                  generator: torch.Generator | None = None, guidance_scale: float = 1.0,
-                 confidence_threshold: float = 0.0, guided_features: bool = False) -> None:
+                 confidence_threshold: float = 0.0, guided_features: bool = False, blocks: bool | None = None
+                 ) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
         check_chain_confidence(confidence_threshold, tree)
+        if blocks is not None and not isinstance(blocks, bool):
+            raise ValueError(f"blocks must be None, True or False, got {blocks!r}")
+        use_blocks = head.config.num_future > 1 and blocks is not False
+        #: tokens the head proposes per forward (its ``num_future`` when drafting blocks; FLASH's VLM head sets its own)
+        self.num_future = head.config.num_future if use_blocks else 1
+        #: extra inputs of every head call: a K-future head drafting token by token skips its readout
+        self.head_inputs: dict[str, Any] = {} if use_blocks or head.config.num_future == 1 else {"use_readout": False}
+        if tree is not None and self.num_future > 1:
+            raise NotImplementedError("EAGLE-2 trees are not implemented for heads that draft K tokens per forward "
+                                      f"(num_future={self.num_future}): pass tree=None for chains of K-token blocks, "
+                                      "or blocks=False to draft the tree token by token")
         if guided_features and guidance_scale != 1.0:
             raise ValueError("guided_features drafts from features that are already guided: leave guidance_scale "
                              f"at 1.0 (got {guidance_scale})")
@@ -353,7 +452,8 @@ class EagleDrafter(Drafter):
         prompt_mask = context.attention_mask[:rows]
         tokens = torch.cat([ids[:, 1:], context.first_tokens.repeat(self.halves).unsqueeze(1)], 1)
         valid = torch.cat([prompt_mask[:, 1:].bool(), torch.ones_like(tokens[:, :1], dtype=torch.bool)], 1)
-        out = self.runner.prefill(tokens, valid.long(), target_hidden=hidden)  # a guided runner takes 2B rows
+        out = self.runner.prefill(tokens, valid.long(), target_hidden=hidden,  # a guided runner takes 2B rows
+                                  **self.head_inputs)
         self._root = (out.logits[:, -1], out.hidden[:, -1])
         self._pending_pairs = None
 
@@ -368,7 +468,7 @@ class EagleDrafter(Drafter):
         last = self._prefix_valid.long().cumsum(1).argmax(1)  # last valid slot of each row
         first = int(last.min())  # logits only from the earliest row's last slot on
         out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features,
-                                  logits_to_keep=tokens.shape[1] - first)
+                                  logits_to_keep=tokens.shape[1] - first, **self.head_inputs)
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         feature_rows = torch.arange(features.shape[0], device=tokens.device)
         return out.logits[rows, last - first], out.hidden[feature_rows, last.repeat(self.halves)]
@@ -378,11 +478,14 @@ class EagleDrafter(Drafter):
         if self.tree is not None:
             return self._propose_tree(logits, feature)
         state = {"feature": feature}
+        single = self.num_future == 1  # else blocks: K drafts [B, K] with their features [B, K, d]
 
-        def step(token: torch.Tensor) -> torch.Tensor:  # feed the head its own predicted feature
-            out = self.runner.forward(token.unsqueeze(1), target_hidden=state["feature"].unsqueeze(1))
-            state["feature"] = out.hidden[:, 0]
-            return out.logits[:, 0]
+        def step(drawn: torch.Tensor) -> torch.Tensor:  # feed the head what it drafted, with its own features
+            out = self.runner.forward(drawn.unsqueeze(1) if single else drawn,
+                                      target_hidden=state["feature"].unsqueeze(1) if single else state["feature"],
+                                      **self.head_inputs)
+            state["feature"] = out.hidden[:, -1]  # the last pair's prediction(s)
+            return out.logits[:, -1]
 
         return draft_chain(logits, step, self.num_draft_tokens, self.sampling, self.generator,
                            self.confidence_threshold)
@@ -403,7 +506,8 @@ class EagleDrafter(Drafter):
             is_root = (parent_ids < 0).repeat(self.halves, 1).unsqueeze(-1)
             parent_feature = torch.where(is_root, root_feature.unsqueeze(1), parent_feature)
             offsets, attention = builder.frontier_inputs(node_ids, parent_ids, depth, tree_start)
-            out = self.runner.forward(tokens, offsets=offsets, attention=attention, target_hidden=parent_feature)
+            out = self.runner.forward(tokens, offsets=offsets, attention=attention, target_hidden=parent_feature,
+                                      **self.head_inputs)
             features["ids"] = torch.cat([features["ids"], node_ids], 1)
             features["values"] = torch.cat([features["values"], out.hidden], 1)
             return out.logits.log_softmax(-1)

@@ -114,6 +114,11 @@ FAST_EAGLE_CHAIN: dict[str, Any] = {"num_draft_tokens": 8, "draft_confidence_thr
 #: longer chain costs the CPU almost nothing more (see :func:`fast_method_kwargs`).
 FAST_EAGLE_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 12, "draft_confidence_threshold": 0.5}
 
+#: The same for a head that drafts blocks of K tokens per forward (``num_future`` > 1, greedy): a longer
+#: chain costs a forward per K drafts, and a block's later drafts are less sure, so the confidence cut is
+#: lower (docs/pipeline_ar_image.md).
+FAST_EAGLE_BLOCK_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 16, "draft_confidence_threshold": 0.3}
+
 #: Chains for several images per call, sampling and greedy: there the CPU forward is compute-bound, every
 #: drafted position costs verification time, and shorter chains are faster (batch 4 on the zoo: EAGLE at
 #: temperature 1 0.80x / 0.89x / 1.01x / 1.06x of target-only with chains of up to 8 / 6 / 5 / 4, greedy
@@ -140,9 +145,10 @@ FAST_METHOD_KWARGS: dict[str, dict[str, Any]] = {
 }
 
 
-def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1) -> dict[str, Any]:
+def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, num_future: int = 1) -> dict[str, Any]:
     """The fastest measured settings of ``method`` on the zoo (a fresh dict): :data:`FAST_METHOD_KWARGS`;
-    for EAGLE / LANTERN chains :data:`FAST_EAGLE_GREEDY_CHAIN` under greedy decoding of a single image, and
+    for EAGLE / LANTERN chains :data:`FAST_EAGLE_GREEDY_CHAIN` under greedy decoding of a single image
+    (:data:`FAST_EAGLE_BLOCK_GREEDY_CHAIN` for a head with ``num_future`` > 1, which drafts blocks there), and
     with ``batch_size`` > 1 images per call the shorter :data:`FAST_EAGLE_BATCHED_CHAIN` (sampling) or
     :data:`FAST_EAGLE_BATCHED_GREEDY_CHAIN` (greedy): with several rows the CPU forward is compute-bound and
     every draft position costs verification time."""
@@ -151,8 +157,14 @@ def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1) -
         if batch_size > 1:
             kwargs.update(FAST_EAGLE_BATCHED_GREEDY_CHAIN if greedy else FAST_EAGLE_BATCHED_CHAIN)
         elif greedy:
-            kwargs.update(FAST_EAGLE_GREEDY_CHAIN)
+            kwargs.update(FAST_EAGLE_BLOCK_GREEDY_CHAIN if num_future > 1 else FAST_EAGLE_GREEDY_CHAIN)
     return kwargs
+
+
+def head_num_future(pipe: Any) -> int:
+    """Tokens the pipeline's EAGLE head drafts per forward when it drafts blocks (1: a plain head or none)."""
+    head = getattr(pipe, "eagle_head", None)
+    return 1 if head is None else int(head.config.get("num_future", 1))
 
 
 class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
@@ -324,8 +336,8 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                       num_draft_tokens: int, tree: TreeConfig | None, lantern_k: int | None, lantern_delta: float,
                       lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
                       gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
-                      guidance_scale: float, eagle_guided: bool | str | None, draft_confidence_threshold: float
-                      ) -> tuple[Any, AcceptanceRule | None]:
+                      guidance_scale: float, eagle_guided: bool | str | None, draft_confidence_threshold: float,
+                      eagle_blocks: bool | None = None) -> tuple[Any, AcceptanceRule | None]:
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
         vocab = self.transformer.config.vocab_size
@@ -337,11 +349,15 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         if method in ("eagle", "lantern"):
             from mmspec.models.eagle import EagleDrafter
 
+            if eagle_blocks is not None and not isinstance(eagle_blocks, bool):
+                raise ValueError(f"eagle_blocks must be None, True or False, got {eagle_blocks!r}")
+
             mode = self._eagle_mode(eagle_guided, guidance_scale, sampling)
             drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
                                    guidance_scale=guidance_scale if mode is True else 1.0,
                                    confidence_threshold=draft_confidence_threshold,
-                                   guided_features=mode == "features")
+                                   guided_features=mode == "features",
+                                   blocks=greedy if eagle_blocks is None else eagle_blocks)
             if method == "eagle":
                 return drafter, None
             k = min(1000, vocab - 1) if lantern_k is None else lantern_k
@@ -376,7 +392,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                  gsd_group_size: int = 10, gsd_prob_threshold: float = 0.15,
                  gsd_distance_threshold: float = float("inf"), mulo_k: int = 16, mulo_tau: float = 0.3,
                  mulo_radius: int = 1, mulo_resample: str = "parallel", eagle_guided: bool | str | None = None,
-                 draft_confidence_threshold: float = 0.0,
+                 draft_confidence_threshold: float = 0.0, eagle_blocks: bool | None = None,
                  rule: AcceptanceRule | None = None,
                  callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
                  ) -> ARImagePipelineOutput:
@@ -398,6 +414,11 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                 scale, ``feature_guidance`` in its config). None (default) picks "features" for such a head,
                 else guided when sampling and conditional for greedy decoding (the head's unconditional
                 errors, amplified by s - 1, cost greedy acceptance; docs/pipeline_ar_image.md).
+            eagle_blocks: a head with ``num_future`` K > 1 drafts blocks of K tokens per forward (True) or
+                token by token with its own next-feature prediction (False). None (default): blocks for
+                greedy decoding, tokens when sampling (each later future is a guess made without the drafts
+                before it, which a sampled chain needs more than a greedy one; docs/pipeline_ar_image.md).
+                Ignored for a plain head.
             draft_confidence_threshold: dynamic EAGLE chain length: a round's chain stops before K once
                 every row's drafted token had less than this probability under the head (0: always K).
                 Lossless like any chain length; it saves head forwards whose drafts would mostly be
@@ -431,7 +452,8 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         drafter, method_rule = self._build_method(method, sampling, generator, num_draft_tokens, tree, lantern_k,
                                                   lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
                                                   gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
-                                                  guidance_scale, eagle_guided, draft_confidence_threshold)
+                                                  guidance_scale, eagle_guided, draft_confidence_threshold,
+                                                  eagle_blocks)
         rule = rule if rule is not None else method_rule
 
         # 1. Condition rows: word ids or caption features [B, C(, D)] (t2i) or [B] class ids (c2i), per image.

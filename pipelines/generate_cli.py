@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from mmspec.pipelines.ar_image import METHODS, ARImagePipeline, fast_method_kwargs
+from mmspec.pipelines.ar_image import METHODS, ARImagePipeline, fast_method_kwargs, head_num_future
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"cannot load {args.pipeline!r}: {error}") from None
     pipe.set_progress_bar_config(disable=True)
     batch = len(args.prompts) * args.num_images  # one call generates every image
-    fast = {} if "tree" in extra else fast_method_kwargs(args.method, args.greedy, batch)  # a tree replaces the chain
+    fast = {} if "tree" in extra else \
+        fast_method_kwargs(args.method, args.greedy, batch, head_num_future(pipe))  # a tree replaces the chain
     kwargs = dict(do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   guidance_scale=args.guidance_scale, num_images_per_prompt=args.num_images, output_type="pil",
                   **{**fast, **extra})

@@ -235,8 +235,8 @@ class VLMPipeline(DiffusionPipeline):
     def make_drafter(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
                      num_draft_tokens: int, tree: TreeConfig | None, confidence_threshold: float = 0.0) -> Any:
         """The drafter of ``method`` (None for "none", which ignores every drafting option);
-        ``confidence_threshold`` > 0 gives it dynamic chain lengths (the drafters that cannot use one,
-        FLASH's, say so)."""
+        ``confidence_threshold`` > 0 gives it dynamic chain lengths (FLASH's blocks are cut after the first
+        unsure draft)."""
         self.check_method(method)
         if method == "none":
             return None
@@ -278,9 +278,10 @@ class VLMPipeline(DiffusionPipeline):
             generator: one ``torch.Generator`` for every random draw.
             num_draft_tokens: draft chain length K (FLASH: tokens per semi-autoregressive forward).
             tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig` instead of a chain (heads that support it).
-            draft_confidence_threshold: dynamic chain length for "eagle", "vispec", "specvlm" and
-                "draft_vlm": a round's chain stops before K once every row's last draft had less than this
-                probability under the drafter (0: always K). Lossless like any chain length.
+            draft_confidence_threshold: dynamic chain length for every drafting method: a round's chain
+                stops before K once every row's last draft had less than this probability under the drafter
+                (FLASH: its block is cut there and no further forward runs; 0: always K). Lossless like any
+                chain length.
             callback_on_step_end: called after every round as ``fn(pipeline, round_index,
                 {"new_tokens": [B, M] (-1 pad), "drafted": [B, M]})``.
             streamer: a transformers streamer (``put(ids)``, ``end()``), batch 1 only.

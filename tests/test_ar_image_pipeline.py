@@ -50,10 +50,14 @@ def tiny_vq() -> VQTokenizer:
     return vq.fit_codebook(torch.rand(1500, 12, generator=torch.Generator().manual_seed(0)), iters=3)
 
 
-def copy_head(hidden: int = 32, feature_guidance: float | None = None) -> EagleHead:
-    """An EAGLE head that predicts the previous feature (the last token's distribution) again."""
+def copy_head(hidden: int = 32, feature_guidance: float | None = None, num_future: int = 1) -> EagleHead:
+    """An EAGLE head that predicts the previous feature (the last token's distribution) again (``num_future``
+    K > 1: K times, the readout starting as the identity)."""
     torch.manual_seed(1)
-    head = EagleHead(hidden_size=hidden, vocab_size=V, num_attention_heads=4, feature_guidance=feature_guidance).double()
+    head = EagleHead(hidden_size=hidden, vocab_size=V, num_attention_heads=4, feature_guidance=feature_guidance,
+                     num_future=num_future).double()
+    if head.future is not None:
+        head.future.start_as_identity()
     with torch.no_grad():
         head.fc.weight.zero_()
         head.fc.weight[:, hidden:] = torch.eye(hidden)
@@ -64,10 +68,11 @@ def copy_head(hidden: int = 32, feature_guidance: float | None = None) -> EagleH
 
 
 def make_pipe(model_type: str = "t2i", sharpness: float = 30.0, head: bool = True,
-              feature_guidance: float | None = None) -> ARImagePipeline:
+              feature_guidance: float | None = None, num_future: int = 1) -> ARImagePipeline:
     words = WordTokenizer(WORDS) if model_type == "t2i" else None
     pipe = ARImagePipeline(tiny_transformer(model_type, sharpness), tiny_vq(),
-                           copy_head(feature_guidance=feature_guidance) if head else None, words)
+                           copy_head(feature_guidance=feature_guidance, num_future=num_future) if head else None,
+                           words)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
@@ -105,6 +110,43 @@ def test_greedy_methods_reproduce_target_only_tokens(pipe, case, guidance_scale)
     assert out.stats.mean_accepted_length > 1.2  # drafts were accepted, so the comparison means something
     assert out.stats.target_calls < baseline.stats.target_calls
     assert out.drafted.any()
+
+
+@pytest.mark.parametrize("guidance_scale", [1.0, 3.0], ids=["no-cfg", "cfg"])
+@pytest.mark.parametrize("kwargs", [{}, {"num_draft_tokens": 6, "draft_confidence_threshold": 0.5},
+                                    {"eagle_guided": True}], ids=["chain", "dynamic-chain", "guided-drafts"])
+def test_block_drafting_head_reproduces_target_only_tokens(kwargs, guidance_scale):
+    """A head with 3 futures drafts chains in blocks of 3 (one head forward each), same greedy output."""
+    pipe = make_pipe(num_future=3)
+    baseline = _tokens(pipe, "none", guidance_scale=guidance_scale)
+    out = _tokens(pipe, "eagle", guidance_scale=guidance_scale, **kwargs)
+    assert torch.equal(out.tokens, baseline.tokens)
+    assert out.stats.mean_accepted_length > 1.2
+    rounds = out.stats.target_calls - 1
+    assert out.stats.draft_calls <= rounds * (1 + (kwargs.get("num_draft_tokens", 4) - 1) // 3) + 1
+
+
+def test_block_head_drafts_token_by_token_when_asked_and_when_sampling():
+    """eagle_blocks=False drafts a K-future head token by token (its own prediction, the readout skipped):
+    the same greedy output with one head forward per draft, and trees work; sampling does so by default."""
+    pipe = make_pipe(num_future=3)
+    baseline = _tokens(pipe, "none")
+    blocks = _tokens(pipe, "eagle", num_draft_tokens=6)
+    tokens = _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=False)
+    tree = _tokens(pipe, "eagle", tree=TreeConfig(depth=3, top_k=2, total_tokens=6), eagle_blocks=False)
+    for out in (blocks, tokens, tree):
+        assert torch.equal(out.tokens, baseline.tokens)
+    assert tokens.stats.draft_calls > blocks.stats.draft_calls
+    plain = _tokens(make_pipe(), "eagle", num_draft_tokens=6)  # the same weights without a readout
+    assert tokens.stats.draft_calls == plain.stats.draft_calls and tokens.stats.emitted == plain.stats.emitted
+    sampled = {flag: pipe(PROMPTS, method="eagle", num_draft_tokens=6, generator=torch.Generator().manual_seed(0),
+                          output_type="tokens", eagle_blocks=flag) for flag in (None, False, True)}
+    assert torch.equal(sampled[None].tokens, sampled[False].tokens)
+    assert sampled[None].stats.draft_calls == sampled[False].stats.draft_calls != sampled[True].stats.draft_calls
+    with pytest.raises(ValueError, match="eagle_blocks must be"):
+        _tokens(pipe, "eagle", eagle_blocks="yes")
+    with pytest.raises(NotImplementedError, match="blocks=False"):
+        _tokens(pipe, "eagle", tree=TreeConfig(depth=2, top_k=2, total_tokens=4))
 
 
 def test_dynamic_eagle_chains_stop_early_and_keep_the_output(pipe):
@@ -164,7 +206,16 @@ def _exact_first_two_marginals(model: LlamaGenTransformer, words: torch.Tensor, 
                          ids=["none", "eagle", "eagle-tree", "eagle-dynamic-chain", "eagle-guided-features", "sjd"])
 def test_sampling_matches_the_exact_target_marginals(method, kwargs):
     """2000 rows of one prompt at temperature 1 with CFG: tokens 0 and 1 follow the exact guided marginals."""
-    pipe = make_pipe(sharpness=3.0, feature_guidance=3.0 if kwargs.get("eagle_guided") == "features" else None)
+    _check_sampled_marginals(make_pipe(sharpness=3.0, feature_guidance=3.0 if kwargs.get("eagle_guided") == "features"
+                                       else None), method, kwargs)
+
+
+def test_block_drafting_sampling_matches_the_exact_target_marginals():
+    """The same test with a head drafting blocks of 3 (each draft drawn from its own distribution)."""
+    _check_sampled_marginals(make_pipe(sharpness=3.0, num_future=3), "eagle", {"num_draft_tokens": 6})
+
+
+def _check_sampled_marginals(pipe: ARImagePipeline, method: str, kwargs: dict) -> None:
     rows, scale = 2000, 3.0
     out = pipe("a red circle", method=method, num_images_per_prompt=rows, guidance_scale=scale,
                generator=torch.Generator().manual_seed(0), output_type="tokens", **kwargs)

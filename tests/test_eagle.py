@@ -17,18 +17,81 @@ def _head(target, dtype=torch.float64, **kwargs) -> EagleHead:
     return head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
 
 
-@pytest.mark.parametrize("tree", [None, TreeConfig(depth=3, top_k=2, total_tokens=6)], ids=["chain", "tree"])
-def test_untrained_head_is_lossless_under_greedy(llama_pair, tree):
+@pytest.mark.parametrize("tree,num_future,threshold", [(None, 1, 0.0), (TreeConfig(depth=3, top_k=2, total_tokens=6), 1, 0.0),
+                                                        (None, 3, 0.0), (None, 3, 0.05)],
+                         ids=["chain", "tree", "blocks-of-3", "blocks-of-3-dynamic"])
+def test_untrained_head_is_lossless_under_greedy(llama_pair, tree, num_future, threshold):
     target, _ = llama_pair
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, 32, (3, 7), generator=g)
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
     baseline = speculative_generate(CausalLMRunner(target), None, ids, mask, max_new_tokens=16)
-    drafter = EagleDrafter(_head(target, input_norm=True), 4, tree=tree)
+    drafter = EagleDrafter(_head(target, input_norm=True, num_future=num_future), 7, tree=tree,
+                           confidence_threshold=threshold)
     spec = speculative_generate(CausalLMRunner(target, return_hidden=True), drafter, ids, mask, max_new_tokens=16)
     assert torch.equal(spec.sequences, baseline.sequences)
     assert spec.stats.draft_calls > 0
+    if num_future > 1 and not threshold:  # chains of 7 in blocks of 3: 3 head forwards per round, not 7
+        rounds = spec.stats.target_calls - 1
+        assert spec.stats.draft_calls <= 3 * rounds + 1
+
+
+def test_block_head_shapes_tree_and_rollout_errors(llama_pair):
+    target, _ = llama_pair
+    head = _head(target, num_future=3)
+    ids, hidden = torch.randint(3, 32, (2, 5)), torch.randn(2, 5, 32, dtype=torch.float64)
+    out = head(ids, target_hidden=hidden, use_cache=False)
+    assert out.logits.shape == (2, 5, 3, 32) and out.hidden_states[0].shape == (2, 5, 3, 32)
+    with pytest.raises(NotImplementedError, match="trees are not implemented"):
+        EagleDrafter(head, tree=TreeConfig(depth=2, top_k=2, total_tokens=4))
+    with pytest.raises(ValueError, match="num_future > 1"):
+        eagle_loss(head, ids, hidden, rollout_steps=2)
+    with pytest.raises(ValueError, match="num_future"):
+        EagleHead(hidden_size=32, vocab_size=32, num_future=0)
+
+
+def test_block_head_loss_compares_future_k_with_the_feature_k_slots_later():
+    """Future k of the pair at slot j is trained on the target's feature at slot j + k (a hand-computed loss)."""
+    target, head, ids, hidden, _ = _random_pairs(4, 2, 7, num_future=3)
+    out = eagle_loss(head, ids, hidden)
+    futures = head(ids[:, 1:], target_hidden=hidden[:, :-1], use_cache=False).hidden_states[0]  # [B, 6, 3, d]
+    lm_head = target.get_output_embeddings()
+    total = 0.0
+    for k in range(3):
+        predicted, wanted = futures[:, : 6 - k, k], hidden[:, 1 + k:]
+        feature = torch.nn.functional.smooth_l1_loss(predicted, wanted)
+        ce = -(lm_head(wanted).softmax(-1) * lm_head(predicted).log_softmax(-1)).sum(-1).mean()
+        total = total + feature + 0.1 * ce
+        agree = (lm_head(predicted).argmax(-1) == lm_head(wanted).argmax(-1)).double().mean()
+        assert torch.allclose(out[f"top1_future{k + 1}"], agree)
+    assert torch.allclose(out["loss"], total / 3, atol=1e-10)
+    assert torch.equal(out["top1"], out["top1_future1"])
+
+
+def test_block_head_training_raises_acceptance_with_fewer_head_forwards(trained_pair):
+    """A head with 3 futures, started from the trained plain head (readout = identity) and trained on the
+    same samples: fewer head forwards than the plain head for its chains, drafts accepted, still lossless."""
+    target, plain, log = trained_pair
+    head = _head(target, dtype=torch.float32, num_future=3)
+    head.load_state_dict({**plain.state_dict(), **{k: v for k, v in head.state_dict().items() if "future" in k}})
+    head.future.start_as_identity()
+    with torch.no_grad():  # the identity start: every future is the plain head's prediction
+        ids, hidden = log["ids"], torch.randn(4, 4, 32)
+        assert torch.allclose(head(ids, target_hidden=hidden, use_cache=False).hidden_states[0][:, :, 2],
+                              plain(ids, target_hidden=hidden, use_cache=False).hidden_states[0], atol=1e-6)
+    losses = _train_on_own_samples(target, head, 80, torch.Generator().manual_seed(5))
+    assert sum(losses[-10:]) < 0.95 * sum(losses[:10])  # from a trained start: the later futures learn
+    ids = log["ids"]
+    baseline = speculative_generate(CausalLMRunner(target), None, ids, max_new_tokens=16)
+    runs = {}
+    for name, model in (("plain", plain), ("blocks", head)):
+        runs[name] = speculative_generate(CausalLMRunner(target, return_hidden=True), EagleDrafter(model, 6), ids,
+                                          max_new_tokens=16)
+        assert torch.equal(runs[name].sequences, baseline.sequences)
+    assert runs["blocks"].stats.mean_accepted_length > log["before"] + 0.1
+    per_round = {name: run.stats.draft_calls / (run.stats.target_calls - 1) for name, run in runs.items()}
+    assert per_round["blocks"] < 0.5 * per_round["plain"], per_round
 
 
 def _train_on_own_samples(target, head, steps: int, g: torch.Generator) -> list[float]:

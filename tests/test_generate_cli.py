@@ -75,18 +75,23 @@ def test_fast_settings_depend_on_the_decoding_mode():
     from mmspec.pipelines.ar_image import (
         FAST_EAGLE_BATCHED_CHAIN,
         FAST_EAGLE_BATCHED_GREEDY_CHAIN,
+        FAST_EAGLE_BLOCK_GREEDY_CHAIN,
         FAST_EAGLE_CHAIN,
         FAST_EAGLE_GREEDY_CHAIN,
         fast_method_kwargs,
     )
 
     for method in ("eagle", "lantern"):
+        assert fast_method_kwargs(method, greedy=True, num_future=4) == FAST_EAGLE_BLOCK_GREEDY_CHAIN
+        assert fast_method_kwargs(method, greedy=False, num_future=4) == FAST_EAGLE_CHAIN  # sampling: tokens
         assert fast_method_kwargs(method, greedy=True) == FAST_EAGLE_GREEDY_CHAIN
         assert fast_method_kwargs(method, greedy=False) == FAST_EAGLE_CHAIN
         assert fast_method_kwargs(method, greedy=True, batch_size=4) == FAST_EAGLE_BATCHED_GREEDY_CHAIN
         assert fast_method_kwargs(method, greedy=False, batch_size=2) == FAST_EAGLE_BATCHED_CHAIN
-    # the chains get shorter as the forward gets compute-bound: greedy single image > sampling > batches
-    assert (FAST_EAGLE_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_CHAIN["num_draft_tokens"]
+    # the chains get shorter as the forward gets compute-bound: greedy single image > sampling > batches;
+    # blocks of K drafts per head forward make longer chains cheaper still
+    assert (FAST_EAGLE_BLOCK_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_GREEDY_CHAIN["num_draft_tokens"]
+            > FAST_EAGLE_CHAIN["num_draft_tokens"]
             > FAST_EAGLE_BATCHED_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_BATCHED_CHAIN["num_draft_tokens"])
     assert fast_method_kwargs("sjd", greedy=True) == fast_method_kwargs("sjd") == {"sjd_window": 8, "sjd_init": "left"}
     assert fast_method_kwargs("none", greedy=True) == {}
@@ -98,6 +103,9 @@ def test_fast_settings_depend_on_the_decoding_mode():
     # LANTERN++ is the same drafter and chain with the multiplicative bound instead of the TV budget
     assert sampling["lantern++"]["method"] == "lantern" and sampling["lantern++"]["lantern_lam"] == 2.0
     assert sampling["lantern++"]["num_draft_tokens"] == sampling["lantern"]["num_draft_tokens"]
+    blocks = bench_ar_image.default_kwargs(greedy=True, num_future=4)
+    assert blocks["eagle"] == FAST_EAGLE_BLOCK_GREEDY_CHAIN
+    assert blocks["lantern"]["num_draft_tokens"] == FAST_EAGLE_BLOCK_GREEDY_CHAIN["num_draft_tokens"]
 
 
 def test_generate_runs_jacobi_methods_with_their_fast_window(folder, tmp_path, pipeline_calls):
@@ -131,20 +139,25 @@ def test_generate_rejects_bad_arguments(folder, tmp_path, capsys, args, match):
 def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     out = tmp_path / "bench.md"
     code = bench_ar_image.main(["--pipeline", str(folder), "--methods", "none", "eagle", "mulo", "mulo, sequential",
-                                "mulo, reverify, exact", "--modes", "greedy",
+                                "mulo, reverify, exact", "eagle, its own head", "--modes", "greedy",
+                                "--method-kwargs", json.dumps({"eagle, its own head": {
+                                    "like": "eagle", "eagle_head": str(folder / "eagle_head")}}),
                                 "--batch-sizes", "1", "2", "--speed-prompts", "1", "--quality-prompts", "1",
                                 "--quality-seeds", "2", "--repeats", "1", "--threads", "1", "--out", str(out)])
     assert code == 0
     table = out.read_text()
     rows = [line for line in table.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
-    assert len(rows) == 10  # 5 cases x 2 batch sizes
+    assert len(rows) == 12  # 6 cases x 2 batch sizes
     assert "Chance level" in table and "Command: `python -m mmspec.evaluation.bench_ar_image" in table
     data = json.loads(out.with_suffix(".json").read_text())
     speed = data["modes"]["greedy"]["speed"]["2"]["cases"]
     assert speed["none"]["speedup"] == pytest.approx(1.0)
     quality = data["modes"]["greedy"]["quality"]
-    assert set(quality) == {"none", "eagle", "mulo", "mulo, sequential", "mulo, reverify, exact", "none, seed 2"}
+    assert set(quality) == {"none", "eagle", "mulo", "mulo, sequential", "mulo, reverify, exact",
+                            "eagle, its own head", "none, seed 2"}
     assert quality["mulo, reverify, exact"] == quality["none"]  # lossless: the same images, the same scores
+    # a case drafting with a head loaded from a folder (here the pipeline's own): the same rounds
+    assert speed["eagle, its own head"]["stats"]["target_calls"] == speed["eagle"]["stats"]["target_calls"]
     for name in ("none", "eagle"):  # two generation seeds, averaged, with their spread
         per_seed = quality[name]["per_seed"]
         assert len(per_seed) == 2 and quality[name]["seeds"] == 2

@@ -156,6 +156,47 @@ def test_dynamic_chain_length_stops_once_every_row_is_unsure():
     assert draft_chain(first, step, 4, greedy, None, confidence_threshold=0.9).tokens.shape == (1, 4)
 
 
+def _scripted_blocks(rows_peaked_until: list[int], block: int, vocab: int = 4):
+    """:func:`_scripted_step` for a drafter proposing ``block`` drafts per forward (logits ``[B, block, V]``):
+    draft i of the chain is sure of token ``1 + i % 3`` while ``i < rows_peaked_until[r]``."""
+    calls = []
+
+    def logits_at(start: int) -> torch.Tensor:
+        out = torch.zeros(len(rows_peaked_until), block, vocab)
+        for r, until in enumerate(rows_peaked_until):
+            for j in range(block):
+                if start + j < until:
+                    out[r, j, 1 + (start + j) % 3] = 20.0
+        return out
+
+    def step(drawn: torch.Tensor) -> torch.Tensor:
+        assert drawn.shape == (len(rows_peaked_until), block)  # the whole block is fed back
+        calls.append(drawn)
+        return logits_at(block * len(calls))
+
+    return logits_at(0), step, calls
+
+
+def test_block_drafting_draws_k_tokens_per_forward_and_cuts_blocks():
+    greedy = SamplingConfig(do_sample=False)
+    first, step, calls = _scripted_blocks([99], block=3)
+    chain = draft_chain(first, step, 8, greedy, None)  # 3 + 3 + 2 (the last block cut to fit K)
+    assert chain.tokens.tolist() == [[1, 2, 3, 1, 2, 3, 1, 2]] and len(calls) == 2
+    first, step, calls = _scripted_blocks([4], block=3)
+    chain = draft_chain(first, step, 8, greedy, None, confidence_threshold=0.5)
+    # drafts 0-3 are sure, draft 4 (in the second block) is the first unsure one: kept, then the chain stops
+    assert chain.tokens.shape == (1, 5) and len(calls) == 1
+    first, step, calls = _scripted_blocks([1, 5], block=3)  # the batch goes on while any row is sure
+    assert draft_chain(first, step, 9, greedy, None, confidence_threshold=0.5).tokens.shape == (2, 6)
+    first, step, calls = _scripted_blocks([0], block=3)  # unsure at once: one draft, no second forward
+    assert draft_chain(first, step, 9, greedy, None, confidence_threshold=0.5).tokens.shape == (1, 1) and not calls
+    sampled = draft_chain(*_scripted_blocks([99, 99], block=3)[:2], 5, SamplingConfig(do_sample=True),
+                          torch.Generator().manual_seed(0))
+    assert sampled.tokens.shape == (2, 5) and sampled.probs.shape == (2, 5, 4)
+    assert torch.allclose(sampled.probs.sum(-1), torch.ones(2, 5, dtype=sampled.probs.dtype))
+    assert sampled.tokens.tolist() == [[1, 2, 3, 1, 2]] * 2  # drawn from each draft's own distribution
+
+
 def test_dynamic_chains_spend_fewer_drafter_forwards_for_the_same_output(llama_pair):
     target, draft = llama_pair
     ids, mask = _prompt()

@@ -182,3 +182,34 @@ def test_generate_tokens_guides_with_the_conditional_rows_first_on_the_condition
     assert torch.equal(seen["attention_mask"], (torch.cat([words, words]) >= 0).long())
     report_t2i.generate_tokens(model, words.to("meta"), 3.0, SamplingConfig(do_sample=False), torch.Generator())
     assert seen["condition_drop"].device.type == "meta" and seen["condition_ids"].device.type == "meta"
+
+
+def test_eagle_block_head_grows_from_a_plain_head_and_can_train_its_readout_alone(tmp_path):
+    """``train_eagle --num-future K --init PLAIN``: the plain head's layers are copied and the readout starts as
+    the identity; ``--freeze-head`` trains only futures 2..K, so the head's own prediction stays the plain one."""
+    from mmspec.models.eagle import EagleHead
+    from mmspec.models.recipes import train_eagle
+
+    train_t2i.main([*TINY, "--steps", "2", "--out", str(tmp_path / "target"), "--work", str(tmp_path / "wt")])
+    common = ["--target", str(tmp_path / "target"), "--heads", "2", "--train-images", "40", "--batch", "4",
+              "--threads", "1"]
+    train_eagle.main([*common, "--steps", "2", "--out", str(tmp_path / "plain"), "--work", str(tmp_path / "wp")])
+    plain = EagleHead.from_pretrained(tmp_path / "plain").state_dict()
+    train_eagle.main([*common, "--steps", "1", "--lr", "0", "--seed", "1", "--num-future", "3", "--init",
+                      str(tmp_path / "plain"), "--out", str(tmp_path / "grown"), "--work", str(tmp_path / "wg")])
+    grown = EagleHead.from_pretrained(tmp_path / "grown")
+    assert grown.config.num_future == 3
+    assert all(torch.equal(plain[k], v) for k, v in grown.state_dict().items() if not k.startswith("future."))
+    assert not grown.future[-1].weight.any() and not grown.future[-1].bias.any()  # the identity start
+    train_eagle.main([*common, "--steps", "3", "--seed", "1", "--num-future", "3", "--freeze-head", "--init",
+                      str(tmp_path / "plain"), "--out", str(tmp_path / "frozen"), "--work", str(tmp_path / "wf")])
+    frozen = EagleHead.from_pretrained(tmp_path / "frozen")
+    assert all(torch.equal(plain[k], v) for k, v in frozen.state_dict().items() if not k.startswith("future."))
+    offsets = frozen.future[-1].weight.view(3, -1, frozen.future[-1].weight.shape[1])  # [K, d, 4d]
+    assert not offsets[0].any() and offsets[1:].any()  # future 1 stays the plain prediction; 2..K learn
+    report = json.loads((tmp_path / "wf" / "report.json").read_text())
+    assert {"own_greedy_top1_future1", "own_greedy_top1_future3"} <= set(report)
+    for bad in (["--freeze-head"], ["--num-future", "2", "--freeze-head"], ["--num-future", "0"],
+                ["--num-future", "2", "--rollout-steps", "2"]):
+        with pytest.raises(SystemExit):
+            train_eagle.main([*common, *bad, "--out", str(tmp_path / "x"), "--work", str(tmp_path / "wx")])

@@ -109,7 +109,7 @@ def test_greedy_equals_target_only(pipe, method, tree):
     assert base.draft_visual_tokens is None
 
 
-@pytest.mark.parametrize("method", ["eagle", "vispec", "specvlm", "draft_vlm"])
+@pytest.mark.parametrize("method", ["eagle", "flash", "vispec", "specvlm", "draft_vlm"])
 def test_dynamic_chains_keep_the_output_with_fewer_draft_forwards(pipe, method):
     """draft_confidence_threshold stops chains early (fewer draft calls) and greedy text stays exact."""
     images = _images(2, seed=7)
@@ -206,8 +206,6 @@ def test_bad_input(pipe):
         pipe(image, "w1", "none", callback_on_step_end="print")
     with pytest.raises(NotImplementedError, match="chains only"):
         pipe(image, "w1", "flash", tree=TREE)
-    with pytest.raises(ValueError, match="one forward"):
-        pipe(image, "w1", "flash", draft_confidence_threshold=0.5)
     with pytest.raises(ValueError, match="confidence_threshold must be a number"):
         pipe(image, "w1", "eagle", draft_confidence_threshold=1.5)
     with pytest.raises(ValueError, match="dynamic already"):

@@ -24,6 +24,13 @@ depths 1-4 of drafting chains over image-token slots only (``own_greedy_top1_dep
     python -m mmspec.models.recipes.train_eagle --target models/zoo/shapes-t2i/transformer \\
         --out models/zoo/shapes-t2i/eagle_head
 
+``--num-future K`` trains a head that predicts K features per pair (FLASH's semi-autoregressive readout,
+:class:`~mmspec.models.eagle.FutureReadout`), so the pipeline drafts K tokens per head forward; from a plain
+head (``--init``) the readout starts as the identity. Its report gives every future's agreement on the
+target's greedy images (``own_greedy_top1_future1`` ...). ``--freeze-head`` trains only the readout's
+futures 2..K on the frozen ``--init`` head: its own prediction, which token-by-token drafting uses (the
+pipeline's choice when sampling), stays that head's.
+
 ``--device cuda`` runs the frozen target, the self-distillation and the head on a GPU (data and random
 draws stay on the CPU, so the run's random stream is the one a CPU run draws).
 """
@@ -94,6 +101,22 @@ def self_distill_data(target: LlamaGenTransformer, words: torch.Tensor, guidance
     return {"words": words.cpu(), "tokens": torch.cat(tokens).cpu()}
 
 
+def init_head(head: EagleHead, folder: Path) -> None:
+    """``--init``: the trained head saved in ``folder``. A plain head (``num_future`` 1) also starts a head
+    with K futures: its layers are copied and the readout starts as the identity
+    (:meth:`~mmspec.models.eagle.FutureReadout.start_as_identity`), so every future begins as the plain
+    head's prediction."""
+    if head.future is None or not (Path(folder) / "config.json").is_file() or \
+            EagleHead.load_config(folder).get("num_future", 1) != 1:
+        init_from_folder(head, EagleHead, folder, "EAGLE head")
+        return
+    plain = copy.deepcopy(head)
+    plain.future = None
+    init_from_folder(plain, EagleHead, folder, "EAGLE head")
+    head.load_state_dict(plain.state_dict(), strict=False)
+    head.future.start_as_identity()
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", type=Path, required=True, help="the trained target transformer folder")
@@ -114,7 +137,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rollout-steps", type=int, default=1,
                         help="drafting depths trained (EAGLE-3 training-time test); 1 = teacher forcing only")
     parser.add_argument("--init", type=Path, default=None,
-                        help="start from this trained head (a later training stage: fresh optimiser and schedule)")
+                        help="start from this trained head (a later training stage: fresh optimiser and schedule); "
+                             "a plain head (num_future 1) also starts a --num-future head")
+    parser.add_argument("--num-future", type=int, default=1, metavar="K",
+                        help="features (tokens) the head predicts per pair, FLASH's semi-autoregressive readout: "
+                             "K drafts per head forward (1: the plain EAGLE head)")
+    parser.add_argument("--freeze-head", action="store_true",
+                        help="with --num-future and --init: train only the readout's futures 2..K on the frozen "
+                             "--init head, so its own next-feature prediction (token-by-token drafting) stays exact")
     parser.add_argument("--guided-features", type=float, default=None, metavar="S",
                         help="train on the target's guided features h_u + S (h_c - h_u) (a head that drafts the "
                              "guided target from one row; needs --uncond-prob 0)")
@@ -127,6 +157,12 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--self-distill-batch must be >= 1, got {args.self_distill_batch}")
     if not 0 <= args.self_distill <= args.train_images:
         parser.error(f"--self-distill must be in [0, --train-images={args.train_images}], got {args.self_distill}")
+    if args.num_future < 1:
+        parser.error(f"--num-future must be >= 1, got {args.num_future}")
+    if args.num_future > 1 and args.rollout_steps > 1:
+        parser.error("--rollout-steps trains token-by-token drafting depths; a --num-future head drafts blocks")
+    if args.freeze_head and (args.num_future < 2 or args.init is None):
+        parser.error("--freeze-head trains the readout of a --num-future K > 1 head on a frozen --init head")
     if args.guided_features is not None and args.uncond_prob != 0:
         parser.error("--guided-features trains on guided features only: pass --uncond-prob 0")
     start_run(args)
@@ -147,17 +183,21 @@ def main(argv: list[str] | None = None) -> None:
         data = {key: torch.cat([data[key], own[key]]) for key in ("words", "tokens")}
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,
-                     num_attention_heads=args.heads, feature_guidance=args.guided_features)
+                     num_attention_heads=args.heads, feature_guidance=args.guided_features,
+                     num_future=args.num_future)
     if args.init is not None and not (args.work / "checkpoint.pt").is_file():  # a resumed run restores its own
-        init_from_folder(head, EagleHead, args.init, "EAGLE head")
+        init_head(head, args.init)
     head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
+    if args.freeze_head:  # only the readout learns; future 1 stays the plain head's prediction
+        head.requires_grad_(False)
+        head.future.requires_grad_(True)
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         drop = torch.rand(len(index)) < args.uncond_prob
         ids, hidden, valid = eagle_batch(target, data["words"][index], data["tokens"][index], drop,
                                          args.guided_features)
-        return eagle_loss(head, ids, hidden, valid, feature_noise=args.feature_noise,
-                          generator=step_generator(), rollout_steps=args.rollout_steps)["loss"]
+        return eagle_loss(head, ids, hidden, valid, feature_noise=args.feature_noise, generator=step_generator(),
+                          rollout_steps=args.rollout_steps, train_first_future=not args.freeze_head)["loss"]
 
     def save(model: EagleHead) -> None:
         copy.deepcopy(model).eval().to("cpu").save_pretrained(args.out)
@@ -179,10 +219,10 @@ def main(argv: list[str] | None = None) -> None:
     ids, hidden, valid = eagle_batch(target, own["words"], own["tokens"], torch.zeros(256, dtype=torch.bool),
                                      args.guided_features)
     with torch.no_grad():
-        deep = eagle_loss(head, ids, hidden, valid, rollout_steps=4)
+        deep = eagle_loss(head, ids, hidden, valid, rollout_steps=4 if head.future is None else 1)
     report["own_greedy_top1"] = round(float(deep["top1"]), 4)
     report.update({f"own_greedy_{key}": round(float(value), 4) for key, value in deep.items()
-                   if key.startswith("top1_depth")})
+                   if key.startswith(("top1_depth", "top1_future"))})
     (args.work / "report.json").write_text(json.dumps(report))
     print("held-out", json.dumps(report), flush=True)
 

@@ -28,8 +28,8 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 
 from mmspec.drafters import TreeConfig
-from mmspec.sampling import SamplingConfig, sample
-from mmspec.speculate import DraftChain, target_probs_fn
+from mmspec.models.eagle import FutureReadout
+from mmspec.sampling import SamplingConfig
 
 from .base import (
     SpanUnits,
@@ -79,14 +79,12 @@ class FlashHead(VLMDraftHead):
         self._init_head(hidden_size, vocab_size, num_attention_heads, num_key_value_heads, intermediate_size,
                         rope_theta, input_norm, norm_eps, max_position_embeddings)
         self.compressor = LatentCompressor(hidden_size, num_latents)
-        self.future = nn.Sequential(nn.Linear(hidden_size, 4 * hidden_size), nn.SiLU(),
-                                    nn.Linear(4 * hidden_size, num_future * hidden_size))
+        self.future = FutureReadout(hidden_size, num_future)
         self.num_future = num_future
 
     def readout(self, features: torch.Tensor) -> torch.Tensor:
         """``[B, T, d]`` -> K future features ``[B, T, K, d]``."""
-        steps = self.future(features).unflatten(-1, (self.num_future, features.shape[-1]))
-        return features.unsqueeze(-2) + steps
+        return self.future(features)
 
     def visual_view(self, features: VLMFeatures, stochastic: bool = False,
                     generator: torch.Generator | None = None) -> VisualView:
@@ -120,8 +118,11 @@ class FlashDrafter(VLMHeadDrafter):
             longer chains take further forwards of K tokens each).
         sampling / generator: as :class:`~.base.VLMHeadDrafter`.
         tree: must be None (FLASH drafts chains; a TreeConfig raises NotImplementedError).
-        confidence_threshold: must be 0: a dynamic chain length stops token-by-token chains, and FLASH
-            drafts its K tokens in one forward.
+        confidence_threshold: dynamic chain length (:func:`~mmspec.drafters.draft_chain`): a block is cut
+            after its first draft that every row's head gave less than this probability, and no further
+            forward runs; 0 drafts ``num_draft_tokens``.
+
+    Drafting is :class:`~mmspec.models.eagle.EagleDrafter`'s chain in blocks of K (``num_future``) tokens.
     """
 
     model_class = FlashHead
@@ -129,30 +130,11 @@ class FlashDrafter(VLMHeadDrafter):
     def __init__(self, model: FlashHead, num_draft_tokens: int | None = None,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
                  generator: torch.Generator | None = None, confidence_threshold: float = 0.0) -> None:
-        if confidence_threshold:
-            raise ValueError("confidence_threshold stops token-by-token draft chains; FlashDrafter has none "
-                             "(FLASH drafts its K tokens in one forward)")
         if tree is not None:
             raise NotImplementedError("FlashDrafter drafts chains only (semi-autoregressive blocks of K tokens); "
                                       "EAGLE-2 trees are not implemented for FLASH: pass tree=None")
         if num_draft_tokens is None and isinstance(model, FlashHead):
             num_draft_tokens = model.config.num_future
-        super().__init__(model, num_draft_tokens if num_draft_tokens is not None else 1, sampling, None, generator)
-
-    def propose(self, pending: torch.Tensor) -> DraftChain:
-        logits, features = self._start_round()  # the root pair's K futures: [B, K, V], [B, K, d]
-        to_probs = target_probs_fn(self.sampling)
-        tokens, dists, drafted = [], [], 0
-        while True:
-            probs = to_probs(logits)  # [B, K, V]
-            block = sample(probs, self.generator) if self.sampling.do_sample else probs.argmax(-1)  # [B, K]
-            tokens.append(block)
-            dists.append(probs)
-            drafted += block.shape[1]
-            if drafted >= self.num_draft_tokens:
-                break
-            out = self.runner.forward(block, target_hidden=features)  # pairs (d_j, f_j); the last one looks ahead
-            logits, features = out.logits[:, -1], out.hidden[:, -1]
-        n = self.num_draft_tokens
-        chain = torch.cat(tokens, 1)[:, :n]
-        return DraftChain(chain, torch.cat(dists, 1)[:, :n] if self.sampling.do_sample else None)
+        super().__init__(model, num_draft_tokens if num_draft_tokens is not None else 1, sampling, None, generator,
+                         confidence_threshold=confidence_threshold)
+        self.num_future = model.num_future if isinstance(model, FlashHead) else 1
