@@ -66,6 +66,12 @@ class FutureReadout(nn.Sequential):
         steps = super().forward(features).unflatten(-1, (self.num_future, features.shape[-1]))
         return features.unsqueeze(-2) + steps
 
+    def first(self, features: torch.Tensor) -> torch.Tensor:
+        """Future 1 alone, ``[B, T, d]``: what drafting token by token reads (only its rows of the last layer)."""
+        width = features.shape[-1]
+        hidden = self[1](self[0](features))
+        return features + nn.functional.linear(hidden, self[-1].weight[:width], self[-1].bias[:width])
+
     def start_as_identity(self) -> FutureReadout:
         """Zero the last layer: every future equals the decoder output (a plain head's prediction), the
         start when a trained one-token head grows a readout."""
@@ -174,7 +180,7 @@ class EagleHead(ModelMixin, ConfigMixin):
                 position_ids: torch.Tensor | None = None, past_key_values: Any = None, use_cache: bool = True,
                 output_hidden_states: bool = False, target_hidden: torch.Tensor | None = None,
                 token_embeds: torch.Tensor | None = None, logits_to_keep: int = 0,
-                use_readout: bool = True) -> EagleOutput:
+                first_future_only: bool = False) -> EagleOutput:
         """Predict features ``[B, T, d]`` and their logits ``[B, T, V]`` (``num_future`` K > 1: ``[B, T, K, d]``
         and ``[B, T, K, V]``).
 
@@ -182,21 +188,25 @@ class EagleHead(ModelMixin, ConfigMixin):
             input_ids: ``[B, T]`` tokens x_i (-1 = no token: condition positions).
             target_hidden: ``[B, T, d]`` the feature preceding each token (h_{i-1}, true or predicted).
             token_embeds: optional ``[B, T, d]`` input embeddings used where ``input_ids`` is -1 (zeros otherwise).
-            logits_to_keep: as in transformers' causal LMs: logits of the last ``logits_to_keep`` slots
-                only (``[B, logits_to_keep, V]``; 0 = every slot). The LM head is the head's largest matmul,
-                and a round's first forward reads one slot's logits.
-            use_readout: False skips the ``num_future`` readout and returns the decoder's own next-feature
-                prediction (``[B, T, d]``, as a plain head): token-by-token drafting with a K-future head.
+            logits_to_keep: as in transformers' causal LMs: logits (and predicted features) of the last
+                ``logits_to_keep`` slots only (``[B, logits_to_keep, V]``; 0 = every slot). The LM head is the
+                head's largest matmul (with a readout, K times over), and a round's first forward and every
+                block step read one slot's.
+            first_future_only: a ``num_future`` head returns its first future only (``[B, T, d]`` features,
+                ``[B, T, V]`` logits, as a plain head): token-by-token drafting with a K-future head.
         """
         if target_hidden is None:
             raise ValueError("EagleHead needs target_hidden [B, T, d], the feature preceding each token")
         embeds = self.fuse(input_ids, target_hidden, token_embeds)
         out = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=past_key_values, use_cache=use_cache)
-        features = self.readout(out.last_hidden_state) if use_readout else out.last_hidden_state
-        read = features[:, -logits_to_keep:] if logits_to_keep else features
+        kept = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
+        if self.future is None:
+            features = kept
+        else:
+            features = self.future.first(kept) if first_future_only else self.future(kept)
         lm_head = self._bound()["head"]
-        logits = lm_head(read.to(lm_head.weight.dtype))
+        logits = lm_head(features.to(lm_head.weight.dtype))
         return EagleOutput(logits, out.past_key_values, (features,))
 
 
@@ -375,7 +385,7 @@ class EagleDrafter(Drafter):
         num_draft_tokens: chain length; tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`. A head with
             ``num_future`` K > 1 drafts the chain in blocks of K tokens, one head forward each (chains only).
         blocks: for a head with ``num_future`` > 1: True / None draft blocks of K tokens, False drafts token by
-            token with the decoder's own next-feature prediction (the readout skipped; chains or trees).
+            token from the head's first future alone (chains or trees).
         sampling: the target's sampling config (sampled chains return their distributions).
         guidance_scale: 1.0 drafts from the conditional features only. Any other value drafts *under
             classifier-free guidance*: the head runs on both halves ``[cond; uncond]`` (a doubled batch,
@@ -404,8 +414,9 @@ class EagleDrafter(Drafter):
         use_blocks = head.config.num_future > 1 and blocks is not False
         #: tokens the head proposes per forward (its ``num_future`` when drafting blocks; FLASH's VLM head sets its own)
         self.num_future = head.config.num_future if use_blocks else 1
-        #: extra inputs of every head call: a K-future head drafting token by token skips its readout
-        self.head_inputs: dict[str, Any] = {} if use_blocks or head.config.num_future == 1 else {"use_readout": False}
+        #: extra inputs of every head call: a K-future head drafting token by token reads its first future
+        self.head_inputs: dict[str, Any] = {} if use_blocks or head.config.num_future == 1 else \
+            {"first_future_only": True}
         if tree is not None and self.num_future > 1:
             raise NotImplementedError("EAGLE-2 trees are not implemented for heads that draft K tokens per forward "
                                       f"(num_future={self.num_future}): pass tree=None for chains of K-token blocks, "
@@ -471,7 +482,7 @@ class EagleDrafter(Drafter):
                                   logits_to_keep=tokens.shape[1] - first, **self.head_inputs)
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         feature_rows = torch.arange(features.shape[0], device=tokens.device)
-        return out.logits[rows, last - first], out.hidden[feature_rows, last.repeat(self.halves)]
+        return out.logits[rows, last - first], out.hidden[feature_rows, (last - first).repeat(self.halves)]
 
     def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
         logits, feature = self._start_round()
@@ -483,7 +494,7 @@ class EagleDrafter(Drafter):
         def step(drawn: torch.Tensor) -> torch.Tensor:  # feed the head what it drafted, with its own features
             out = self.runner.forward(drawn.unsqueeze(1) if single else drawn,
                                       target_hidden=state["feature"].unsqueeze(1) if single else state["feature"],
-                                      **self.head_inputs)
+                                      logits_to_keep=1, **self.head_inputs)
             state["feature"] = out.hidden[:, -1]  # the last pair's prediction(s)
             return out.logits[:, -1]
 

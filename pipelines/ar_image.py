@@ -114,10 +114,10 @@ FAST_EAGLE_CHAIN: dict[str, Any] = {"num_draft_tokens": 8, "draft_confidence_thr
 #: longer chain costs the CPU almost nothing more (see :func:`fast_method_kwargs`).
 FAST_EAGLE_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 12, "draft_confidence_threshold": 0.5}
 
-#: The same for a head that drafts blocks of K tokens per forward (``num_future`` > 1, greedy): a longer
-#: chain costs a forward per K drafts, and a block's later drafts are less sure, so the confidence cut is
-#: lower (docs/pipeline_ar_image.md).
-FAST_EAGLE_BLOCK_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 16, "draft_confidence_threshold": 0.3}
+#: The same for a head that drafts blocks of K tokens per forward (``num_future`` > 1, greedy): a block's
+#: later drafts are less sure than a token-by-token chain's, so the confidence cut is lower; longer chains
+#: cost more in verification than they gain (docs/pipeline_ar_image.md).
+FAST_EAGLE_BLOCK_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 12, "draft_confidence_threshold": 0.3}
 
 #: Chains for several images per call, sampling and greedy: there the CPU forward is compute-bound, every
 #: drafted position costs verification time, and shorter chains are faster (batch 4 on the zoo: EAGLE at
@@ -162,8 +162,9 @@ def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, n
 
 
 def head_num_future(pipe: Any) -> int:
-    """Tokens the pipeline's EAGLE head drafts per forward when it drafts blocks (1: a plain head or none)."""
-    head = getattr(pipe, "eagle_head", None)
+    """Tokens the pipeline's EAGLE heads draft per forward when they draft blocks (its ``eagle_block_head``,
+    else its ``eagle_head``; 1: a plain head or none)."""
+    head = getattr(pipe, "eagle_block_head", None) or getattr(pipe, "eagle_head", None)
     return 1 if head is None else int(head.config.get("num_future", 1))
 
 
@@ -176,6 +177,9 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
             ``codebook_neighbors(k)`` and ``vocab_size`` (:class:`~mmspec.models.tokenizers.VQTokenizer`).
         eagle_head: :class:`~mmspec.models.eagle.EagleHead` for "eagle" / "lantern" (None: those methods
             are unavailable). It is bound to the transformer's embeddings and LM head here.
+        eagle_block_head: optional second :class:`~mmspec.models.eagle.EagleHead` with ``num_future`` K > 1
+            (FLASH's readout: K drafts per forward), used for greedy chains (``eagle_blocks``); the
+            ``eagle_head`` keeps drafting token by token where that is faster (sampling, trees).
         mulo_drafter / mulo_upsampler: MuLo-SD's low-resolution AR model (the target's condition
             interface, ``block_size`` = the target's / r^2) and its
             :class:`~mmspec.models.mulo.TokenUpsampler` (None: "mulo" is unavailable).
@@ -195,21 +199,27 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         >>> out.images[0], out.stats.mean_accepted_length, out.drafted_overlay()[0]
     """
 
-    _optional_components = ["eagle_head", "mulo_drafter", "mulo_upsampler", "text_encoder", "tokenizer"]
+    _optional_components = ["eagle_head", "mulo_drafter", "mulo_upsampler", "text_encoder", "tokenizer",
+                            "eagle_block_head"]
 
     def __init__(self, transformer: Any, vqvae: Any, eagle_head: Any = None, text_tokenizer: WordTokenizer | None = None,
                  mulo_drafter: Any = None, mulo_upsampler: Any = None, text_encoder: Any = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, eagle_block_head: Any = None) -> None:
         super().__init__()
         if int(vqvae.vocab_size) != int(transformer.config.vocab_size):
             raise ValueError(f"vqvae has {vqvae.vocab_size} codebook entries but the transformer predicts "
                              f"{transformer.config.vocab_size} image tokens")
         _check_mulo(transformer, mulo_drafter, mulo_upsampler)
         check_text_encoder(transformer, text_encoder, tokenizer)
+        if eagle_block_head is not None and int(getattr(eagle_block_head.config, "num_future", 1)) < 2:
+            raise ValueError("eagle_block_head must draft several tokens per forward (an EagleHead with num_future > 1); "
+                             "a plain head is the eagle_head")
         self.register_modules(transformer=transformer, vqvae=vqvae, eagle_head=eagle_head, mulo_drafter=mulo_drafter,
-                              mulo_upsampler=mulo_upsampler, text_encoder=text_encoder, tokenizer=tokenizer)
-        if eagle_head is not None:
-            eagle_head.bind_target(transformer.get_input_embeddings(), transformer.get_output_embeddings())
+                              mulo_upsampler=mulo_upsampler, text_encoder=text_encoder, tokenizer=tokenizer,
+                              eagle_block_head=eagle_block_head)
+        for head in (eagle_head, eagle_block_head):
+            if head is not None:
+                head.bind_target(transformer.get_input_embeddings(), transformer.get_output_embeddings())
         self._set_text_tokenizer(text_tokenizer, getattr(transformer.config, "text_vocab_size", None))
         self._neighbors: torch.Tensor | None = None  # cached codebook_neighbors table [V, k_max]
 
@@ -222,7 +232,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         load_text_vocabulary(path, kwargs)
         if (Path(path) / "model_index.json").is_file():
             names = ("transformer", "vqvae", "eagle_head", "mulo_drafter", "mulo_upsampler", "text_encoder",
-                     "tokenizer")
+                     "tokenizer", "eagle_block_head")
             return cls._from_saved_folder(Path(path), names, **kwargs)
         return super().from_pretrained(path, **kwargs)
 
@@ -302,7 +312,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         if guidance_scale != 1.0 and not config.class_dropout_prob > 0:
             raise ValueError(f"guidance_scale={guidance_scale} needs an unconditional model (a transformer trained "
                              "with class_dropout_prob > 0); this one has none: use guidance_scale=1.0")
-        if method in ("eagle", "lantern") and self.eagle_head is None:
+        if method in ("eagle", "lantern") and self.eagle_head is None and self.eagle_block_head is None:
             raise ValueError(f"method={method!r} needs an eagle_head; this pipeline has none")
         if method == "mulo" and (self.mulo_drafter is None or self.mulo_upsampler is None):
             raise ValueError("method='mulo' needs mulo_drafter and mulo_upsampler; this pipeline lacks them")
@@ -315,11 +325,21 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
 
-    def _eagle_mode(self, eagle_guided: bool | str | None, guidance_scale: float, sampling: SamplingConfig
+    def _drafting_head(self, blocks: bool) -> Any:
+        """The EAGLE head that drafts: ``eagle_block_head`` for blocks when the pipeline has one, else
+        ``eagle_head`` (itself drafting blocks if it has ``num_future`` > 1 and ``blocks``)."""
+        if blocks and self.eagle_block_head is not None:
+            return self.eagle_block_head
+        if self.eagle_head is None:
+            raise ValueError("token-by-token EAGLE drafting (sampling, eagle_blocks=False or a tree) needs an "
+                             "eagle_head; this pipeline has only an eagle_block_head")
+        return self.eagle_head
+
+    def _eagle_mode(self, head: Any, eagle_guided: bool | str | None, guidance_scale: float, sampling: SamplingConfig
                     ) -> bool | str:
         """How the EAGLE head drafts under guidance: "features" (one row of guided features, for a head
         trained on them at this scale), True (both halves, logits combined) or False (conditional half)."""
-        trained_scale = self.eagle_head.config.get("feature_guidance")  # None: trained on plain features
+        trained_scale = head.config.get("feature_guidance")  # None: trained on plain features
         fits = guidance_scale != 1.0 and trained_scale == guidance_scale
         if eagle_guided is None:  # auto; otherwise guided drafts for sampling, the conditional half's for greedy
             return "features" if fits else sampling.do_sample
@@ -337,7 +357,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                       lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
                       gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
                       guidance_scale: float, eagle_guided: bool | str | None, draft_confidence_threshold: float,
-                      eagle_blocks: bool | None = None) -> tuple[Any, AcceptanceRule | None]:
+                      eagle_blocks: bool | None = None, rows: int = 1) -> tuple[Any, AcceptanceRule | None]:
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
         vocab = self.transformer.config.vocab_size
@@ -351,13 +371,13 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
 
             if eagle_blocks is not None and not isinstance(eagle_blocks, bool):
                 raise ValueError(f"eagle_blocks must be None, True or False, got {eagle_blocks!r}")
-
-            mode = self._eagle_mode(eagle_guided, guidance_scale, sampling)
-            drafter = EagleDrafter(self.eagle_head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
+            blocks = (greedy and tree is None and rows == 1) if eagle_blocks is None else eagle_blocks
+            head = self._drafting_head(blocks)
+            mode = self._eagle_mode(head, eagle_guided, guidance_scale, sampling)
+            drafter = EagleDrafter(head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
                                    guidance_scale=guidance_scale if mode is True else 1.0,
                                    confidence_threshold=draft_confidence_threshold,
-                                   guided_features=mode == "features",
-                                   blocks=greedy if eagle_blocks is None else eagle_blocks)
+                                   guided_features=mode == "features", blocks=blocks)
             if method == "eagle":
                 return drafter, None
             k = min(1000, vocab - 1) if lantern_k is None else lantern_k
@@ -414,11 +434,13 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                 scale, ``feature_guidance`` in its config). None (default) picks "features" for such a head,
                 else guided when sampling and conditional for greedy decoding (the head's unconditional
                 errors, amplified by s - 1, cost greedy acceptance; docs/pipeline_ar_image.md).
-            eagle_blocks: a head with ``num_future`` K > 1 drafts blocks of K tokens per forward (True) or
-                token by token with its own next-feature prediction (False). None (default): blocks for
-                greedy decoding, tokens when sampling (each later future is a guess made without the drafts
-                before it, which a sampled chain needs more than a greedy one; docs/pipeline_ar_image.md).
-                Ignored for a plain head.
+            eagle_blocks: draft blocks of K tokens per head forward (True) with the ``eagle_block_head`` (or an
+                ``eagle_head`` with ``num_future`` K > 1), or token by token with the ``eagle_head`` (False; a
+                K-future head then reads its first future). None (default): blocks for greedy chains of one
+                image per call, tokens when sampling, for several images per call or a tree (a block's later
+                drafts are guesses made without the drafts before them, which costs a sampled chain more than a
+                greedy one, and with several rows the verification, not the head, is the cost;
+                docs/pipeline_ar_image.md). Without a block-drafting head every chain is token by token.
             draft_confidence_threshold: dynamic EAGLE chain length: a round's chain stops before K once
                 every row's drafted token had less than this probability under the head (0: always K).
                 Lossless like any chain length; it saves head forwards whose drafts would mostly be
@@ -449,11 +471,13 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         config = self.transformer.config
         device = self.transformer.device
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+        rows = (1 if isinstance(prompt, str) else len(prompt)) if prompt is not None else \
+            torch.as_tensor(class_labels).numel()
         drafter, method_rule = self._build_method(method, sampling, generator, num_draft_tokens, tree, lantern_k,
                                                   lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
                                                   gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
                                                   guidance_scale, eagle_guided, draft_confidence_threshold,
-                                                  eagle_blocks)
+                                                  eagle_blocks, rows * num_images_per_prompt)
         rule = rule if rule is not None else method_rule
 
         # 1. Condition rows: word ids or caption features [B, C(, D)] (t2i) or [B] class ids (c2i), per image.

@@ -27,6 +27,11 @@ $PY -m mmspec.models.recipes.train_eagle --target $ZOO/transformer --init runs/t
 $PY -m mmspec.models.recipes.train_eagle --target $ZOO/transformer --init runs/train_eagle_s3/head --steps 2000 \
     --batch 32 --lr 4e-4 --seed 3 --self-distill 30000 --self-distill-greedy --threads 2 --work runs/train_eagle_s4 \
     --out $ZOO/eagle_head
+# the block head: four drafts per forward (FLASH's readout) from the zoo head, on a fifth rendered set plus
+# 40,000 greedy rows (stage 7's data; docs/pipeline_ar_image.md)
+$PY -m mmspec.models.recipes.train_eagle --target $ZOO/transformer --init $ZOO/eagle_head --num-future 4 --seed 5 \
+    --self-distill 40000 --self-distill-greedy --lr 5e-4 --steps 2000 --batch 32 --threads 1 --work runs/train_eagle_f4 \
+    --out $ZOO/eagle_block_head
 $PY -m mmspec.models.recipes.train_mulo --out $ZOO
 $PY -m mmspec.models.recipes.build_zoo_t2i --folder $ZOO
 $PY -m mmspec.models.recipes.report_t2i --model $ZOO/transformer --threads 1 --out $ZOO/report.json

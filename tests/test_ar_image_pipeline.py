@@ -119,7 +119,7 @@ def test_block_drafting_head_reproduces_target_only_tokens(kwargs, guidance_scal
     """A head with 3 futures drafts chains in blocks of 3 (one head forward each), same greedy output."""
     pipe = make_pipe(num_future=3)
     baseline = _tokens(pipe, "none", guidance_scale=guidance_scale)
-    out = _tokens(pipe, "eagle", guidance_scale=guidance_scale, **kwargs)
+    out = _tokens(pipe, "eagle", guidance_scale=guidance_scale, eagle_blocks=True, **kwargs)
     assert torch.equal(out.tokens, baseline.tokens)
     assert out.stats.mean_accepted_length > 1.2
     rounds = out.stats.target_calls - 1
@@ -131,8 +131,12 @@ def test_block_head_drafts_token_by_token_when_asked_and_when_sampling():
     the same greedy output with one head forward per draft, and trees work; sampling does so by default."""
     pipe = make_pipe(num_future=3)
     baseline = _tokens(pipe, "none")
-    blocks = _tokens(pipe, "eagle", num_draft_tokens=6)
-    tokens = _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=False)
+    blocks = _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=True)
+    tokens = _tokens(pipe, "eagle", num_draft_tokens=6)  # auto: several images per call draft token by token
+    assert tokens.stats.draft_calls == _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=False).stats.draft_calls
+    one = {flag: pipe(PROMPTS[1], method="eagle", do_sample=False, output_type="tokens", num_draft_tokens=6,
+                      eagle_blocks=flag) for flag in (None, True, False)}  # auto: one greedy image drafts blocks
+    assert one[None].stats.draft_calls == one[True].stats.draft_calls < one[False].stats.draft_calls
     tree = _tokens(pipe, "eagle", tree=TreeConfig(depth=3, top_k=2, total_tokens=6), eagle_blocks=False)
     for out in (blocks, tokens, tree):
         assert torch.equal(out.tokens, baseline.tokens)
@@ -146,7 +150,34 @@ def test_block_head_drafts_token_by_token_when_asked_and_when_sampling():
     with pytest.raises(ValueError, match="eagle_blocks must be"):
         _tokens(pipe, "eagle", eagle_blocks="yes")
     with pytest.raises(NotImplementedError, match="blocks=False"):
-        _tokens(pipe, "eagle", tree=TreeConfig(depth=2, top_k=2, total_tokens=4))
+        _tokens(pipe, "eagle", tree=TreeConfig(depth=2, top_k=2, total_tokens=4), eagle_blocks=True)
+
+
+def test_a_block_head_beside_the_plain_head_drafts_greedy_chains(tmp_path):
+    """eagle_block_head: block chains draft with it, sampling and trees stay with the eagle_head; it
+    is saved and loaded with the pipeline, and a plain head is refused there."""
+    pipe = make_pipe()
+    pipe.register_modules(eagle_block_head=copy_head(num_future=3).bind_target(
+        pipe.transformer.get_input_embeddings(), pipe.transformer.get_output_embeddings()))
+    baseline, plain = _tokens(pipe, "none"), _tokens(make_pipe(), "eagle", num_draft_tokens=6)
+    blocks = _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=True)
+    assert torch.equal(blocks.tokens, baseline.tokens) and blocks.stats.draft_calls < plain.stats.draft_calls
+    tokens = _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=False)
+    assert tokens.stats.draft_calls == plain.stats.draft_calls
+    sampled = [p("a red circle", method="eagle", generator=torch.Generator().manual_seed(0), output_type="tokens")
+               for p in (pipe, make_pipe())]
+    assert torch.equal(sampled[0].tokens, sampled[1].tokens)  # sampling drafts with the eagle_head
+    pipe.save_pretrained(tmp_path / "p")
+    loaded = ARImagePipeline.from_pretrained(tmp_path / "p").to(torch.float64)
+    assert loaded.eagle_block_head.config.num_future == 3
+    assert torch.equal(_tokens(loaded, "eagle", num_draft_tokens=6, eagle_blocks=True).tokens, baseline.tokens)
+    with pytest.raises(ValueError, match="num_future > 1"):
+        ARImagePipeline(pipe.transformer, pipe.vqvae, copy_head(), pipe.text_tokenizer, eagle_block_head=copy_head())
+    alone = ARImagePipeline(pipe.transformer, pipe.vqvae, None, pipe.text_tokenizer,
+                            eagle_block_head=pipe.eagle_block_head)
+    assert torch.equal(_tokens(alone, "eagle", eagle_blocks=True).tokens, baseline.tokens)
+    with pytest.raises(ValueError, match="needs an eagle_head"):
+        _tokens(alone, "eagle", eagle_blocks=False)
 
 
 def test_dynamic_eagle_chains_stop_early_and_keep_the_output(pipe):

@@ -269,7 +269,12 @@ def test_logits_to_keep_reads_the_last_slots():
     last = head(ids, target_hidden=features, use_cache=False, logits_to_keep=2)
     assert last.logits.shape == (2, 2, full.logits.shape[-1])
     assert torch.allclose(last.logits, full.logits[:, -2:], atol=1e-12)
-    assert torch.equal(last.hidden_states[0], full.hidden_states[0])  # features stay whole
+    assert torch.allclose(last.hidden_states[0], full.hidden_states[0][:, -2:], atol=1e-12)  # so do the features
+    blocks = _random_pairs(4, 2, 6, num_future=3)[1]  # a readout runs on the kept slots only
+    full, last = (blocks(ids, target_hidden=features, use_cache=False, logits_to_keep=n) for n in (0, 1))
+    assert last.logits.shape == (2, 1, 3, full.logits.shape[-1])
+    assert torch.allclose(last.logits, full.logits[:, -1:], atol=1e-12)
+    assert torch.allclose(last.hidden_states[0], full.hidden_states[0][:, -1:], atol=1e-12)
 
 
 class _FullWidthDrafter(EagleDrafter):

@@ -89,9 +89,10 @@ def test_fast_settings_depend_on_the_decoding_mode():
         assert fast_method_kwargs(method, greedy=True, batch_size=4) == FAST_EAGLE_BATCHED_GREEDY_CHAIN
         assert fast_method_kwargs(method, greedy=False, batch_size=2) == FAST_EAGLE_BATCHED_CHAIN
     # the chains get shorter as the forward gets compute-bound: greedy single image > sampling > batches;
-    # blocks of K drafts per head forward make longer chains cheaper still
-    assert (FAST_EAGLE_BLOCK_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_GREEDY_CHAIN["num_draft_tokens"]
-            > FAST_EAGLE_CHAIN["num_draft_tokens"]
+    # a block's later drafts are less sure, so block chains stop at a lower confidence
+    assert (FAST_EAGLE_BLOCK_GREEDY_CHAIN["draft_confidence_threshold"]
+            < FAST_EAGLE_GREEDY_CHAIN["draft_confidence_threshold"])
+    assert (FAST_EAGLE_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_CHAIN["num_draft_tokens"]
             > FAST_EAGLE_BATCHED_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_BATCHED_CHAIN["num_draft_tokens"])
     assert fast_method_kwargs("sjd", greedy=True) == fast_method_kwargs("sjd") == {"sjd_window": 8, "sjd_init": "left"}
     assert fast_method_kwargs("none", greedy=True) == {}

@@ -1,7 +1,8 @@
 """Assemble the ``mmspec/shapes-t2i`` pipeline folder from the trained parts.
 
-After ``train_t2i`` (transformer/), ``train_eagle`` (eagle_head/) and ``train_mulo`` (mulo_drafter/,
-mulo_upsampler/) have written their parts into the folder, this adds the VQ tokenizer and the
+After ``train_t2i`` (transformer/), ``train_eagle`` (eagle_head/, and with ``--num-future`` the optional
+eagle_block_head/) and ``train_mulo`` (mulo_drafter/, mulo_upsampler/) have written their parts into the
+folder, this adds the VQ tokenizer and the
 pipeline's ``model_index.json`` (diffusers layout), so ``ARImagePipeline.from_pretrained("mmspec/shapes-t2i")``
 works offline.
 
@@ -42,6 +43,8 @@ def main(argv: list[str] | None = None) -> None:
         text_tokenizer=WordTokenizer.load(folder / "transformer" / "text_vocab.json"),
         mulo_drafter=LlamaGenTransformer.from_pretrained(folder / "mulo_drafter", torch_dtype=half),
         mulo_upsampler=TokenUpsampler.from_pretrained(folder / "mulo_upsampler", torch_dtype=half),
+        eagle_block_head=EagleHead.from_pretrained(folder / "eagle_block_head")
+        if (folder / "eagle_block_head").is_dir() else None,
     )
     save_zoo_folder(pipe, folder)
     print(f"wrote {folder}/model_index.json")

@@ -392,13 +392,14 @@ class VLMDraftHead(ModelMixin, ConfigMixin):
                 token_embeds: torch.Tensor | None = None, global_feature: torch.Tensor | None = None,
                 fuse_global: torch.Tensor | None = None, logits_to_keep: int = 0) -> EagleOutput:
         """Runner interface: predicted features and their logits (``[B, T, V]``; FLASH ``[B, T, K, V]``);
-        ``logits_to_keep`` as in :meth:`~mmspec.models.eagle.EagleHead.forward` (last slots only, 0 = all)."""
+        ``logits_to_keep`` as in :meth:`~mmspec.models.eagle.EagleHead.forward` (both of the last slots only,
+        0 = all)."""
         if target_hidden is None:
             raise ValueError(f"{type(self).__name__} needs target_hidden [B, T, d], the feature preceding each token")
         features, cache = self.predict_features(input_ids, target_hidden, token_embeds, attention_mask, position_ids,
                                                 past_key_values, use_cache, global_feature, fuse_global)
-        return EagleOutput(self.logits(features[:, -logits_to_keep:] if logits_to_keep else features), cache,
-                           (features,))
+        kept = features[:, -logits_to_keep:] if logits_to_keep else features
+        return EagleOutput(self.logits(kept), cache, (kept,))
 
 
 # ----------------------------------------------------------------------------------------------------------
