@@ -287,11 +287,11 @@ def eagle_loss(head: EagleHead, input_ids: torch.Tensor | None, target_hidden: t
 def _future_loss(head: EagleHead, tokens: torch.Tensor | None, inputs: torch.Tensor, targets: torch.Tensor,
                  target_probs: torch.Tensor, pair_valid: torch.Tensor, feature_weight: float, ce_weight: float,
                  train_first_future: bool = True) -> dict[str, torch.Tensor]:
-    """:func:`eagle_loss` of a head with K futures: future k of the pair at slot j predicts ``targets`` at slot
-    j + k, counted where slots j..j+k can be one drafting chain (:func:`_chain_weights`; future 0 over every
-    valid pair, as the plain head's loss). The loss is the mean over the trained futures (all, or 2..K) of
-    SmoothL1 + CE; "top1" is future 0's agreement and "top1_future{k}" (k = 1..K) every future's over its
-    chain slots."""
+    """:func:`eagle_loss` of a head with K futures: future k + 1 (k = 0..K-1) of the pair at slot j predicts
+    ``targets`` at slot j + k, counted where slots j..j+k can be one drafting chain (:func:`_chain_weights`;
+    future 1 over every valid pair, as the plain head's loss). The loss is the mean over the trained futures
+    (all, or 2..K) of SmoothL1 + CE; "top1" is future 1's agreement and "top1_future{k}" (k = 1..K) every
+    future's over its slots."""
     futures = head.readout(rollout_features(head, tokens, inputs, pair_valid, 1)[0])  # [B, T, K, d]
     count_k = futures.shape[2]
     chains = _chain_weights(pair_valid, tokens, count_k)
