@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -79,29 +80,35 @@ def default_kwargs(greedy: bool, batch_size: int = 1, num_future: int = 1) -> di
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
 
-_HEADS: dict[str, Any] = {}  # EAGLE heads named by cases, loaded once per folder
+_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline -> {folder: its bound head}
 
 
 @contextmanager
 def drafting_with_head(pipe: Any, folder: str | None) -> Iterator[None]:
-    """Swap the pipeline's ``eagle_head`` for the one saved in ``folder`` (None: keep it) while a case runs."""
+    """Draft with the EAGLE head saved in ``folder`` (None: the pipeline's own) while a case runs: a plain head
+    replaces the ``eagle_head`` and no ``eagle_block_head`` is used, a head with ``num_future`` > 1 replaces
+    the ``eagle_block_head`` (the ``eagle_head`` keeps the token-by-token chains)."""
     if folder is None:
         yield
         return
-    if folder not in _HEADS:
+    heads = _HEADS.setdefault(pipe, {})  # loaded once per pipeline and folder, bound to that pipeline's target
+    if folder not in heads:
         from mmspec.models.eagle import EagleHead
 
         if not (Path(folder) / "config.json").is_file():
             raise SystemExit(f"--method-kwargs: no EAGLE head saved in eagle_head={folder!r}")
         head = EagleHead.from_pretrained(folder).to(pipe.transformer.dtype).eval()
-        _HEADS[folder] = head.bind_target(pipe.transformer.get_input_embeddings(),
-                                          pipe.transformer.get_output_embeddings())
-    own = pipe.eagle_head
-    pipe.eagle_head = _HEADS[folder]
+        heads[folder] = head.bind_target(pipe.transformer.get_input_embeddings(),
+                                         pipe.transformer.get_output_embeddings())
+    head, own = heads[folder], (pipe.eagle_head, pipe.eagle_block_head)
+    if head.config.num_future > 1:
+        pipe.eagle_block_head = head
+    else:
+        pipe.eagle_head, pipe.eagle_block_head = head, None
     try:
         yield
     finally:
-        pipe.eagle_head = own
+        pipe.eagle_head, pipe.eagle_block_head = own
 
 
 def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: dict, batch: int, seed: int

@@ -71,11 +71,11 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
         block, block_probs = (drawn, probs) if probs.ndim == 3 else (drawn.unsqueeze(1), probs.unsqueeze(1))
         take = min(block.shape[1], num_tokens - drafted)
         stop = drafted + take == num_tokens
-        if confidence_threshold > 0:
-            confidence = block_probs[:, :take].gather(-1, block[:, :take].unsqueeze(-1)).squeeze(-1).amax(0)
-            unsure = (confidence < confidence_threshold).nonzero()
-            if len(unsure):
-                take, stop = int(unsure[0]) + 1, True
+        if confidence_threshold > 0:  # one host read per forward: is each kept draft unsure in every row?
+            confidence = block_probs.gather(-1, block.unsqueeze(-1))[:, :take, 0].amax(0)
+            unsure = (confidence < confidence_threshold).tolist()
+            if True in unsure:
+                take, stop = unsure.index(True) + 1, True
         tokens.append(block[:, :take])
         dists.append(block_probs[:, :take])
         drafted += take

@@ -201,10 +201,7 @@ class EagleHead(ModelMixin, ConfigMixin):
         out = self.decoder(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                            past_key_values=past_key_values, use_cache=use_cache)
         kept = out.last_hidden_state[:, -logits_to_keep:] if logits_to_keep else out.last_hidden_state
-        if self.future is None:
-            features = kept
-        else:
-            features = self.future.first(kept) if first_future_only else self.future(kept)
+        features = self.future.first(kept) if first_future_only and self.future is not None else self.readout(kept)
         lm_head = self._bound()["head"]
         logits = lm_head(features.to(lm_head.weight.dtype))
         return EagleOutput(logits, out.past_key_values, (features,))

@@ -164,7 +164,9 @@ def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, n
 def head_num_future(pipe: Any) -> int:
     """Tokens the pipeline's EAGLE heads draft per forward when they draft blocks (its ``eagle_block_head``,
     else its ``eagle_head``; 1: a plain head or none)."""
-    head = getattr(pipe, "eagle_block_head", None) or getattr(pipe, "eagle_head", None)
+    head = getattr(pipe, "eagle_block_head", None)
+    if head is None:
+        head = getattr(pipe, "eagle_head", None)
     return 1 if head is None else int(head.config.get("num_future", 1))
 
 
@@ -471,15 +473,6 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         config = self.transformer.config
         device = self.transformer.device
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-        rows = (1 if isinstance(prompt, str) else len(prompt)) if prompt is not None else \
-            torch.as_tensor(class_labels).numel()
-        drafter, method_rule = self._build_method(method, sampling, generator, num_draft_tokens, tree, lantern_k,
-                                                  lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
-                                                  gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
-                                                  guidance_scale, eagle_guided, draft_confidence_threshold,
-                                                  eagle_blocks, rows * num_images_per_prompt)
-        rule = rule if rule is not None else method_rule
-
         # 1. Condition rows: word ids or caption features [B, C(, D)] (t2i) or [B] class ids (c2i), per image.
         if prompt is not None:
             condition, mask = self.encode_prompt([prompt] if isinstance(prompt, str) else list(prompt))
@@ -490,6 +483,12 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
         values = values.repeat_interleave(num_images_per_prompt, 0)
         mask = mask.repeat_interleave(num_images_per_prompt, 0)
         batch = values.shape[0]
+        drafter, method_rule = self._build_method(method, sampling, generator, num_draft_tokens, tree, lantern_k,
+                                                  lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
+                                                  gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
+                                                  guidance_scale, eagle_guided, draft_confidence_threshold,
+                                                  eagle_blocks, batch)
+        rule = rule if rule is not None else method_rule
 
         # 2. Target: the transformer, with a doubled [cond; uncond] batch under guidance.
         target: Any = CausalLMRunner(self.transformer,

@@ -170,3 +170,23 @@ def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     mulo_calls = speed["mulo"]["stats"]["target_calls"]
     assert mulo_calls == 3 * (1 + 8 // 2)  # 6 prompts in 3 calls: prefill + one pass per block of 2 rows
     assert speed["mulo, sequential"]["stats"]["target_calls"] > mulo_calls  # redrawn columns cost calls
+
+
+def test_benchmark_case_heads_replace_the_head_that_drafts(folder, tmp_path):
+    """A case's ``eagle_head`` folder: a plain head replaces the eagle_head (and no block head drafts), a
+    head with K futures replaces the eagle_block_head; both are restored afterwards."""
+    from mmspec.models.eagle import EagleHead
+    from mmspec.pipelines import ARImagePipeline
+
+    pipe = ARImagePipeline.from_pretrained(folder)
+    plain = pipe.eagle_head
+    EagleHead(**{**plain.config, "num_future": 3}).save_pretrained(tmp_path / "blocks")
+    with bench_ar_image.drafting_with_head(pipe, str(folder / "eagle_head")):
+        assert pipe.eagle_head is not plain and pipe.eagle_block_head is None
+    with bench_ar_image.drafting_with_head(pipe, str(tmp_path / "blocks")):
+        assert pipe.eagle_head is plain and pipe.eagle_block_head.config.num_future == 3
+    assert pipe.eagle_head is plain and pipe.eagle_block_head is None
+    with pytest.raises(SystemExit, match="no EAGLE head"):
+        with bench_ar_image.drafting_with_head(pipe, str(tmp_path / "missing")):
+            pass
+

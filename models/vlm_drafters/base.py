@@ -471,6 +471,7 @@ class VLMHeadDrafter(EagleDrafter):
         model._bound()  # clear error for an unbound model
         super().__init__(model.head, num_draft_tokens, sampling, tree, generator,
                          confidence_threshold=confidence_threshold)
+        self.num_future = model.num_future  # tokens per forward: the model's readout, not its inner EAGLE layer's
         self.model = model
         self.runner = HeadRunner(model)
         self.draft_visual_tokens: torch.Tensor | None = None

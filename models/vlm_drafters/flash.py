@@ -137,4 +137,3 @@ class FlashDrafter(VLMHeadDrafter):
             num_draft_tokens = model.config.num_future
         super().__init__(model, num_draft_tokens if num_draft_tokens is not None else 1, sampling, None, generator,
                          confidence_threshold=confidence_threshold)
-        self.num_future = model.num_future if isinstance(model, FlashHead) else 1
