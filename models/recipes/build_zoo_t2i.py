@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = [p for p in ("transformer", "eagle_head", "mulo_drafter", "mulo_upsampler") if not (folder / p).is_dir()]
     if missing:
         raise SystemExit(f"{folder} lacks {missing}: run the training recipes first (see the module docstring)")
-    half = torch.float16  # the recipes save these parts in fp16 (lossless to keep; loading computes in fp32)
+    half = torch.float16  # these parts are kept in fp16 (loading computes in fp32; the block head is rounded here)
     pipe = ARImagePipeline(
         transformer=LlamaGenTransformer.from_pretrained(folder / "transformer", torch_dtype=half),
         vqvae=VQTokenizer.from_pretrained(args.vq),
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
         text_tokenizer=WordTokenizer.load(folder / "transformer" / "text_vocab.json"),
         mulo_drafter=LlamaGenTransformer.from_pretrained(folder / "mulo_drafter", torch_dtype=half),
         mulo_upsampler=TokenUpsampler.from_pretrained(folder / "mulo_upsampler", torch_dtype=half),
-        eagle_block_head=EagleHead.from_pretrained(folder / "eagle_block_head")
+        eagle_block_head=EagleHead.from_pretrained(folder / "eagle_block_head", torch_dtype=half)
         if (folder / "eagle_block_head").is_dir() else None,
     )
     save_zoo_folder(pipe, folder)
