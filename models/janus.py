@@ -42,6 +42,7 @@ from diffusers.configuration_utils import ConfigMixin
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+from mmspec.neighbors import nearest_neighbors
 from mmspec.validation import check_ndim, checks_enabled
 
 JANUS_PROMPT_TEMPLATE = "<|User|>: {prompt}\n\n<|Assistant|>:"  # HF Janus chat template, one user turn
@@ -533,24 +534,11 @@ class JanusVQDecoder(ModelMixin, ConfigMixin):
         pixels = self.vqmodel.decode(tokens.reshape(tokens.shape[0], -1).to(device))  # [B, 3, H, W] in ~[-1, 1]
         return ((pixels.float() + 1.0) / 2.0).clamp(0.0, 1.0)
 
-    @torch.no_grad()
     def codebook_neighbors(self, k: int, chunk: int = 1024) -> torch.Tensor:
         """The k nearest OTHER codebook entries of every entry (L2 between :meth:`codebook_embeddings`),
-        nearest first: LongTensor ``[V, k]``. Float64, ``chunk`` rows at a time; ties: lower index first."""
-        v = self.vocab_size
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= v - 1:
-            raise ValueError(f"k must be an integer in [1, {v - 1}], got {k!r}")
-        codebook = self.codebook_embeddings().double()
-        squares = (codebook * codebook).sum(-1)  # [V]
-        out = []
-        for start in range(0, v, chunk):
-            rows = codebook[start:start + chunk]  # [c, D]
-            d2 = (squares[start:start + chunk, None] + squares[None, :] - 2 * rows @ codebook.T).clamp_min(0)  # [c, V]
-            d2[torch.arange(len(rows)), torch.arange(start, start + len(rows))] = float("inf")  # not itself
-            index = d2.topk(k, dim=-1, largest=False).indices.sort(-1).values  # the k nearest, by index
-            by_distance = torch.sort(d2.gather(-1, index), dim=-1, stable=True).indices  # ties keep index order
-            out.append(index.gather(-1, by_distance))
-        return torch.cat(out).to(torch.long)
+        nearest first: LongTensor ``[V, k]``; equally distant entries by index
+        (:func:`~mmspec.neighbors.nearest_neighbors`, float64, ``chunk`` rows at a time)."""
+        return nearest_neighbors(self.codebook_embeddings(), k, chunk)
 
 
 def load_janus_components(pretrained_model_name_or_path: str | os.PathLike,

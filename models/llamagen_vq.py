@@ -24,6 +24,7 @@ from diffusers import ConfigMixin, ModelMixin
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from mmspec.neighbors import nearest_neighbors
 from mmspec.validation import checks_enabled
 
 from .llamagen import checkpoint_dtype, load_checked, load_llamagen_state_dict
@@ -304,30 +305,11 @@ class LlamaGenVQModel(ModelMixin, ConfigMixin):
         """Reconstruction ``decode(encode(images))`` (no gradients through the quantiser)."""
         return self.decode(self.encode(images))
 
-    @torch.no_grad()
     def codebook_neighbors(self, k: int, chunk: int = 1024) -> torch.Tensor:
         """The k nearest OTHER codebook entries of every entry (L2 between the entries used for
-        quantisation), nearest first: LongTensor ``[V, k]``.
-
-        Computed in float64 ``chunk`` rows at a time (V = 16384 needs ``chunk * V`` doubles, 128 MB at
-        the default). Among equally distant entries the lower index comes first.
-        """
-        v = self.config.codebook_size
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= v - 1:
-            raise ValueError(f"k must be an integer in [1, {v - 1}], got {k!r}")
-        codebook = self.quantize.codebook().double()
-        sq = (codebook * codebook).sum(-1)  # [V]
-        out = []
-        for start in range(0, v, chunk):
-            rows = codebook[start:start + chunk]  # [c, e]
-            d2 = (sq[start:start + chunk, None] + sq[None, :] - 2 * rows @ codebook.T).clamp_min(0)  # [c, V]
-            d2[torch.arange(len(rows)), torch.arange(start, start + len(rows))] = float("inf")  # not itself
-            dist, index = d2.topk(k, dim=-1, largest=False, sorted=True)
-            # lower index first among ties: sort by index, then stable sort by distance
-            index, order = index.sort(dim=-1)
-            dist = dist.gather(-1, order)
-            out.append(index.gather(-1, dist.sort(dim=-1, stable=True).indices))
-        return torch.cat(out)
+        quantisation), nearest first: LongTensor ``[V, k]``; equally distant entries by index
+        (:func:`~mmspec.neighbors.nearest_neighbors`, float64, ``chunk`` rows at a time)."""
+        return nearest_neighbors(self.quantize.codebook(), k, chunk)
 
     @classmethod
     def from_llamagen_checkpoint(cls, path: str | os.PathLike, *, key: str | None = None, weights_only: bool = True,

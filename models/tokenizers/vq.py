@@ -20,6 +20,8 @@ from diffusers import ModelMixin  # noqa: F401  (diffusers' loader looks for Mod
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from mmspec.neighbors import nearest_neighbors
+
 from .base import PatchTokenizerMixin
 
 
@@ -159,17 +161,10 @@ class VQTokenizer(PatchTokenizerMixin):
         """token grid [B, h, w] -> images float32 [B, 3, h*p, w*p] in [0, 1]."""
         return self.unpatchify(self.embed(tokens).float()).clamp(0.0, 1.0)
 
-    @torch.no_grad()
     def codebook_neighbors(self, k: int) -> torch.Tensor:
         """The k nearest OTHER codebook entries of every entry (L2), nearest first: LongTensor [V, k].
 
-        Ties are broken by the lower index, so the result is deterministic.
+        Ties are broken by the lower index, so the result is deterministic
+        (:func:`~mmspec.neighbors.nearest_neighbors`).
         """
-        v = self.vocab_size
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= v - 1:
-            raise ValueError(f"k must be an integer in [1, {v - 1}], got {k!r}")
-        c = self.codebook.double()
-        d2 = torch.cdist(c, c).pow(2)  # [V, V]
-        d2.fill_diagonal_(float("inf"))
-        order = torch.sort(d2, dim=1, stable=True).indices  # ascending distance, index order on ties
-        return order[:, :k].contiguous()
+        return nearest_neighbors(self.codebook, k)
