@@ -61,13 +61,14 @@ def default_kwargs(greedy: bool, batch_size: int = 1, num_future: int = 1) -> di
     with --method-kwargs); a case named other than its pipeline method says which with a "method" key.
     EAGLE and LANTERN chains are the fastest measured for the mode, batch and the pipeline's head
     (``fast_method_kwargs``: longer for greedy decoding at batch 1, longer still for a head that drafts
-    ``num_future`` > 1 tokens per forward)."""
+    ``num_future`` > 1 tokens per forward, argmax blocks for LANTERN sampling one image with such a head)."""
     eagle = fast_method_kwargs("eagle", greedy, batch_size, num_future)
+    lantern = fast_method_kwargs("lantern", greedy, batch_size, num_future)  # sampling one image: argmax blocks
     return {
         "none": {},
         "eagle": eagle,
-        "lantern": {**eagle, "lantern_k": 64, "lantern_delta": 0.2},
-        "lantern++": {**eagle, "method": "lantern", "lantern_k": 64, "lantern_lam": 2.0},
+        "lantern": {**lantern, "lantern_k": 64, "lantern_delta": 0.2},
+        "lantern++": {**lantern, "method": "lantern", "lantern_k": 64, "lantern_lam": 3.0},
         "sjd": fast_method_kwargs("sjd", greedy, batch_size),
         "gsd": fast_method_kwargs("gsd", greedy, batch_size),
         "mulo": dict(_MULO),

@@ -42,7 +42,7 @@ def check_chain_confidence(confidence_threshold: float, tree: TreeConfig | None)
 
 def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tensor], num_tokens: int,
                 sampling: SamplingConfig, generator: torch.Generator | None,
-                confidence_threshold: float = 0.0) -> DraftChain:
+                confidence_threshold: float = 0.0, argmax: bool = False) -> DraftChain:
     """Autoregressive chain drafting shared by every drafter, one token or one block per drafter forward.
 
     Args:
@@ -60,14 +60,18 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
             first such draft. 0 (default) always drafts K. The stop depends only on the drafter's own
             distributions, so verification stays exact (a shorter chain only moves the target's bonus
             token earlier).
+        argmax: under sampling, draft each distribution's most likely token instead of drawing one: point-mass
+            proposals (``probs=None``; exact verification stays lossless). The confidence cut still reads
+            the sampling distribution (temperature, top-k/top-p applied).
 
     Returns a chain of 1 to K tokens (the same length in every row).
     """
     to_probs = target_probs_fn(sampling)
+    drawing = sampling.do_sample and not argmax
     tokens, dists, drafted = [], [], 0
     while True:
         probs = to_probs(logits)
-        drawn = sample(probs, generator) if sampling.do_sample else probs.argmax(-1)
+        drawn = sample(probs, generator) if drawing else probs.argmax(-1)
         block, block_probs = (drawn, probs) if probs.ndim == 3 else (drawn.unsqueeze(1), probs.unsqueeze(1))
         take = min(block.shape[1], num_tokens - drafted)
         stop = drafted + take == num_tokens
@@ -82,7 +86,7 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
         if stop:
             break
         logits = step(drawn)
-    return DraftChain(torch.cat(tokens, 1), torch.cat(dists, 1) if sampling.do_sample else None)
+    return DraftChain(torch.cat(tokens, 1), torch.cat(dists, 1) if drawing else None)
 
 
 @dataclass(frozen=True)

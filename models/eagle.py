@@ -395,6 +395,11 @@ class EagleDrafter(Drafter):
             its config): it drafts one row per token row from ``h_u + s (h_c - h_u)``, which the target
             returns with ``GuidedRunner(..., hidden="guided")``; ``guidance_scale`` must then be 1.0 (the
             guidance is in the features). :attr:`target_hidden` names the features the target must return.
+        argmax_drafts: under sampling, a chain drafts the head's most likely token at every step instead of
+            drawing it: the proposal is a point mass (``DraftChain.probs`` None), which exact verification
+            accepts with probability p(x) and still keeps lossless, and a relaxed rule with its relaxed mass
+            p~(x) rather than p~(x) / q(x) (LANTERN: the neighbours' mass counts in full). Chains only (a
+            tree's nodes are the head's top-k already); greedy decoding drafts argmax anyway.
     """
 
     needs_target_hidden = True
@@ -402,10 +407,15 @@ class EagleDrafter(Drafter):
     def __init__(self, head: EagleHead, num_draft_tokens: int = 4,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
                  generator: torch.Generator | None = None, guidance_scale: float = 1.0,
-                 confidence_threshold: float = 0.0, guided_features: bool = False, blocks: bool | None = None
-                 ) -> None:
+                 confidence_threshold: float = 0.0, guided_features: bool = False, blocks: bool | None = None,
+                 argmax_drafts: bool = False) -> None:
         check_positive_int(num_draft_tokens, "num_draft_tokens")
         check_chain_confidence(confidence_threshold, tree)
+        if not isinstance(argmax_drafts, bool):
+            raise ValueError(f"argmax_drafts must be True or False, got {argmax_drafts!r}")
+        if argmax_drafts and tree is not None:
+            raise ValueError("argmax_drafts applies to chains: an EAGLE-2 tree's nodes are the head's top-k "
+                             "tokens already (pass tree=None)")
         if blocks is not None and not isinstance(blocks, bool):
             raise ValueError(f"blocks must be None, True or False, got {blocks!r}")
         use_blocks = head.config.num_future > 1 and blocks is not False
@@ -430,6 +440,7 @@ class EagleDrafter(Drafter):
         runner = CausalLMRunner(head, return_hidden=True)
         self.runner: Any = runner if self.halves == 1 else GuidedRunner(runner, guidance_scale, hidden="both")
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
+        self.argmax_drafts = argmax_drafts
         self._pending_pairs: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [B, L], features [B, L, d]
 
     @property
@@ -496,7 +507,7 @@ class EagleDrafter(Drafter):
             return out.logits[:, -1]
 
         return draft_chain(logits, step, self.num_draft_tokens, self.sampling, self.generator,
-                           self.confidence_threshold)
+                           self.confidence_threshold, argmax=self.argmax_drafts)
 
     def _propose_tree(self, root_logits: torch.Tensor, root_feature: torch.Tensor) -> DraftTree:
         batch = root_logits.shape[0]

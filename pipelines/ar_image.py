@@ -119,6 +119,13 @@ FAST_EAGLE_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 12, "draft_confid
 #: cost more in verification than they gain (docs/pipeline_ar_image.md).
 FAST_EAGLE_BLOCK_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 12, "draft_confidence_threshold": 0.3}
 
+#: LANTERN when sampling one image per call with a block-drafting head: argmax drafts (point masses, which
+#: the relaxed rule accepts with their relaxed mass p~(x) rather than p~(x) / q(x)) in blocks of K per head
+#: forward from the conditional features, the greedy block chain's length and cut. On the zoo at temperature
+#: 1 this accepts 4.8 tokens per target call against sampled drafts' 3.9 (LANTERN++ lam 3, k 64) for a
+#: third of the head forwards (docs/pipeline_ar_image.md; docs/benchmarks/ar_image_lantern_argmax_cpu.md).
+FAST_LANTERN_ARGMAX_BLOCK_CHAIN: dict[str, Any] = {"argmax_drafts": True, **FAST_EAGLE_BLOCK_GREEDY_CHAIN}
+
 #: Chains for several images per call, sampling and greedy: there the CPU forward is compute-bound, every
 #: drafted position costs verification time, and shorter chains are faster (batch 4 on the zoo: EAGLE at
 #: temperature 1 0.80x / 0.89x / 1.01x / 1.06x of target-only with chains of up to 8 / 6 / 5 / 4, greedy
@@ -148,7 +155,8 @@ FAST_METHOD_KWARGS: dict[str, dict[str, Any]] = {
 def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, num_future: int = 1) -> dict[str, Any]:
     """The fastest measured settings of ``method`` on the zoo (a fresh dict): :data:`FAST_METHOD_KWARGS`;
     for EAGLE / LANTERN chains :data:`FAST_EAGLE_GREEDY_CHAIN` under greedy decoding of a single image
-    (:data:`FAST_EAGLE_BLOCK_GREEDY_CHAIN` for a head with ``num_future`` > 1, which drafts blocks there), and
+    (:data:`FAST_EAGLE_BLOCK_GREEDY_CHAIN` for a head with ``num_future`` > 1, which drafts blocks there),
+    :data:`FAST_LANTERN_ARGMAX_BLOCK_CHAIN` for LANTERN sampling a single image with such a head, and
     with ``batch_size`` > 1 images per call the shorter :data:`FAST_EAGLE_BATCHED_CHAIN` (sampling) or
     :data:`FAST_EAGLE_BATCHED_GREEDY_CHAIN` (greedy): with several rows the CPU forward is compute-bound and
     every draft position costs verification time."""
@@ -158,6 +166,8 @@ def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, n
             kwargs.update(FAST_EAGLE_BATCHED_GREEDY_CHAIN if greedy else FAST_EAGLE_BATCHED_CHAIN)
         elif greedy:
             kwargs.update(FAST_EAGLE_BLOCK_GREEDY_CHAIN if num_future > 1 else FAST_EAGLE_GREEDY_CHAIN)
+        elif method == "lantern" and num_future > 1:
+            kwargs.update(FAST_LANTERN_ARGMAX_BLOCK_CHAIN)
     return kwargs
 
 
@@ -337,14 +347,15 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                              "eagle_head; this pipeline has only an eagle_block_head")
         return self.eagle_head
 
-    def _eagle_mode(self, head: Any, eagle_guided: bool | str | None, guidance_scale: float, sampling: SamplingConfig
+    def _eagle_mode(self, head: Any, eagle_guided: bool | str | None, guidance_scale: float, deterministic: bool
                     ) -> bool | str:
         """How the EAGLE head drafts under guidance: "features" (one row of guided features, for a head
-        trained on them at this scale), True (both halves, logits combined) or False (conditional half)."""
+        trained on them at this scale), True (both halves, logits combined) or False (conditional half).
+        ``deterministic``: the chain drafts argmax tokens (greedy decoding or ``argmax_drafts``)."""
         trained_scale = head.config.get("feature_guidance")  # None: trained on plain features
         fits = guidance_scale != 1.0 and trained_scale == guidance_scale
-        if eagle_guided is None:  # auto; otherwise guided drafts for sampling, the conditional half's for greedy
-            return "features" if fits else sampling.do_sample
+        if eagle_guided is None:  # auto; otherwise guided drafts for sampled ones, the conditional half's for argmax
+            return "features" if fits else not deterministic
         if eagle_guided == "features":
             if not fits:
                 raise ValueError(f"eagle_guided='features' needs a head trained on guided features at this "
@@ -359,13 +370,17 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                       lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
                       gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
                       guidance_scale: float, eagle_guided: bool | str | None, draft_confidence_threshold: float,
-                      eagle_blocks: bool | None = None, rows: int = 1) -> tuple[Any, AcceptanceRule | None]:
+                      eagle_blocks: bool | None = None, rows: int = 1, argmax_drafts: bool = False
+                      ) -> tuple[Any, AcceptanceRule | None]:
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
         vocab = self.transformer.config.vocab_size
         if draft_confidence_threshold and method not in ("none", "eagle", "lantern"):  # "none" ignores drafting options
             raise ValueError(f"draft_confidence_threshold sets EAGLE chain lengths ('eagle', 'lantern'); "
                              f"method={method!r} drafts no chain")
+        if argmax_drafts and method not in ("eagle", "lantern"):
+            raise ValueError(f"argmax_drafts chooses EAGLE chain drafts ('eagle', 'lantern'); method={method!r} "
+                             f"drafts no EAGLE chain")
         if method == "none":
             return None, None
         if method in ("eagle", "lantern"):
@@ -373,13 +388,14 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
 
             if eagle_blocks is not None and not isinstance(eagle_blocks, bool):
                 raise ValueError(f"eagle_blocks must be None, True or False, got {eagle_blocks!r}")
-            blocks = (greedy and tree is None and rows == 1) if eagle_blocks is None else eagle_blocks
+            deterministic = greedy or argmax_drafts
+            blocks = (deterministic and tree is None and rows == 1) if eagle_blocks is None else eagle_blocks
             head = self._drafting_head(blocks)
-            mode = self._eagle_mode(head, eagle_guided, guidance_scale, sampling)
+            mode = self._eagle_mode(head, eagle_guided, guidance_scale, deterministic)
             drafter = EagleDrafter(head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
                                    guidance_scale=guidance_scale if mode is True else 1.0,
                                    confidence_threshold=draft_confidence_threshold,
-                                   guided_features=mode == "features", blocks=blocks)
+                                   guided_features=mode == "features", blocks=blocks, argmax_drafts=argmax_drafts)
             if method == "eagle":
                 return drafter, None
             k = min(1000, vocab - 1) if lantern_k is None else lantern_k
@@ -415,7 +431,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                  gsd_distance_threshold: float = float("inf"), mulo_k: int = 16, mulo_tau: float = 0.3,
                  mulo_radius: int = 1, mulo_resample: str = "parallel", eagle_guided: bool | str | None = None,
                  draft_confidence_threshold: float = 0.0, eagle_blocks: bool | None = None,
-                 rule: AcceptanceRule | None = None,
+                 argmax_drafts: bool = False, rule: AcceptanceRule | None = None,
                  callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
                  ) -> ARImagePipelineOutput:
         """Generate images token by token, speculatively unless ``method="none"``.
@@ -434,19 +450,25 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                 combination of its logits (True), draft from the conditional half only (False), or draft one
                 row from the target's guided features ("features": a head trained on them at this guidance
                 scale, ``feature_guidance`` in its config). None (default) picks "features" for such a head,
-                else guided when sampling and conditional for greedy decoding (the head's unconditional
-                errors, amplified by s - 1, cost greedy acceptance; docs/pipeline_ar_image.md).
+                else guided for sampled drafts and conditional for argmax ones (greedy decoding or
+                ``argmax_drafts``: the head's unconditional errors, amplified by s - 1, cost the acceptance of
+                argmax drafts; docs/pipeline_ar_image.md).
             eagle_blocks: draft blocks of K tokens per head forward (True) with the ``eagle_block_head`` (or an
                 ``eagle_head`` with ``num_future`` K > 1), or token by token with the ``eagle_head`` (False; a
-                K-future head then reads its first future). None (default): blocks for greedy chains of one
-                image per call, tokens when sampling, for several images per call or a tree (a block's later
-                drafts are guesses made without the drafts before them, which costs a sampled chain more than a
-                greedy one, and with several rows the verification, not the head, is the cost;
-                docs/pipeline_ar_image.md). Without a block-drafting head every chain is token by token.
+                K-future head then reads its first future). None (default): blocks for argmax chains (greedy
+                decoding or ``argmax_drafts``) of one image per call, tokens for sampled drafts, for several
+                images per call or a tree (a block's later drafts are guesses made without the drafts before
+                them, which costs a sampled chain more than an argmax one, and with several rows the
+                verification, not the head, is the cost; docs/pipeline_ar_image.md). Without a block-drafting head every chain is token by token.
             draft_confidence_threshold: dynamic EAGLE chain length: a round's chain stops before K once
                 every row's drafted token had less than this probability under the head (0: always K).
                 Lossless like any chain length; it saves head forwards whose drafts would mostly be
                 rejected (docs/pipeline_ar_image.md).
+            argmax_drafts: when sampling, EAGLE chains draft the head's most likely token instead of a sampled
+                one (point-mass proposals: "eagle" stays lossless, accepting a draft with probability p(x);
+                "lantern" accepts it with its relaxed mass p~(x), the neighbours' mass in full). With LANTERN
+                it accepts more tokens per target call than sampled drafts on the zoo
+                (docs/pipeline_ar_image.md); greedy decoding drafts argmax anyway.
             lantern_k / lantern_delta / lantern_lam: LANTERN neighbourhood size (default min(1000, V - 1)),
                 TV budget, LANTERN++ bound (when given, delta is ignored).
             sjd_window / sjd_init: Jacobi window length and initialisation ("random" or "left").
@@ -487,7 +509,7 @@ class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
                                                   lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
                                                   gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
                                                   guidance_scale, eagle_guided, draft_confidence_threshold,
-                                                  eagle_blocks, batch)
+                                                  eagle_blocks, batch, argmax_drafts)
         rule = rule if rule is not None else method_rule
 
         # 2. Target: the transformer, with a doubled [cond; uncond] batch under guidance.

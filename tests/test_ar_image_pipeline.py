@@ -233,8 +233,10 @@ def _exact_first_two_marginals(model: LlamaGenTransformer, words: torch.Tensor, 
                                            ("eagle", {"tree": TreeConfig(depth=2, top_k=2, total_tokens=4)}),
                                            ("eagle", {"num_draft_tokens": 3, "draft_confidence_threshold": 0.3}),
                                            ("eagle", {"eagle_guided": "features"}),
+                                           ("eagle", {"argmax_drafts": True}),
                                            ("sjd", {"sjd_window": 4})],
-                         ids=["none", "eagle", "eagle-tree", "eagle-dynamic-chain", "eagle-guided-features", "sjd"])
+                         ids=["none", "eagle", "eagle-tree", "eagle-dynamic-chain", "eagle-guided-features",
+                              "eagle-argmax-drafts", "sjd"])
 def test_sampling_matches_the_exact_target_marginals(method, kwargs):
     """2000 rows of one prompt at temperature 1 with CFG: tokens 0 and 1 follow the exact guided marginals."""
     _check_sampled_marginals(make_pipe(sharpness=3.0, feature_guidance=3.0 if kwargs.get("eagle_guided") == "features"
@@ -244,6 +246,44 @@ def test_sampling_matches_the_exact_target_marginals(method, kwargs):
 def test_block_drafting_sampling_matches_the_exact_target_marginals():
     """The same test with a head drafting blocks of 3 (each draft drawn from its own distribution)."""
     _check_sampled_marginals(make_pipe(sharpness=3.0, num_future=3), "eagle", {"num_draft_tokens": 6})
+
+
+def test_argmax_block_drafts_match_the_exact_target_marginals_and_are_the_default_blocks():
+    """Argmax drafts are point-mass proposals: blocks of 3 of them keep sampling exact, and one image per
+    call with argmax drafts drafts blocks by default (deterministic chains, like greedy decoding)."""
+    pipe = make_pipe(sharpness=3.0, num_future=3)
+    _check_sampled_marginals(pipe, "eagle", {"num_draft_tokens": 6, "argmax_drafts": True, "eagle_blocks": True})
+    one = {flag: pipe(PROMPTS[1], method="eagle", num_draft_tokens=6, argmax_drafts=True, eagle_blocks=flag,
+                      generator=torch.Generator().manual_seed(0), output_type="tokens") for flag in (None, True)}
+    assert torch.equal(one[None].tokens, one[True].tokens)
+    assert one[None].stats.draft_calls == one[True].stats.draft_calls
+
+
+def test_argmax_drafts_are_the_heads_argmax_and_raise_lanterns_acceptance():
+    """Under sampling, argmax_drafts proposes the head's most likely token (spied on the drafter), and a
+    relaxed rule accepts such drafts with their relaxed mass: LANTERN++ accepts more per round than with the
+    same drafts under the exact rule."""
+    from mmspec.models import eagle as eagle_module
+
+    pipe = make_pipe(sharpness=3.0)
+    seen = []
+    original = eagle_module.draft_chain
+
+    def spy(logits, step, num_tokens, sampling, generator, confidence_threshold=0.0, argmax=False):
+        chain = original(logits, step, num_tokens, sampling, generator, confidence_threshold, argmax=argmax)
+        seen.append((logits.argmax(-1), chain))
+        return chain
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(eagle_module, "draft_chain", spy)
+        pipe(PROMPTS, method="eagle", argmax_drafts=True, generator=torch.Generator().manual_seed(0),
+             output_type="tokens")
+    assert seen and all(chain.probs is None and torch.equal(chain.tokens[:, 0], first) for first, chain in seen)
+    kwargs = dict(num_images_per_prompt=100, generator=torch.Generator().manual_seed(0), output_type="tokens",
+                  argmax_drafts=True, num_draft_tokens=4)
+    exact = pipe("a red circle", method="eagle", **kwargs).stats
+    relaxed = pipe("a red circle", method="lantern", lantern_k=16, lantern_delta=0.5, **kwargs).stats
+    assert relaxed.mean_accepted_length > exact.mean_accepted_length + 0.1
 
 
 def _check_sampled_marginals(pipe: ARImagePipeline, method: str, kwargs: dict) -> None:
@@ -415,6 +455,12 @@ BAD_INPUTS = {
                                              ValueError, "drafts no chain"),
     "confidence threshold above 1": (dict(prompt="a circle", method="eagle", draft_confidence_threshold=1.5),
                                      ValueError, "confidence_threshold must be a number in"),
+    "argmax drafts without an EAGLE chain": (dict(prompt="a circle", method="sjd", argmax_drafts=True), ValueError,
+                                             "drafts no EAGLE chain"),
+    "argmax drafts on a tree": (dict(prompt="a circle", method="eagle", argmax_drafts=True,
+                                     tree=TreeConfig(depth=2, top_k=2, total_tokens=4)), ValueError, "applies to chains"),
+    "argmax drafts not a bool": (dict(prompt="a circle", method="eagle", argmax_drafts="yes"), ValueError,
+                                 "argmax_drafts must be True or False"),
     "callback not callable": (dict(prompt="a circle", callback_on_step_end="print"), ValueError,
                               "callback_on_step_end must be callable"),
 }

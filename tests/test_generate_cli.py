@@ -78,12 +78,17 @@ def test_fast_settings_depend_on_the_decoding_mode():
         FAST_EAGLE_BLOCK_GREEDY_CHAIN,
         FAST_EAGLE_CHAIN,
         FAST_EAGLE_GREEDY_CHAIN,
+        FAST_LANTERN_ARGMAX_BLOCK_CHAIN,
         fast_method_kwargs,
     )
 
+    # sampling with a block head: EAGLE drafts sampled tokens one by one, LANTERN argmax blocks
+    assert fast_method_kwargs("eagle", greedy=False, num_future=4) == FAST_EAGLE_CHAIN
+    assert fast_method_kwargs("lantern", greedy=False, num_future=4) == FAST_LANTERN_ARGMAX_BLOCK_CHAIN
+    assert FAST_LANTERN_ARGMAX_BLOCK_CHAIN == {"argmax_drafts": True, **FAST_EAGLE_BLOCK_GREEDY_CHAIN}
+    assert fast_method_kwargs("lantern", greedy=False, batch_size=4, num_future=4) == FAST_EAGLE_BATCHED_CHAIN
     for method in ("eagle", "lantern"):
         assert fast_method_kwargs(method, greedy=True, num_future=4) == FAST_EAGLE_BLOCK_GREEDY_CHAIN
-        assert fast_method_kwargs(method, greedy=False, num_future=4) == FAST_EAGLE_CHAIN  # sampling: tokens
         assert fast_method_kwargs(method, greedy=True) == FAST_EAGLE_GREEDY_CHAIN
         assert fast_method_kwargs(method, greedy=False) == FAST_EAGLE_CHAIN
         assert fast_method_kwargs(method, greedy=True, batch_size=4) == FAST_EAGLE_BATCHED_GREEDY_CHAIN
@@ -102,8 +107,13 @@ def test_fast_settings_depend_on_the_decoding_mode():
     assert greedy["lantern"]["num_draft_tokens"] == 12 and sampling["lantern"]["num_draft_tokens"] == 8
     assert greedy["lantern"]["lantern_delta"] == sampling["lantern"]["lantern_delta"] == 0.2
     # LANTERN++ is the same drafter and chain with the multiplicative bound instead of the TV budget
-    assert sampling["lantern++"]["method"] == "lantern" and sampling["lantern++"]["lantern_lam"] == 2.0
+    assert sampling["lantern++"]["method"] == "lantern" and sampling["lantern++"]["lantern_lam"] == 3.0
     assert sampling["lantern++"]["num_draft_tokens"] == sampling["lantern"]["num_draft_tokens"]
+    sampled_blocks = bench_ar_image.default_kwargs(greedy=False, num_future=4)
+    assert sampled_blocks["eagle"] == FAST_EAGLE_CHAIN and "argmax_drafts" not in sampled_blocks["eagle"]
+    for case in ("lantern", "lantern++"):
+        assert sampled_blocks[case]["argmax_drafts"] is True
+        assert "argmax_drafts" not in bench_ar_image.default_kwargs(greedy=False, batch_size=4, num_future=4)[case]
     blocks = bench_ar_image.default_kwargs(greedy=True, num_future=4)
     assert blocks["eagle"] == FAST_EAGLE_BLOCK_GREEDY_CHAIN
     assert blocks["lantern"]["num_draft_tokens"] == FAST_EAGLE_BLOCK_GREEDY_CHAIN["num_draft_tokens"]

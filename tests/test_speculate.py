@@ -156,6 +156,28 @@ def test_dynamic_chain_length_stops_once_every_row_is_unsure():
     assert draft_chain(first, step, 4, greedy, None, confidence_threshold=0.9).tokens.shape == (1, 4)
 
 
+def test_argmax_drafts_under_sampling_are_point_masses_cut_by_the_sampling_distribution():
+    """argmax=True draws nothing: the chain is the argmax at every step, returned without distributions;
+    the confidence cut reads the sampling distribution (here temperature 3 flattens a margin of 2 nats
+    below the threshold that temperature 1 passes)."""
+    def logits_at(position: int) -> torch.Tensor:
+        return torch.tensor([[0.0, 2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 2.0]])
+
+    def step(token: torch.Tensor) -> torch.Tensor:
+        step.calls += 1
+        return logits_at(step.calls)
+
+    for temperature, length in ((1.0, 4), (3.0, 1)):
+        step.calls = 0
+        sampling = SamplingConfig(do_sample=True, temperature=temperature)
+        chain = draft_chain(logits_at(0), step, 4, sampling, torch.Generator().manual_seed(0),
+                            confidence_threshold=0.5, argmax=True)
+        assert chain.probs is None and chain.tokens.tolist() == [[1] * length, [3] * length], temperature
+    step.calls = 0
+    sampled = draft_chain(logits_at(0), step, 4, SamplingConfig(do_sample=True), torch.Generator().manual_seed(0))
+    assert sampled.probs is not None and sampled.probs.shape == (2, 4, 4)
+
+
 def _scripted_blocks(rows_peaked_until: list[int], block: int, vocab: int = 4):
     """:func:`_scripted_step` for a drafter proposing ``block`` drafts per forward (logits ``[B, block, V]``):
     draft i of the chain is sure of token ``1 + i % 3`` while ``i < rows_peaked_until[r]``."""
