@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -110,8 +111,9 @@ def machine_line() -> str:
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:
-    """The command that reproduces this run (quoted into the table)."""
-    return f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+    """The command that reproduces this run (quoted into the table), arguments shell-quoted so that it can
+    be pasted as is (case names with spaces, JSON keywords)."""
+    return f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
 def write_report(out: Path | None, table: str, payload: Any) -> None:

@@ -122,8 +122,8 @@ FAST_EAGLE_BLOCK_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 12, "draft_
 #: LANTERN when sampling one image per call with a block-drafting head: argmax drafts (point masses, which
 #: the relaxed rule accepts with their relaxed mass p~(x) rather than p~(x) / q(x)) in blocks of K per head
 #: forward from the conditional features, the greedy block chain's length and cut. On the zoo at temperature
-#: 1 this accepts 4.8 tokens per target call against sampled drafts' 3.9 (LANTERN++ lam 3, k 64) for a
-#: third of the head forwards (docs/pipeline_ar_image.md; docs/benchmarks/ar_image_lantern_argmax_cpu.md).
+#: 1 LANTERN++ (lam 3, k 64) then accepts 4.76 tokens per round against 3.86-4.09 with sampled drafts, with
+#: 26 head forwards per image against EAGLE's 68 (docs/benchmarks/ar_image_lantern_argmax_cpu.md).
 FAST_LANTERN_ARGMAX_BLOCK_CHAIN: dict[str, Any] = {"argmax_drafts": True, **FAST_EAGLE_BLOCK_GREEDY_CHAIN}
 
 #: Chains for several images per call, sampling and greedy: there the CPU forward is compute-bound, every
@@ -132,6 +132,12 @@ FAST_LANTERN_ARGMAX_BLOCK_CHAIN: dict[str, Any] = {"argmax_drafts": True, **FAST
 #: 1.22x / 1.32x / 1.31-1.37x / 1.33x; docs/benchmarks/ar_image_chain_b4_cpu.md).
 FAST_EAGLE_BATCHED_CHAIN: dict[str, Any] = {"num_draft_tokens": 4, "draft_confidence_threshold": 0.5}
 FAST_EAGLE_BATCHED_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 5, "draft_confidence_threshold": 0.5}
+
+#: LANTERN sampling several images per call: the batched chain with argmax drafts, token by token (with
+#: several rows the verification, not the head, is the cost; blocks of up to 8 were slower in a screen),
+#: from the conditional features (half the head's rows of guided drafts; at batch 4 on the zoo LANTERN++
+#: runs at 1.13x of EAGLE's speed, docs/benchmarks/ar_image_lantern_argmax_cpu.md).
+FAST_LANTERN_BATCHED_CHAIN: dict[str, Any] = {"argmax_drafts": True, **FAST_EAGLE_BATCHED_CHAIN}
 
 #: The fastest Jacobi window measured on the shapes zoo: 8 slots refilled with copies of the left
 #: neighbour. With sampling a copied token is accepted with its target probability, far more often than a
@@ -157,13 +163,15 @@ def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, n
     for EAGLE / LANTERN chains :data:`FAST_EAGLE_GREEDY_CHAIN` under greedy decoding of a single image
     (:data:`FAST_EAGLE_BLOCK_GREEDY_CHAIN` for a head with ``num_future`` > 1, which drafts blocks there),
     :data:`FAST_LANTERN_ARGMAX_BLOCK_CHAIN` for LANTERN sampling a single image with such a head, and
-    with ``batch_size`` > 1 images per call the shorter :data:`FAST_EAGLE_BATCHED_CHAIN` (sampling) or
-    :data:`FAST_EAGLE_BATCHED_GREEDY_CHAIN` (greedy): with several rows the CPU forward is compute-bound and
-    every draft position costs verification time."""
+    with ``batch_size`` > 1 images per call the shorter :data:`FAST_EAGLE_BATCHED_CHAIN` (sampling; LANTERN
+    :data:`FAST_LANTERN_BATCHED_CHAIN`, with argmax drafts) or :data:`FAST_EAGLE_BATCHED_GREEDY_CHAIN`
+    (greedy): with several rows the CPU forward is compute-bound and every draft position costs
+    verification time."""
     kwargs = dict(FAST_METHOD_KWARGS.get(method, {}))
     if method in ("eagle", "lantern"):
         if batch_size > 1:
-            kwargs.update(FAST_EAGLE_BATCHED_GREEDY_CHAIN if greedy else FAST_EAGLE_BATCHED_CHAIN)
+            sampled = FAST_LANTERN_BATCHED_CHAIN if method == "lantern" else FAST_EAGLE_BATCHED_CHAIN
+            kwargs.update(FAST_EAGLE_BATCHED_GREEDY_CHAIN if greedy else sampled)
         elif greedy:
             kwargs.update(FAST_EAGLE_BLOCK_GREEDY_CHAIN if num_future > 1 else FAST_EAGLE_GREEDY_CHAIN)
         elif method == "lantern" and num_future > 1:

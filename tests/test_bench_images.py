@@ -65,3 +65,15 @@ def test_derived_cases_run_variants_of_a_method_under_their_own_names():
         method_kwargs(["none", "x"], defaults, '{"x": {"like": "eagle"}}')
     with pytest.raises(SystemExit, match="must be a JSON object"):
         method_kwargs(["none"], defaults, '{"eagle": 3}', derived_cases=True)
+
+
+def test_recorded_command_line_can_be_pasted_into_a_shell():
+    """Case names with spaces and JSON keywords come back as the same argv when the shell splits the line."""
+    import shlex
+
+    from mmspec.evaluation.bench_cli import command_line
+
+    argv = ["--methods", "none", "eagle, argmax drafts", "--method-kwargs",
+            '{"eagle, argmax drafts": {"like": "eagle", "argmax_drafts": true}}']
+    line = command_line("mmspec.evaluation.bench_ar_image", argv)
+    assert shlex.split(line) == ["python", "-m", "mmspec.evaluation.bench_ar_image", *argv]

@@ -86,13 +86,16 @@ def test_fast_settings_depend_on_the_decoding_mode():
     assert fast_method_kwargs("eagle", greedy=False, num_future=4) == FAST_EAGLE_CHAIN
     assert fast_method_kwargs("lantern", greedy=False, num_future=4) == FAST_LANTERN_ARGMAX_BLOCK_CHAIN
     assert FAST_LANTERN_ARGMAX_BLOCK_CHAIN == {"argmax_drafts": True, **FAST_EAGLE_BLOCK_GREEDY_CHAIN}
-    assert fast_method_kwargs("lantern", greedy=False, batch_size=4, num_future=4) == FAST_EAGLE_BATCHED_CHAIN
+    assert fast_method_kwargs("lantern", greedy=False, num_future=1) == FAST_EAGLE_CHAIN  # no block head: sampled
+    for num_future in (1, 4):  # several images: argmax drafts token by token
+        assert fast_method_kwargs("lantern", greedy=False, batch_size=4, num_future=num_future) == \
+            {"argmax_drafts": True, **FAST_EAGLE_BATCHED_CHAIN}
     for method in ("eagle", "lantern"):
         assert fast_method_kwargs(method, greedy=True, num_future=4) == FAST_EAGLE_BLOCK_GREEDY_CHAIN
         assert fast_method_kwargs(method, greedy=True) == FAST_EAGLE_GREEDY_CHAIN
         assert fast_method_kwargs(method, greedy=False) == FAST_EAGLE_CHAIN
         assert fast_method_kwargs(method, greedy=True, batch_size=4) == FAST_EAGLE_BATCHED_GREEDY_CHAIN
-        assert fast_method_kwargs(method, greedy=False, batch_size=2) == FAST_EAGLE_BATCHED_CHAIN
+    assert fast_method_kwargs("eagle", greedy=False, batch_size=2) == FAST_EAGLE_BATCHED_CHAIN
     # the chains get shorter as the forward gets compute-bound: greedy single image > sampling > batches;
     # a block's later drafts are less sure, so block chains stop at a lower confidence
     assert (FAST_EAGLE_BLOCK_GREEDY_CHAIN["draft_confidence_threshold"]
@@ -113,7 +116,7 @@ def test_fast_settings_depend_on_the_decoding_mode():
     assert sampled_blocks["eagle"] == FAST_EAGLE_CHAIN and "argmax_drafts" not in sampled_blocks["eagle"]
     for case in ("lantern", "lantern++"):
         assert sampled_blocks[case]["argmax_drafts"] is True
-        assert "argmax_drafts" not in bench_ar_image.default_kwargs(greedy=False, batch_size=4, num_future=4)[case]
+        assert bench_ar_image.default_kwargs(greedy=False, batch_size=4, num_future=4)[case]["num_draft_tokens"] == 4
     blocks = bench_ar_image.default_kwargs(greedy=True, num_future=4)
     assert blocks["eagle"] == FAST_EAGLE_BLOCK_GREEDY_CHAIN
     assert blocks["lantern"]["num_draft_tokens"] == FAST_EAGLE_BLOCK_GREEDY_CHAIN["num_draft_tokens"]
