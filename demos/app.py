@@ -280,6 +280,10 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
                                             elem_id=f"{elem}-lantern-k")
             fields["lantern_delta"] = gr.Number(value=0.2, label="LANTERN delta (TV budget)",
                                                 elem_id=f"{elem}-lantern-delta")
+            fields["lantern_lam"] = gr.Number(value=3.0, label="LANTERN++ bound lam (0: use delta)",
+                                              elem_id=f"{elem}-lantern-lam")
+            fields["argmax_drafts"] = gr.Checkbox(value=True, label="argmax drafts (sampling)",
+                                                  elem_id=f"{elem}-argmax-drafts")
         with gr.Group(visible=False) as jacobi_group, gr.Row():
             fields["sjd_window"] = gr.Number(value=8, precision=0, label="Jacobi window (SJD/GSD)",
                                              elem_id=f"{elem}-window")

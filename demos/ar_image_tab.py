@@ -28,7 +28,8 @@ EXAMPLE_PROMPTS = ("a red circle", "two blue squares", "a green triangle above a
 #: the tab's inputs, in the order the page passes them (keyword names of :func:`run_ar_image`)
 INPUTS = ("path", "prompt", "method", "num_images", "seed", "greedy", "temperature", "guidance_scale",
           "num_draft_tokens", "use_tree", "tree_depth", "tree_top_k", "tree_total_tokens", "lantern_k",
-          "lantern_delta", "sjd_window", "gsd_group_size", "mulo_tau", "mulo_radius", "mulo_resample")
+          "lantern_delta", "lantern_lam", "argmax_drafts", "sjd_window", "gsd_group_size", "mulo_tau", "mulo_radius",
+          "mulo_resample")
 
 
 class ARImageResult(ImageResult):
@@ -39,11 +40,13 @@ class ARImageResult(ImageResult):
 def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_scale: float, num_draft_tokens: int,
                   use_tree: bool, tree_depth: int, tree_top_k: int, tree_total_tokens: int, lantern_k: int,
                   lantern_delta: float, sjd_window: int, gsd_group_size: int, mulo_tau: float,
-                  mulo_radius: int, mulo_resample: str = "reverify") -> dict[str, Any]:
+                  mulo_radius: int, mulo_resample: str = "reverify", lantern_lam: float = 0.0,
+                  argmax_drafts: bool = False) -> dict[str, Any]:
     """The page's knobs, checked, as :class:`~mmspec.pipelines.ARImagePipeline` keyword arguments of
     ``method`` (knobs of other methods are ignored). SJD and GSD start from ``FAST_METHOD_KWARGS``
     (left-neighbour initialisation, GSD without the probability filter); the page sets window and G.
-    MuLo's resampling defaults to that table's "reverify"."""
+    MuLo's resampling defaults to that table's "reverify". LANTERN takes the LANTERN++ bound ``lantern_lam``
+    when it is >= 1 (0: the TV budget ``lantern_delta``) and, when sampling a chain, ``argmax_drafts``."""
     guidance = check_float("guidance scale", guidance_scale, 0, 20)
     kwargs: dict[str, Any] = {**sampling_kwargs(greedy, temperature), "guidance_scale": guidance}
     if method in ("eagle", "lantern"):
@@ -54,6 +57,13 @@ def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_sca
     if method == "lantern":
         kwargs["lantern_k"] = check_int("LANTERN k", lantern_k, 1, 100_000)
         kwargs["lantern_delta"] = check_float("LANTERN delta", lantern_delta, 0.0, 1.0)
+        lam = check_float("LANTERN++ bound lam (0: off)", lantern_lam, 0.0, 100.0)
+        if 0 < lam < 1:
+            raise DemoError(f"LANTERN++ bound lam (0: off) must be 0 or at least 1, got {lam}")
+        if lam:
+            kwargs["lantern_lam"] = lam
+        if argmax_drafts and not greedy and not use_tree:  # greedy chains and trees draft argmax already
+            kwargs["argmax_drafts"] = True
     if method in ("sjd", "gsd"):
         from mmspec.pipelines.ar_image import FAST_METHOD_KWARGS  # the pipelines load lazily, with the page
 
@@ -76,9 +86,9 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                  method: str = "eagle", num_images: int = 1, seed: int = 0, greedy: bool = False,
                  temperature: float = 1.0, guidance_scale: float = 3.0, num_draft_tokens: int = 8,
                  use_tree: bool = False, tree_depth: int = 5, tree_top_k: int = 8, tree_total_tokens: int = 48,
-                 lantern_k: int = 64, lantern_delta: float = 0.2, sjd_window: int = 8, gsd_group_size: int = 6,
-                 mulo_tau: float = 0.3, mulo_radius: int = 1, mulo_resample: str = "reverify",
-                 report: Report | None = None) -> ARImageResult:
+                 lantern_k: int = 64, lantern_delta: float = 0.2, lantern_lam: float = 3.0, argmax_drafts: bool = True,
+                 sjd_window: int = 8, gsd_group_size: int = 6, mulo_tau: float = 0.3, mulo_radius: int = 1,
+                 mulo_resample: str = "reverify", report: Report | None = None) -> ARImageResult:
     """Generate the prompts (one per line) with ``method`` and target-only with the same seed; return
     the images, their acceptance maps and the statistics. Bad input raises :class:`DemoError` (or the
     pipeline's ``ValueError``) with a message for the page."""
@@ -89,7 +99,8 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                            num_draft_tokens=num_draft_tokens, use_tree=bool(use_tree), tree_depth=tree_depth,
                            tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens, lantern_k=lantern_k,
                            lantern_delta=lantern_delta, sjd_window=sjd_window, gsd_group_size=gsd_group_size,
-                           mulo_tau=mulo_tau, mulo_radius=mulo_radius, mulo_resample=mulo_resample)
+                           mulo_tau=mulo_tau, mulo_radius=mulo_radius, mulo_resample=mulo_resample,
+                           lantern_lam=lantern_lam, argmax_drafts=bool(argmax_drafts))
     pipe = cache.get("ar_image", path)
     if pipe.transformer.config.model_type != "t2i":
         raise DemoError("this checkpoint is class-conditioned (c2i); the demo's AR image tab takes text prompts")

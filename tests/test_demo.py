@@ -151,6 +151,13 @@ def test_ar_image_methods_and_knobs(tiny, cache, method):
     assert f"speculative ({method})" in result.stats_html
 
 
+def test_ar_image_lantern_with_argmax_drafts_runs(tiny, cache):
+    """The page's default LANTERN (LANTERN++ bound 3, argmax drafts, a sampled chain) runs end to end."""
+    result = ar_image_tab.run_ar_image(cache, path=tiny["ar_image"], prompt="a red circle", method="lantern",
+                                       lantern_k=8, lantern_lam=3.0, argmax_drafts=True, num_images=2)
+    assert result.comparison.speculative.stats.tokens == 2 * 64 and "speculative (lantern)" in result.stats_html
+
+
 def test_ar_image_knobs_become_pipeline_arguments():
     """Jacobi methods start from the pipeline's fast settings (the page sets window and G); the MuLo
     dropdown picks the resampling mode (checked)."""
@@ -161,6 +168,15 @@ def test_ar_image_knobs_become_pipeline_arguments():
     assert gsd["sjd_init"] == "left" and gsd["sjd_window"] == 4 and gsd["gsd_group_size"] == 3
     assert gsd["gsd_prob_threshold"] == 1.0
     assert ar_image_tab.method_kwargs("mulo", **knobs)["mulo_resample"] == "reverify"  # FAST_METHOD_KWARGS
+    # LANTERN: the bound lam >= 1 selects LANTERN++ (0 keeps the TV budget); argmax drafts only for sampled chains
+    lantern = ar_image_tab.method_kwargs("lantern", **knobs, lantern_lam=3.0, argmax_drafts=True)
+    assert lantern["lantern_lam"] == 3.0 and lantern["argmax_drafts"] is True and lantern["lantern_delta"] == 0.2
+    plain = ar_image_tab.method_kwargs("lantern", **knobs)
+    assert "lantern_lam" not in plain and "argmax_drafts" not in plain
+    assert "argmax_drafts" not in ar_image_tab.method_kwargs("lantern", **{**knobs, "greedy": True}, argmax_drafts=True)
+    assert "argmax_drafts" not in ar_image_tab.method_kwargs("lantern", **{**knobs, "use_tree": True},
+                                                               argmax_drafts=True)
+    assert "argmax_drafts" not in ar_image_tab.method_kwargs("eagle", **knobs, argmax_drafts=True)
     for mode in ("sequential", "reverify"):
         assert ar_image_tab.method_kwargs("mulo", **knobs, mulo_resample=mode)["mulo_resample"] == mode
     with pytest.raises(common.DemoError, match="MuLo resampling must be one of"):
@@ -173,6 +189,7 @@ def test_ar_image_knobs_become_pipeline_arguments():
     ({"prompt": "a purple zebra"}, "prompt 0"),
     ({"num_draft_tokens": 0}, r"K \(draft tokens\) must be an integer in \[1, 32\], got 0"),
     ({"method": "lantern", "lantern_delta": 1.5}, "LANTERN delta"),
+    ({"method": "lantern", "lantern_lam": 0.5}, r"LANTERN\+\+ bound lam \(0: off\) must be 0 or at least 1"),
     ({"method": "gsd", "gsd_group_size": 0}, "GSD group size G"),
     ({"method": "mulo", "mulo_radius": -1}, "MuLo radius"),
     ({"temperature": 0}, "temperature"),
@@ -431,8 +448,8 @@ def test_page_builds_and_handlers_turn_errors_into_messages(tiny, cache):
     handle = app._handler(ar_image_tab.run_ar_image, ar_image_tab.INPUTS, cache, show, 4)
     values = dict(path="/no/such/folder", prompt="a red circle", method="eagle", num_images=1, seed=0, greedy=True,
                   temperature=1.0, guidance_scale=3.0, num_draft_tokens=4, use_tree=False, tree_depth=5, tree_top_k=8,
-                  tree_total_tokens=48, lantern_k=64, lantern_delta=0.2, sjd_window=16, gsd_group_size=10,
-                  mulo_tau=0.3, mulo_radius=1, mulo_resample="reverify")
+                  tree_total_tokens=48, lantern_k=64, lantern_delta=0.2, lantern_lam=3.0, argmax_drafts=True,
+                  sjd_window=16, gsd_group_size=10, mulo_tau=0.3, mulo_radius=1, mulo_resample="reverify")
     outputs = handle(*[values[name] for name in ar_image_tab.INPUTS], progress=lambda *a, **k: None)
     assert outputs[:3] == [None, None, None] and "does not exist" in outputs[3] and "error" in outputs[3]
     values["path"] = tiny["ar_image"]
