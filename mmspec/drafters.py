@@ -81,7 +81,8 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
             if True in unsure:
                 take, stop = unsure.index(True) + 1, True
         tokens.append(block[:, :take])
-        dists.append(block_probs[:, :take])
+        if drawing:  # argmax drafts are point masses: no distributions to return
+            dists.append(block_probs[:, :take])
         drafted += take
         if stop:
             break
