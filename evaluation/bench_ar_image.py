@@ -68,7 +68,7 @@ def default_kwargs(greedy: bool, batch_size: int = 1, num_future: int = 1) -> di
         "none": {},
         "eagle": eagle,
         "lantern": {**lantern, "lantern_k": 64, "lantern_delta": 0.2},
-        "lantern++": {**lantern, "method": "lantern", "lantern_k": 64, "lantern_lam": 3.0},
+        "lantern++": {**lantern, "method": "lantern", "lantern_k": 512, "lantern_lam": 10.0},
         "sjd": fast_method_kwargs("sjd", greedy, batch_size),
         "gsd": fast_method_kwargs("gsd", greedy, batch_size),
         "mulo": dict(_MULO),
@@ -185,9 +185,11 @@ def to_markdown(results: dict, command: str) -> str:
              f"{results['repeats']} timed repeats (median), quality on {results['quality_prompts']} prompts "
              f"(GenEval-shapes = exact evaluator, FID = shapes features vs renders of the same prompts{spread}).", ""]
     for mode_name, mode in results["modes"].items():
+        diversity = any("seed_distance" in q for q in mode["quality"].values())
         lines += [f"### {mode_name.replace('_', ' ')}", "",
-                  "| batch | method | speedup | mean acc. len | images/s | target calls / image | GenEval-shapes | FID |",
-                  "|---|---|---|---|---|---|---|---|"]
+                  "| batch | method | speedup | mean acc. len | images/s | target calls / image | GenEval-shapes | FID |"
+                  + (" seed distance |" if diversity else ""),
+                  "|---|---|---|---|---|---|---|---|" + ("---|" if diversity else "")]
         for batch, report in mode["speed"].items():
             for name, c in report["cases"].items():
                 stats = c.get("stats") or {}
@@ -196,10 +198,13 @@ def to_markdown(results: dict, command: str) -> str:
                 q = mode["quality"][name]
                 lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {c['mean_accepted_length'] or 0:.2f} | "
                              f"{c['items_per_s']:.2f} | {per_image:.1f} | {score_cell(q, 'geneval', 3)} | "
-                             f"{score_cell(q, 'fid', 2)} |")
+                             f"{score_cell(q, 'fid', 2)} |" + (f" {q['seed_distance']:.4f} |" if diversity else ""))
         noise = mode["quality"]["none, seed 2"]
         lines += ["", f"Chance level: target-only with another seed scores GenEval-shapes {noise['geneval']:.3f}, "
-                  f"FID {noise['fid']:.2f}.", ""]
+                  f"FID {noise['fid']:.2f}."
+                  + (" Seed distance: mean absolute pixel difference between the seeds' images of the same "
+                     "prompt (sampling that collapses towards one image per prompt lowers it; 0: deterministic)."
+                     if diversity else ""), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -45,8 +45,34 @@ def mean_quality(per_seed: Sequence[dict[str, float]]) -> dict[str, Any]:
 def seeded_quality(image_sets: Iterable[list[np.ndarray]], prompts: Sequence[Any], real: torch.Tensor
                    ) -> dict[str, Any]:
     """:func:`mean_quality` over image sets of the same ``prompts``, one per generation seed (an iterable, so
-    each set can be generated, scored and dropped in turn)."""
-    return mean_quality([quality(images, prompts, real) for images in image_sets])
+    each set can be generated and scored in turn), and with two or more seeds their ``seed_distance``
+    (:func:`seed_distance`, the guard against sampling that has collapsed towards one image per prompt)."""
+    scores, kept = [], []
+    for images in image_sets:
+        scores.append(quality(images, prompts, real))
+        kept.append(np.stack(images).astype(np.float32))
+    out = mean_quality(scores)
+    if len(kept) > 1:
+        out["seed_distance"] = seed_distance(kept)
+    return out
+
+
+def seed_distance(image_sets: Sequence[np.ndarray]) -> float:
+    """Mean absolute pixel difference between two seeds' images of the same prompt, averaged over prompts
+    and every pair of seeds (``image_sets``: one ``[N, H, W, 3]`` array in [0, 1] per seed, the same prompts
+    in the same order).
+
+    A diversity check for lossy samplers: GenEval-shapes and FID say whether images are right, not
+    whether a prompt still gets different images from different seeds. A relaxed rule that accepts the
+    drafter's most likely tokens ever more often pushes sampling towards one image per prompt, which this
+    number shows as a drop below target-only sampling's value (0 for a deterministic sampler)."""
+    if len(image_sets) < 2:
+        raise ValueError("seed_distance needs the images of at least two seeds")
+    shapes = {np.shape(images) for images in image_sets}
+    if len(shapes) != 1:
+        raise ValueError(f"seed_distance needs the same prompts and image size for every seed, got shapes {sorted(shapes)}")
+    pairs = [(a, b) for a in range(len(image_sets)) for b in range(a + 1, len(image_sets))]
+    return float(np.mean([np.abs(image_sets[a] - image_sets[b]).mean() for a, b in pairs]))
 
 
 def quality(images: list[np.ndarray], prompts: Sequence[Any], real: torch.Tensor) -> dict[str, float]:

@@ -123,7 +123,8 @@ FAST_EAGLE_BLOCK_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 12, "draft_
 #: the relaxed rule accepts with their relaxed mass p~(x) rather than p~(x) / q(x)) in blocks of K per head
 #: forward from the conditional features, the greedy block chain's length and cut. On the zoo at temperature
 #: 1 LANTERN++ (lam 3, k 64) then accepts 4.76 tokens per round against 3.86-4.09 with sampled drafts, with
-#: 26 head forwards per image against EAGLE's 68 (docs/benchmarks/ar_image_lantern_argmax_cpu.md).
+#: 26 head forwards per image against EAGLE's 68 (docs/benchmarks/ar_image_lantern_argmax_cpu.md); with the
+#: wider bound lam 10, k 512, 5.42 (docs/benchmarks/ar_image_lantern_wide_cpu.md).
 FAST_LANTERN_ARGMAX_BLOCK_CHAIN: dict[str, Any] = {"argmax_drafts": True, **FAST_EAGLE_BLOCK_GREEDY_CHAIN}
 
 #: Chains for several images per call, sampling and greedy: there the CPU forward is compute-bound, every

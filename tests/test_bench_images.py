@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from mmspec.evaluation import bench_ar_image, bench_continuous
-from mmspec.evaluation.bench_images import mean_quality, score_cell, spread_note
+import numpy as np
+
+from mmspec.evaluation.bench_images import mean_quality, score_cell, seed_distance, spread_note
 
 
 def test_mean_quality_averages_seeds_and_states_their_spread():
@@ -24,6 +26,24 @@ def test_mean_quality_of_one_seed_has_no_spread():
 def test_mean_quality_needs_a_seed():
     with pytest.raises(ValueError, match="at least one seed"):
         mean_quality([])
+
+
+def test_seed_distance_is_zero_for_identical_seeds_and_the_mean_pixel_gap_otherwise():
+    rng = np.random.default_rng(0)
+    images = rng.random((5, 4, 4, 3)).astype(np.float32)
+    assert seed_distance([images, images.copy()]) == 0.0  # a deterministic sampler: no diversity
+    shifted = np.clip(images + 0.25, 0.0, 1.0)
+    expected = np.abs(shifted - images).mean()
+    # three seeds: the mean over the pairs (0,1), (0,2), (1,2); seeds 0 and 2 are the same images
+    assert seed_distance([images, shifted, images]) == pytest.approx(2 * expected / 3, rel=1e-6)
+
+
+def test_seed_distance_refuses_one_seed_or_different_prompt_sets():
+    images = np.zeros((3, 4, 4, 3), dtype=np.float32)
+    with pytest.raises(ValueError, match="at least two seeds"):
+        seed_distance([images])
+    with pytest.raises(ValueError, match="same prompts and image size"):
+        seed_distance([images, images[:2]])
 
 
 @pytest.mark.parametrize("bench", [bench_ar_image, bench_continuous])
