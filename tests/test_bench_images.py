@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from mmspec.evaluation import bench_ar_image, bench_continuous
-import numpy as np
-
 from mmspec.evaluation.bench_images import mean_quality, score_cell, seed_distance, spread_note
 
 
