@@ -17,6 +17,7 @@ run: ``--method-kwargs '{"eagle, other head": {"like": "eagle", "eagle_head": "r
 from __future__ import annotations
 
 import argparse
+import copy
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -29,10 +30,12 @@ import torch
 
 from mmspec.pipelines.ar_image import fast_method_kwargs
 from mmspec.stats import SpecStats
+from mmspec.validation import dtype_argument
 from mmspec.world import make_prompt_set
 
 from .bench_cli import (
     add_common_arguments,
+    add_dtype_argument,
     call_kwargs,
     command_line,
     load_quiet_pipeline,
@@ -112,14 +115,43 @@ def drafting_with_head(pipe: Any, folder: str | None) -> Iterator[None]:
         pipe.eagle_head, pipe.eagle_block_head = own
 
 
+_IN_DTYPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline -> {dtype name: its copy}
+
+
+def pipeline_in_dtype(pipe: Any, dtype: str | None) -> Any:
+    """``pipe`` computing in ``dtype`` (a ``--dtype`` name; None: as loaded): a copy cast once per pipeline
+    and precision and kept, so a case can run, e.g., a float32 baseline beside the run's bfloat16 rows."""
+    if dtype is None:
+        return pipe
+    try:
+        wanted = dtype_argument(dtype)
+    except argparse.ArgumentTypeError as error:
+        raise SystemExit(f"--method-kwargs: dtype {error}") from None
+    if wanted == pipe.transformer.dtype:
+        return pipe
+    copies = _IN_DTYPE.setdefault(pipe, {})
+    if dtype not in copies:
+        from diffusers.utils import logging as diffusers_logging
+
+        level = diffusers_logging.get_verbosity()
+        diffusers_logging.set_verbosity_error()  # its per-module "keep in float32: []" notes name no module here
+        try:
+            copies[dtype] = copy.deepcopy(pipe).to(wanted)
+        finally:
+            diffusers_logging.set_verbosity(level)
+    return copies[dtype]
+
+
 def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: dict, batch: int, seed: int
              ) -> tuple[list[np.ndarray], list[Any]]:
     """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``; the pipeline
     method is ``kwargs["method"]`` when given, else the case's name; ``kwargs["eagle_head"]``, a folder,
-    drafts with that head instead of the pipeline's."""
+    drafts with that head instead of the pipeline's; ``kwargs["dtype"]`` (``"float32"`` or ``"bfloat16"``)
+    runs the case in that precision instead of the run's ``--dtype``."""
     kwargs = dict(kwargs)
     method = kwargs.pop("method", case)
     head_folder = kwargs.pop("eagle_head", None)
+    pipe = pipeline_in_dtype(pipe, kwargs.pop("dtype", None))
     generator = torch.Generator().manual_seed(seed)
     images, stats = [], []
     with drafting_with_head(pipe, head_folder):
@@ -220,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quality_seeds_argument(parser)
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
     parser.add_argument("--guidance-scale", type=float, default=None, help="override every method's guidance")
+    add_dtype_argument(parser)
     return parser
 
 
@@ -230,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mmspec.pipelines import ARImagePipeline
     from mmspec.pipelines.ar_image import head_num_future
 
-    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline)
+    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline, args.dtype)
 
     def case_kwargs(mode: str, batch: int) -> dict[str, dict[str, Any]]:
         """Every method's keywords for one mode and batch size: defaults, --method-kwargs, --guidance-scale."""
@@ -249,7 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     real = reference_images(quality_prompts, args.difficulty, image_size, args.seed)
     results = run(pipe, args.methods, kwargs, args.modes, args.batch_sizes, speed_prompts, quality_prompts, real,
                   args.repeats, args.quality_batch, args.seed, args.quality_seeds)
-    results.update(machine=machine_line(), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
+    results.update(machine=machine_line(args.dtype), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
                    quality_seeds=args.quality_seeds, repeats=args.repeats, kwargs=kwargs)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_ar_image", argv))
     write_report(args.out, table, results)

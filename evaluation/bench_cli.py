@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from mmspec.validation import dtype_argument
+
 from .files import atomic_path
 
 
@@ -24,12 +26,19 @@ def new_parser(description: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def load_quiet_pipeline(pipeline_class: type, path: str) -> Any:
+def load_quiet_pipeline(pipeline_class: type, path: str, dtype: torch.dtype | None = None) -> Any:
     """``pipeline_class.from_pretrained(path)`` (a zoo id or folder) with its progress bar off: the
-    benchmarks and diagnostics time or print their own results."""
-    pipe = pipeline_class.from_pretrained(path)
+    benchmarks and diagnostics time or print their own results. ``dtype``: the components' compute
+    precision (None: the pipeline's own, float32 compute for the zoo)."""
+    pipe = pipeline_class.from_pretrained(path, **({} if dtype is None else {"torch_dtype": dtype}))
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
+    """``--dtype float32|bfloat16``: the precision every method of the run computes in (the baseline too)."""
+    parser.add_argument("--dtype", type=dtype_argument, default=torch.float32,
+                        help="compute precision of every method, the baseline included (float32 or bfloat16)")
 
 
 def add_run_arguments(parser: argparse.ArgumentParser,
@@ -57,7 +66,8 @@ def method_kwargs(methods: Sequence[str], defaults: Mapping[str, dict], override
     With ``derived_cases`` (a benchmark whose cases carry their pipeline method in a ``"method"`` key) a
     case not in ``defaults`` may be defined in ``overrides`` with ``"like": CASE``: ``CASE``'s keywords
     and pipeline method, updated by the rest, e.g. ``{"eagle, K=4": {"like": "eagle", "num_draft_tokens":
-    4}}``, so variants of one method run side by side under their own names. Raises ``SystemExit`` with a
+    4}}``, so variants of one method run side by side under their own names (variants of the baseline
+    too, timed against the baseline like any other case). Raises ``SystemExit`` with a
     clear message when the baseline is not first, a method is unknown or the JSON is malformed
     (command-line errors)."""
     if not methods or methods[0] != baseline:
@@ -74,7 +84,7 @@ def method_kwargs(methods: Sequence[str], defaults: Mapping[str, dict], override
         like = override.pop("like", None) if derived_cases else None
         if m in defaults and like is None:
             out[m] = {**defaults[m], **override}
-        elif like in defaults and like != baseline:
+        elif like in defaults:  # a variant of the baseline too, e.g. target-only in another precision
             out[m] = {**defaults[like], "method": defaults[like].get("method", like), **override}
         else:
             hint = ' (or define it in --method-kwargs with {"like": CASE, ...})' if derived_cases else ""
@@ -105,9 +115,11 @@ def call_kwargs(kwargs: Mapping[str, Any], greedy: bool = False) -> dict[str, An
     return out
 
 
-def machine_line() -> str:
-    """``"x86_64, 2 threads, torch 2.13.0+cpu"``: where the numbers were measured."""
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+def machine_line(dtype: torch.dtype | None = None) -> str:
+    """``"x86_64, 2 threads, torch 2.13.0+cpu"``: where the numbers were measured (``", bfloat16"`` appended
+    for a run in another precision than float32)."""
+    line = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    return line if dtype in (None, torch.float32) else f"{line}, {str(dtype).removeprefix('torch.')}"
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:

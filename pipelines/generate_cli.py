@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from mmspec.pipelines.ar_image import METHODS, ARImagePipeline, fast_method_kwargs, head_num_future
+from mmspec.validation import dtype_argument
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "method's fast settings (fast_method_kwargs in mmspec.pipelines.ar_image)")
     parser.add_argument("--scale", type=int, default=8, help="nearest-neighbour upscaling of the written PNGs")
     parser.add_argument("--no-baseline", action="store_true", help="skip the target-only comparison run")
+    parser.add_argument("--dtype", type=dtype_argument, default=torch.float32,
+                        help="compute precision, float32 (default) or bfloat16 (faster verification on CPUs "
+                             "with bfloat16 instructions; the baseline runs in the same precision)")
 
 
 def _slug(text: str) -> str:
@@ -57,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scale < 1:
         raise SystemExit("--scale must be >= 1")
     try:
-        pipe = ARImagePipeline.from_pretrained(args.pipeline)
+        pipe = ARImagePipeline.from_pretrained(args.pipeline, torch_dtype=args.dtype)
     except (FileNotFoundError, OSError, ValueError) as error:
         raise SystemExit(f"cannot load {args.pipeline!r}: {error}") from None
     pipe.set_progress_bar_config(disable=True)

@@ -75,9 +75,12 @@ def test_derived_cases_run_variants_of_a_method_under_their_own_names():
     assert out["eagle, K=6"] == {**defaults["eagle"], "method": "eagle", "num_draft_tokens": 6}
     assert out["lam 3"]["method"] == "lantern" and out["lam 3"]["lantern_lam"] == 3.0  # lantern++'s own method
     assert out["eagle"]["draft_confidence_threshold"] == 0.2 and "method" not in out["eagle"]
+    # a variant of the baseline (here: target-only in float32 beside a bfloat16 run) is a case like any other
+    variant = method_kwargs(["none", "none, float32"], defaults, '{"none, float32": {"like": "none", "dtype": "float32"}}',
+                            derived_cases=True)
+    assert variant["none, float32"] == {"method": "none", "dtype": "float32"} and variant["none"] == {}
     for methods, text, match in ((["none", "eagle, K=6"], "{}", "unknown methods"),
-                                 (["none", "x"], '{"x": {"like": "medusa"}}', "unknown 'like' case 'medusa'"),
-                                 (["none", "x"], '{"x": {"like": "none"}}', "unknown 'like' case 'none'")):
+                                 (["none", "x"], '{"x": {"like": "medusa"}}', "unknown 'like' case 'medusa'")):
         with pytest.raises(SystemExit, match=match):
             method_kwargs(methods, defaults, text, derived_cases=True)
     with pytest.raises(SystemExit, match="unknown methods"):  # without derived cases 'like' is not read

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from PIL import Image
 from tiny_shapes_pipeline import save_tiny_shapes_pipeline
 
@@ -30,6 +31,44 @@ def test_generate_writes_pngs_and_reports_speedup(folder, tmp_path, capsys):
     assert Image.open(out / "00-a-red-circle-0.png").size == (64, 64)
     text = capsys.readouterr().out
     assert "speedup:" in text and "mean accepted length" in text and "none (baseline" in text
+
+
+def test_generate_computes_in_the_requested_precision(folder, tmp_path, capsys, monkeypatch):
+    """``--dtype bfloat16``: every component of the pipeline (target, head, tokenizer) computes in bfloat16, and
+    the run completes with images and the speedup line."""
+    from mmspec.pipelines.ar_image import ARImagePipeline
+
+    seen = []
+    original = ARImagePipeline.__call__
+
+    def spy(self, *args, **kwargs):
+        seen.append({self.transformer.dtype, self.eagle_head.dtype, self.vqvae.dtype})
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(ARImagePipeline, "__call__", spy)
+    out = tmp_path / "bf16"
+    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(out), "--greedy",
+                     "--dtype", "bfloat16"]) == 0
+    assert len(seen) >= 2 and all(dtypes == {torch.bfloat16} for dtypes in seen)  # the method and the baseline
+    assert (out / "00-a-red-circle-0.png").is_file() and "speedup:" in capsys.readouterr().out
+
+
+def test_benchmark_cases_can_run_in_another_precision(folder):
+    """A case's ``"dtype"`` runs it on a copy of the pipeline in that precision, made once and kept; the run's
+    own precision (or None) is the pipeline itself; an unknown name is a command-line error."""
+    from mmspec.pipelines import ARImagePipeline
+
+    pipe = ARImagePipeline.from_pretrained(folder)
+    assert bench_ar_image.pipeline_in_dtype(pipe, None) is pipe
+    assert bench_ar_image.pipeline_in_dtype(pipe, "float32") is pipe
+    copy = bench_ar_image.pipeline_in_dtype(pipe, "bfloat16")
+    assert copy is not pipe and copy.transformer.dtype == torch.bfloat16 and copy.eagle_head.dtype == torch.bfloat16
+    assert pipe.transformer.dtype == torch.float32  # the run's pipeline is untouched
+    assert bench_ar_image.pipeline_in_dtype(pipe, "bfloat16") is copy
+    images, stats = bench_ar_image.generate(pipe, ["a red circle"], "none", {"dtype": "bfloat16"},
+                                            {"do_sample": False}, batch=1, seed=0)
+    assert len(images) == 1 and stats[0].target_calls > 0
+    with pytest.raises(SystemExit, match="dtype must be one of"):
+        bench_ar_image.pipeline_in_dtype(pipe, "int8")
 
 
 @pytest.fixture
@@ -140,6 +179,7 @@ def test_generate_runs_jacobi_methods_with_their_fast_window(folder, tmp_path, p
     (["--method-kwargs", "{oops"], "not valid JSON"),
     (["--pipeline", "mmspec/no-such-entry"], "cannot load"),
     (["--method-kwargs", '{"lantern_delta": -1}', "--method", "lantern"], "error:"),
+    (["--dtype", "float16"], "must be one of float32, bfloat16"),
 ])
 def test_generate_rejects_bad_arguments(folder, tmp_path, capsys, args, match):
     argv = ["generate", "a red circle", "--outdir", str(tmp_path / "o")]
