@@ -45,10 +45,13 @@ from .bench_cli import (
     write_report,
 )
 from .bench_images import (
+    SEED_DISTANCE_NOTE,
     add_quality_seeds_argument,
     quality,
     reference_images,
     score_cell,
+    seed_distance_cell,
+    seed_distance_columns,
     seeded_quality,
     spread_note,
 )
@@ -217,11 +220,10 @@ def to_markdown(results: dict, command: str) -> str:
              f"{results['repeats']} timed repeats (median), quality on {results['quality_prompts']} prompts "
              f"(GenEval-shapes = exact evaluator, FID = shapes features vs renders of the same prompts{spread}).", ""]
     for mode_name, mode in results["modes"].items():
-        diversity = any("seed_distance" in q for q in mode["quality"].values())
+        header, separator = seed_distance_columns(mode["quality"].values())
         lines += [f"### {mode_name.replace('_', ' ')}", "",
                   "| batch | method | speedup | mean acc. len | images/s | target calls / image | GenEval-shapes | FID |"
-                  + (" seed distance |" if diversity else ""),
-                  "|---|---|---|---|---|---|---|---|" + ("---|" if diversity else "")]
+                  + header, "|---|---|---|---|---|---|---|---|" + separator]
         for batch, report in mode["speed"].items():
             for name, c in report["cases"].items():
                 stats = c.get("stats") or {}
@@ -230,13 +232,10 @@ def to_markdown(results: dict, command: str) -> str:
                 q = mode["quality"][name]
                 lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {c['mean_accepted_length'] or 0:.2f} | "
                              f"{c['items_per_s']:.2f} | {per_image:.1f} | {score_cell(q, 'geneval', 3)} | "
-                             f"{score_cell(q, 'fid', 2)} |" + (f" {q['seed_distance']:.4f} |" if diversity else ""))
+                             f"{score_cell(q, 'fid', 2)} |" + seed_distance_cell(q, bool(header)))
         noise = mode["quality"]["none, seed 2"]
         lines += ["", f"Chance level: target-only with another seed scores GenEval-shapes {noise['geneval']:.3f}, "
-                  f"FID {noise['fid']:.2f}."
-                  + (" Seed distance: mean absolute pixel difference between the seeds' images of the same "
-                     "prompt (sampling that collapses towards one image per prompt lowers it; 0: deterministic)."
-                     if diversity else ""), ""]
+                  f"FID {noise['fid']:.2f}." + (f" {SEED_DISTANCE_NOTE}" if header else ""), ""]
     return "\n".join(lines) + "\n"
 
 

@@ -36,9 +36,12 @@ from .bench_cli import (
     write_report,
 )
 from .bench_images import (
+    SEED_DISTANCE_NOTE,
     add_quality_seeds_argument,
     reference_images,
     score_cell,
+    seed_distance_cell,
+    seed_distance_columns,
     seeded_quality,
     spread_note,
 )
@@ -127,6 +130,7 @@ def _speed_case(pipe: Any, texts: list[str], kwargs: dict, batch: int, seed: int
 
 def to_markdown(results: dict, command: str) -> str:
     shared = results["shared"]
+    header, separator = seed_distance_columns(results["quality"].values())
     lines = [f"Command: `{command}`", "",
              f"Machine: {results['machine']}. Shared settings: {json.dumps(shared)}. Speed: {results['speed_prompts']} "
              f"prompts per timed call set, {results['repeats']} timed repeats (median) after a warm-up, all "
@@ -134,8 +138,8 @@ def to_markdown(results: dict, command: str) -> str:
              "each (GenEval-shapes = exact evaluator, mean of the six categories; FID = shapes features vs renders "
              f"of the same prompts{spread_note(results)}).", "",
              "| batch | method | speedup | acceptance rate | images/s | tokens / target forward | target calls / image "
-             "| draft calls / image | GenEval-shapes | FID |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| draft calls / image | GenEval-shapes | FID |" + header,
+             "|---|---|---|---|---|---|---|---|---|---|" + separator]
     for batch, report in results["speed"].items():
         for name, c in report["cases"].items():
             stats = c.get("stats") or {}
@@ -145,11 +149,12 @@ def to_markdown(results: dict, command: str) -> str:
             lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {rate} | {c['items_per_s']:.2f} | "
                          f"{c['tokens_per_target_call'] or 0:.2f} | {stats.get('target_calls', 0) / items:.1f} | "
                          f"{stats.get('draft_calls', 0) / items:.1f} | {score_cell(q, 'geneval', 3)} | "
-                         f"{score_cell(q, 'fid', 1)} |")
+                         f"{score_cell(q, 'fid', 1)} |" + seed_distance_cell(q, bool(header)))
     noise = results["quality"]["none, seed 2"]
     base = results["quality"]["none"]
     lines += ["", f"Noise level: target-only with a second seed scores GenEval-shapes {noise['geneval']:.3f} "
-              f"(vs {base['geneval']:.3f}) and FID {noise['fid']:.1f} (vs {base['fid']:.1f}).", "",
+              f"(vs {base['geneval']:.3f}) and FID {noise['fid']:.1f} (vs {base['fid']:.1f})."
+              + (f" {SEED_DISTANCE_NOTE}" if header else ""), "",
               "Per configuration (quality run): " + "; ".join(
                   f"{name}: acceptance {q['acceptance_rate']:.3f}, {q['seconds']} s" for name, q in
                   results["quality"].items())]

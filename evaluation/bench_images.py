@@ -96,6 +96,23 @@ def score_cell(quality_row: dict, key: str, digits: int) -> str:
     return value
 
 
+SEED_DISTANCE_NOTE = ("Seed distance: mean absolute pixel difference between the seeds' images of the same prompt "
+                      "(sampling that collapses towards one image per prompt lowers it; 0: deterministic).")
+
+
+def seed_distance_columns(quality_rows: Iterable[dict]) -> tuple[str, str]:
+    """The table's extra header cell and separator when any quality row has a ``seed_distance`` (a run with
+    several quality seeds), else empty strings."""
+    return (" seed distance |", "---|") if any("seed_distance" in q for q in quality_rows) else ("", "")
+
+
+def seed_distance_cell(quality_row: dict, shown: bool) -> str:
+    """A row's seed-distance cell (``shown``: the table has the column; a row without one gets a dash)."""
+    if not shown:
+        return ""
+    return f" {quality_row['seed_distance']:.4f} |" if "seed_distance" in quality_row else " - |"
+
+
 def spread_note(results: dict) -> str:
     """The table header's words for how quality was aggregated."""
     seeds = results.get("quality_seeds", 1)

@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 
 from mmspec.evaluation import bench_ar_image, bench_continuous
-from mmspec.evaluation.bench_images import mean_quality, score_cell, seed_distance, spread_note
+from mmspec.evaluation.bench_images import (
+    mean_quality,
+    score_cell,
+    seed_distance,
+    seed_distance_cell,
+    seed_distance_columns,
+    spread_note,
+)
 
 
 def test_mean_quality_averages_seeds_and_states_their_spread():
@@ -35,6 +42,14 @@ def test_seed_distance_is_zero_for_identical_seeds_and_the_mean_pixel_gap_otherw
     expected = np.abs(shifted - images).mean()
     # three seeds: the mean over the pairs (0,1), (0,2), (1,2); seeds 0 and 2 are the same images
     assert seed_distance([images, shifted, images]) == pytest.approx(2 * expected / 3, rel=1e-6)
+
+
+def test_seed_distance_column_only_for_runs_with_several_seeds():
+    several = [{"geneval": 0.8, "seed_distance": 0.11}, {"geneval": 0.7}]  # a chance row has one seed
+    assert seed_distance_columns(several) == (" seed distance |", "---|")
+    assert seed_distance_columns([{"geneval": 0.8}]) == ("", "")
+    assert seed_distance_cell(several[0], shown=True) == " 0.1100 |"
+    assert seed_distance_cell(several[1], shown=True) == " - |" and seed_distance_cell(several[0], shown=False) == ""
 
 
 def test_seed_distance_refuses_one_seed_or_different_prompt_sets():

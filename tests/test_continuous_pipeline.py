@@ -348,6 +348,8 @@ def test_benchmark_script_writes_its_table(tmp_path):
     assert cspd["seeds"] == 2 and len(cspd["per_seed"]) == 2 and data["quality"]["none, seed 2"]["seeds"] == 1
     assert cspd["geneval"] == pytest.approx(sum(s["geneval"] for s in cspd["per_seed"]) / 2)
     assert " ± " in rows[0] and "over 2 generation seeds" in table
+    # sampled images: two seeds differ, and the table shows by how much (the chance row has one seed: no column)
+    assert "seed distance |" in table and cspd["seed_distance"] > 0 and "seed_distance" not in data["quality"]["none, seed 2"]
 
 
 def test_cspd_token_distances_diagnostic():
