@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmspec.pipelines.ar_image import fast_method_kwargs
+from mmspec.pipelines.ar_image import FAST_LANTERN_RULE, fast_method_kwargs
 from mmspec.stats import SpecStats
 from mmspec.validation import dtype_argument
 from mmspec.world import make_prompt_set
@@ -73,8 +73,8 @@ def default_kwargs(greedy: bool, batch_size: int = 1, num_future: int = 1) -> di
     return {
         "none": {},
         "eagle": eagle,
-        "lantern": {**lantern, "lantern_k": 64, "lantern_delta": 0.2},
-        "lantern++": {**lantern, "method": "lantern", "lantern_k": 512, "lantern_lam": 10.0},
+        "lantern": {**lantern, "lantern_k": 64, "lantern_delta": 0.2, "lantern_lam": None},  # the TV budget
+        "lantern++": {**lantern, "method": "lantern", **FAST_LANTERN_RULE},
         "sjd": fast_method_kwargs("sjd", greedy, batch_size),
         "gsd": fast_method_kwargs("gsd", greedy, batch_size),
         "mulo": dict(_MULO),

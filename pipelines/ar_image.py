@@ -146,6 +146,12 @@ FAST_LANTERN_BATCHED_CHAIN: dict[str, Any] = {"argmax_drafts": True, **FAST_EAGL
 #: the verify cost on a compute-bound CPU for little lost acceptance.
 FAST_JACOBI_WINDOW: dict[str, Any] = {"sjd_window": 8, "sjd_init": "left"}
 
+#: LANTERN's rule when sampling: the LANTERN++ bound lam 10 over the 512 nearest codes (a quarter of the zoo's
+#: codebook). With argmax drafts it needed 13.8 target calls per image against 15.3 for lam 3 over 64 codes,
+#: at GenEval-shapes 0.904 against EAGLE's 0.840 and with the seeds' images as different from each other
+#: (docs/benchmarks/ar_image_lantern_wide_cpu.md); wider still (lam 20, 1024 codes) lost quality and diversity.
+FAST_LANTERN_RULE: dict[str, Any] = {"lantern_k": 512, "lantern_lam": 10.0}
+
 #: Per-method settings ``mmspec generate``, the demo and the benchmark use unless told otherwise (lossless
 #: ones change speed only; GSD's group of 6 rank neighbours without the probability filter kept
 #: GenEval-shapes within noise of target-only at temperature 1, where G=10 did not; MuLo-SD's "reverify"
@@ -159,8 +165,11 @@ FAST_METHOD_KWARGS: dict[str, dict[str, Any]] = {
 }
 
 
-def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, num_future: int = 1) -> dict[str, Any]:
+def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, num_future: int = 1,
+                       vocab_size: int | None = None) -> dict[str, Any]:
     """The fastest measured settings of ``method`` on the zoo (a fresh dict): :data:`FAST_METHOD_KWARGS`;
+    for LANTERN sampling the rule :data:`FAST_LANTERN_RULE` (its ``lantern_k`` capped at ``vocab_size`` - 1
+    when the image vocabulary is given, for codebooks smaller than the zoo's);
     for EAGLE / LANTERN chains :data:`FAST_EAGLE_GREEDY_CHAIN` under greedy decoding of a single image
     (:data:`FAST_EAGLE_BLOCK_GREEDY_CHAIN` for a head with ``num_future`` > 1, which drafts blocks there),
     :data:`FAST_LANTERN_ARGMAX_BLOCK_CHAIN` for LANTERN sampling a single image with such a head, and
@@ -177,6 +186,10 @@ def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, n
             kwargs.update(FAST_EAGLE_BLOCK_GREEDY_CHAIN if num_future > 1 else FAST_EAGLE_GREEDY_CHAIN)
         elif method == "lantern" and num_future > 1:
             kwargs.update(FAST_LANTERN_ARGMAX_BLOCK_CHAIN)
+    if method == "lantern" and not greedy:
+        kwargs.update(FAST_LANTERN_RULE)
+        if vocab_size is not None:
+            kwargs["lantern_k"] = min(kwargs["lantern_k"], vocab_size - 1)
     return kwargs
 
 

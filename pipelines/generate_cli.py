@@ -66,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"cannot load {args.pipeline!r}: {error}") from None
     pipe.set_progress_bar_config(disable=True)
     batch = len(args.prompts) * args.num_images  # one call generates every image
+    # a tree replaces the fast chain; the image vocabulary caps LANTERN's fast neighbourhood on small codebooks
     fast = {} if "tree" in extra else \
-        fast_method_kwargs(args.method, args.greedy, batch, head_num_future(pipe))  # a tree replaces the chain
+        fast_method_kwargs(args.method, args.greedy, batch, head_num_future(pipe), int(pipe.vqvae.vocab_size))
     kwargs = dict(do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                   guidance_scale=args.guidance_scale, num_images_per_prompt=args.num_images, output_type="pil",
                   **{**fast, **extra})

@@ -108,6 +108,13 @@ def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(
     assert cli_main(["generate", "a red circle", "a blue square", "--pipeline", str(folder), "--outdir",
                      str(tmp_path / "d"), "--greedy", "--no-baseline"]) == 0
     assert pipeline_calls[-1]["num_draft_tokens"] == 5  # two greedy images per call: the batched chain
+    # sampled LANTERN: the measured LANTERN++ rule (lam 10 over 512 codes) unless the command line says otherwise
+    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "e"),
+                     "--method", "lantern", "--no-baseline"]) == 0
+    assert pipeline_calls[-1]["lantern_lam"] == 10.0 and pipeline_calls[-1]["lantern_k"] == 512
+    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "f"),
+                     "--method", "lantern", "--no-baseline", "--method-kwargs", '{"lantern_lam": 3.0}']) == 0
+    assert pipeline_calls[-1]["lantern_lam"] == 3.0
 
 
 def test_fast_settings_depend_on_the_decoding_mode():
@@ -118,22 +125,28 @@ def test_fast_settings_depend_on_the_decoding_mode():
         FAST_EAGLE_CHAIN,
         FAST_EAGLE_GREEDY_CHAIN,
         FAST_LANTERN_ARGMAX_BLOCK_CHAIN,
+        FAST_LANTERN_RULE,
         fast_method_kwargs,
     )
 
     # sampling with a block head: EAGLE drafts sampled tokens one by one, LANTERN argmax blocks
     assert fast_method_kwargs("eagle", greedy=False, num_future=4) == FAST_EAGLE_CHAIN
-    assert fast_method_kwargs("lantern", greedy=False, num_future=4) == FAST_LANTERN_ARGMAX_BLOCK_CHAIN
+    assert fast_method_kwargs("lantern", greedy=False, num_future=4) == {**FAST_LANTERN_ARGMAX_BLOCK_CHAIN,
+                                                                           **FAST_LANTERN_RULE}
     assert FAST_LANTERN_ARGMAX_BLOCK_CHAIN == {"argmax_drafts": True, **FAST_EAGLE_BLOCK_GREEDY_CHAIN}
-    assert fast_method_kwargs("lantern", greedy=False, num_future=1) == FAST_EAGLE_CHAIN  # no block head: sampled
+    # no block head: sampled drafts; LANTERN samples with the wide LANTERN++ rule, capped by a small codebook
+    assert fast_method_kwargs("lantern", greedy=False, num_future=1) == {**FAST_EAGLE_CHAIN, **FAST_LANTERN_RULE}
+    assert FAST_LANTERN_RULE == {"lantern_k": 512, "lantern_lam": 10.0}
+    assert fast_method_kwargs("lantern", greedy=False, vocab_size=64)["lantern_k"] == 63
+    assert fast_method_kwargs("lantern", greedy=False, vocab_size=4096)["lantern_k"] == 512
     for num_future in (1, 4):  # several images: argmax drafts token by token
         assert fast_method_kwargs("lantern", greedy=False, batch_size=4, num_future=num_future) == \
-            {"argmax_drafts": True, **FAST_EAGLE_BATCHED_CHAIN}
-    for method in ("eagle", "lantern"):
+            {"argmax_drafts": True, **FAST_EAGLE_BATCHED_CHAIN, **FAST_LANTERN_RULE}
+    for method in ("eagle", "lantern"):  # greedy LANTERN keeps the pipeline's rule (its relaxed greedy is lossy)
         assert fast_method_kwargs(method, greedy=True, num_future=4) == FAST_EAGLE_BLOCK_GREEDY_CHAIN
         assert fast_method_kwargs(method, greedy=True) == FAST_EAGLE_GREEDY_CHAIN
-        assert fast_method_kwargs(method, greedy=False) == FAST_EAGLE_CHAIN
         assert fast_method_kwargs(method, greedy=True, batch_size=4) == FAST_EAGLE_BATCHED_GREEDY_CHAIN
+    assert fast_method_kwargs("eagle", greedy=False) == FAST_EAGLE_CHAIN
     assert fast_method_kwargs("eagle", greedy=False, batch_size=2) == FAST_EAGLE_BATCHED_CHAIN
     # the chains get shorter as the forward gets compute-bound: greedy single image > sampling > batches;
     # a block's later drafts are less sure, so block chains stop at a lower confidence
