@@ -276,11 +276,11 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
                                                        elem_id=f"{elem}-k")
                 fields.update(_tree_row(elem))
         with gr.Group(visible=False) as lantern_group, gr.Row():
-            fields["lantern_k"] = gr.Number(value=512, precision=0, label="LANTERN k (codebook neighbours)",
+            fields["lantern_k"] = gr.Number(value=ar_image_tab.DEFAULT_LANTERN_K, precision=0, label="LANTERN k (codebook neighbours)",
                                             elem_id=f"{elem}-lantern-k")
             fields["lantern_delta"] = gr.Number(value=0.2, label="LANTERN delta (TV budget)",
                                                 elem_id=f"{elem}-lantern-delta")
-            fields["lantern_lam"] = gr.Number(value=10.0, label="LANTERN++ bound lam (0: use delta)",
+            fields["lantern_lam"] = gr.Number(value=ar_image_tab.DEFAULT_LANTERN_LAM, label="LANTERN++ bound lam (0: use delta)",
                                               elem_id=f"{elem}-lantern-lam")
             fields["argmax_drafts"] = gr.Checkbox(value=True, label="argmax drafts (sampling)",
                                                   elem_id=f"{elem}-argmax-drafts")

@@ -25,6 +25,11 @@ LOSSLESS = ("eagle", "sjd")
 DEFAULT_PATH = "mmspec/shapes-t2i"
 EXAMPLE_PROMPTS = ("a red circle", "two blue squares", "a green triangle above a yellow diamond")
 
+#: LANTERN's defaults on the page: the measured LANTERN++ rule, ``FAST_LANTERN_RULE`` of
+#: ``mmspec.pipelines.ar_image`` (written out here because the pipelines load lazily, with the page; a test
+#: keeps the two equal)
+DEFAULT_LANTERN_K, DEFAULT_LANTERN_LAM = 512, 10.0
+
 #: the tab's inputs, in the order the page passes them (keyword names of :func:`run_ar_image`)
 INPUTS = ("path", "prompt", "method", "num_images", "seed", "greedy", "temperature", "guidance_scale",
           "num_draft_tokens", "use_tree", "tree_depth", "tree_top_k", "tree_total_tokens", "lantern_k",
@@ -86,7 +91,7 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                  method: str = "eagle", num_images: int = 1, seed: int = 0, greedy: bool = False,
                  temperature: float = 1.0, guidance_scale: float = 3.0, num_draft_tokens: int = 8,
                  use_tree: bool = False, tree_depth: int = 5, tree_top_k: int = 8, tree_total_tokens: int = 48,
-                 lantern_k: int = 512, lantern_delta: float = 0.2, lantern_lam: float = 10.0, argmax_drafts: bool = True,
+                 lantern_k: int = DEFAULT_LANTERN_K, lantern_delta: float = 0.2, lantern_lam: float = DEFAULT_LANTERN_LAM, argmax_drafts: bool = True,
                  sjd_window: int = 8, gsd_group_size: int = 6, mulo_tau: float = 0.3, mulo_radius: int = 1,
                  mulo_resample: str = "reverify", report: Report | None = None) -> ARImageResult:
     """Generate the prompts (one per line) with ``method`` and target-only with the same seed; return

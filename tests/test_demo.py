@@ -151,8 +151,17 @@ def test_ar_image_methods_and_knobs(tiny, cache, method):
     assert f"speculative ({method})" in result.stats_html
 
 
+def test_ar_image_page_defaults_are_the_measured_lantern_rule():
+    """The page's LANTERN defaults are the pipelines' fast LANTERN++ rule (written out in the tab, which loads
+    the pipelines lazily)."""
+    from mmspec.pipelines.ar_image import FAST_LANTERN_RULE
+
+    assert {"lantern_k": ar_image_tab.DEFAULT_LANTERN_K, "lantern_lam": ar_image_tab.DEFAULT_LANTERN_LAM} == \
+        FAST_LANTERN_RULE
+
+
 def test_ar_image_lantern_with_argmax_drafts_runs(tiny, cache):
-    """The page's default LANTERN (LANTERN++ bound 3, argmax drafts, a sampled chain) runs end to end."""
+    """LANTERN with a LANTERN++ bound and argmax drafts (a sampled chain) runs end to end on the page."""
     result = ar_image_tab.run_ar_image(cache, path=tiny["ar_image"], prompt="a red circle", method="lantern",
                                        lantern_k=8, lantern_lam=3.0, argmax_drafts=True, num_images=2)
     assert result.comparison.speculative.stats.tokens == 2 * 64 and "speculative (lantern)" in result.stats_html
