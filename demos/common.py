@@ -236,6 +236,7 @@ class PipelineCache:
                     raise DemoError(f"could not load a {name} from {folder}: {type(error).__name__}: {error}"
                                     ) from None
                 pipe.set_progress_bar_config(disable=True)
+                pipe.enable_packed_cpu_gemm()  # as `mmspec generate` and the benchmarks (mmspec.cpu_gemm)
                 self._pipes[key] = pipe
             return self._pipes[key]
 

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmspec.cpu_gemm import CPU_GEMM_MODES
 from mmspec.pipelines.ar_image import FAST_LANTERN_RULE, fast_method_kwargs
 from mmspec.stats import SpecStats
 from mmspec.validation import dtype_argument
@@ -118,31 +119,39 @@ def drafting_with_head(pipe: Any, folder: str | None) -> Iterator[None]:
         pipe.eagle_head, pipe.eagle_block_head = own
 
 
-_IN_DTYPE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline -> {dtype name: its copy}
+_VARIANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline -> {(dtype, cpu_gemm): its copy}
 
 
-def pipeline_in_dtype(pipe: Any, dtype: str | None) -> Any:
-    """``pipe`` computing in ``dtype`` (a ``--dtype`` name; None: as loaded): a copy cast once per pipeline
-    and precision and kept, so a case can run, e.g., a float32 baseline beside the run's bfloat16 rows."""
-    if dtype is None:
+def pipeline_variant(pipe: Any, dtype: str | None = None, cpu_gemm: str | None = None) -> Any:
+    """``pipe`` computing in ``dtype`` (a ``--dtype`` name) with ``cpu_gemm`` (``"packed"`` or ``"plain"``,
+    see :data:`mmspec.cpu_gemm.CPU_GEMM_MODES`); None keeps the run's. A copy made once per pipeline and
+    variant and kept, so a case can run, e.g., a float32 baseline beside the run's bfloat16 rows, or plain
+    GEMMs beside packed ones."""
+    wanted = pipe.transformer.dtype
+    if dtype is not None:
+        try:
+            wanted = dtype_argument(dtype)
+        except argparse.ArgumentTypeError as error:
+            raise SystemExit(f"--method-kwargs: dtype {error}") from None
+    if cpu_gemm is not None and cpu_gemm not in CPU_GEMM_MODES:
+        raise SystemExit(f"--method-kwargs: cpu_gemm must be one of {CPU_GEMM_MODES}, got {cpu_gemm!r}")
+    if wanted == pipe.transformer.dtype and (cpu_gemm is None or (cpu_gemm == "packed") == pipe.packed_cpu_gemm):
         return pipe
-    try:
-        wanted = dtype_argument(dtype)
-    except argparse.ArgumentTypeError as error:
-        raise SystemExit(f"--method-kwargs: dtype {error}") from None
-    if wanted == pipe.transformer.dtype:
-        return pipe
-    copies = _IN_DTYPE.setdefault(pipe, {})
-    if dtype not in copies:
+    key = (str(wanted), cpu_gemm)
+    copies = _VARIANTS.setdefault(pipe, {})
+    if key not in copies:
         from diffusers.utils import logging as diffusers_logging
 
         level = diffusers_logging.get_verbosity()
         diffusers_logging.set_verbosity_error()  # its per-module "keep in float32: []" notes name no module here
         try:
-            copies[dtype] = copy.deepcopy(pipe).to(wanted)
+            variant = copy.deepcopy(pipe).to(wanted)
         finally:
             diffusers_logging.set_verbosity(level)
-    return copies[dtype]
+        if cpu_gemm is not None:
+            variant.set_cpu_gemm(cpu_gemm)
+        copies[key] = variant
+    return copies[key]
 
 
 def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: dict, batch: int, seed: int
@@ -150,11 +159,12 @@ def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: d
     """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``; the pipeline
     method is ``kwargs["method"]`` when given, else the case's name; ``kwargs["eagle_head"]``, a folder,
     drafts with that head instead of the pipeline's; ``kwargs["dtype"]`` (``"float32"`` or ``"bfloat16"``)
-    runs the case in that precision instead of the run's ``--dtype``."""
+    and ``kwargs["cpu_gemm"]`` (``"packed"`` or ``"plain"``) run the case so instead of the run's ``--dtype``
+    and ``--cpu-gemm``."""
     kwargs = dict(kwargs)
     method = kwargs.pop("method", case)
     head_folder = kwargs.pop("eagle_head", None)
-    pipe = pipeline_in_dtype(pipe, kwargs.pop("dtype", None))
+    pipe = pipeline_variant(pipe, kwargs.pop("dtype", None), kwargs.pop("cpu_gemm", None))
     generator = torch.Generator().manual_seed(seed)
     images, stats = [], []
     with drafting_with_head(pipe, head_folder):
@@ -262,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mmspec.pipelines import ARImagePipeline
     from mmspec.pipelines.ar_image import head_num_future
 
-    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline, args.dtype)
+    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline, args.dtype, args.cpu_gemm)
 
     def case_kwargs(mode: str, batch: int) -> dict[str, dict[str, Any]]:
         """Every method's keywords for one mode and batch size: defaults, --method-kwargs, --guidance-scale."""
@@ -281,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     real = reference_images(quality_prompts, args.difficulty, image_size, args.seed)
     results = run(pipe, args.methods, kwargs, args.modes, args.batch_sizes, speed_prompts, quality_prompts, real,
                   args.repeats, args.quality_batch, args.seed, args.quality_seeds)
-    results.update(machine=machine_line(args.dtype), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
+    results.update(machine=machine_line(args.dtype, args.cpu_gemm), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
                    quality_seeds=args.quality_seeds, repeats=args.repeats, kwargs=kwargs)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_ar_image", argv))
     write_report(args.out, table, results)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from mmspec.cpu_gemm import add_cpu_gemm_argument
 from mmspec.validation import dtype_argument
 
 from .files import atomic_path
@@ -26,12 +27,15 @@ def new_parser(description: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def load_quiet_pipeline(pipeline_class: type, path: str, dtype: torch.dtype | None = None) -> Any:
+def load_quiet_pipeline(pipeline_class: type, path: str, dtype: torch.dtype | None = None,
+                        cpu_gemm: str = "plain") -> Any:
     """``pipeline_class.from_pretrained(path)`` (a zoo id or folder) with its progress bar off: the
     benchmarks and diagnostics time or print their own results. ``dtype``: the components' compute
-    precision (None: the pipeline's own, float32 compute for the zoo)."""
+    precision (None: the pipeline's own, float32 compute for the zoo); ``cpu_gemm``: ``"packed"`` or
+    ``"plain"`` (:data:`mmspec.cpu_gemm.CPU_GEMM_MODES`)."""
     pipe = pipeline_class.from_pretrained(path, **({} if dtype is None else {"torch_dtype": dtype}))
     pipe.set_progress_bar_config(disable=True)
+    pipe.set_cpu_gemm(cpu_gemm)
     return pipe
 
 
@@ -48,6 +52,7 @@ def add_run_arguments(parser: argparse.ArgumentParser,
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per case (the median is reported)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    add_cpu_gemm_argument(parser)
     parser.add_argument("--out", type=Path, default=None, help=out_help)
 
 
@@ -115,11 +120,13 @@ def call_kwargs(kwargs: Mapping[str, Any], greedy: bool = False) -> dict[str, An
     return out
 
 
-def machine_line(dtype: torch.dtype | None = None) -> str:
+def machine_line(dtype: torch.dtype | None = None, cpu_gemm: str = "plain") -> str:
     """``"x86_64, 2 threads, torch 2.13.0+cpu"``: where the numbers were measured (``", bfloat16"`` appended
-    for a run in another precision than float32)."""
+    for a run in another precision than float32, ``", packed oneDNN GEMM"`` for ``--cpu-gemm packed``)."""
     line = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
-    return line if dtype in (None, torch.float32) else f"{line}, {str(dtype).removeprefix('torch.')}"
+    if dtype not in (None, torch.float32):
+        line += f", {str(dtype).removeprefix('torch.')}"
+    return line + ", packed oneDNN GEMM" if cpu_gemm == "packed" else line
 
 
 def command_line(module: str, argv: Sequence[str] | None) -> str:

@@ -195,7 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from mmspec.pipelines.continuous_ar_image import ContinuousARImagePipeline
 
-    pipe = load_quiet_pipeline(ContinuousARImagePipeline, args.pipeline)
+    pipe = load_quiet_pipeline(ContinuousARImagePipeline, args.pipeline, cpu_gemm=args.cpu_gemm)
     speed_prompts = make_prompt_set(n_per_category=max(1, -(-args.speed_prompts // 6)), seed=args.seed + 7)
     rng = np.random.default_rng(args.seed)
     speed_prompts = [speed_prompts[i] for i in rng.permutation(len(speed_prompts))[:args.speed_prompts]]
@@ -203,7 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     real = reference_images(quality_prompts, args.difficulty, REFERENCE_SIZE, args.seed)
     results = run(pipe, configs, shared, args.batch_sizes, speed_prompts, quality_prompts, real, args.repeats,
                   args.quality_batch, args.seed, args.quality_seeds)
-    results.update(machine=machine_line(), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
+    results.update(machine=machine_line(cpu_gemm=args.cpu_gemm), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
                    quality_seeds=args.quality_seeds, repeats=args.repeats, configs=configs, shared=shared)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_continuous", argv))
     write_report(args.out, table, results)

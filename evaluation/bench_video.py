@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
     from mmspec.pipelines.ar_video import ARVideoPipeline
 
-    pipe = load_quiet_pipeline(ARVideoPipeline, args.pipeline)
+    pipe = load_quiet_pipeline(ARVideoPipeline, args.pipeline, cpu_gemm=args.cpu_gemm)
     ir_files = (args.imagereward_weights, args.imagereward_med_config, args.imagereward_tokenizer)
     scorer = None
     if any(ir_files):
@@ -288,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     speed_prompts = make_video_prompt_set(args.speed_prompts, seed=args.seed + 1)
     results = run(pipe, cases, quality_prompts, speed_prompts, args.repeats, args.seed, scorer)
     config = pipe.transformer.config
-    results.update(machine=machine_line(), quality_prompts=len(quality_prompts), speed_prompts=len(speed_prompts), repeats=args.repeats,
+    results.update(machine=machine_line(cpu_gemm=args.cpu_gemm), quality_prompts=len(quality_prompts), speed_prompts=len(speed_prompts), repeats=args.repeats,
                    frames=config.num_frames, frames_per_block=config.frames_per_block,
                    blocks=config.num_frames // config.frames_per_block, steps=args.steps, sampler=args.sampler,
                    guidance_scale=args.guidance_scale, draft_guidance_scale=args.draft_guidance_scale,

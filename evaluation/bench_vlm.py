@@ -184,11 +184,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from mmspec.pipelines import VLMPipeline
 
-    pipe = load_quiet_pipeline(VLMPipeline, args.pipeline)
+    pipe = load_quiet_pipeline(VLMPipeline, args.pipeline, cpu_gemm=args.cpu_gemm)
     hf_cases = [c for c in args.hf_cases if c != "hf_assisted" or pipe.draft_model is not None]
     results = run(pipe, args.methods, kwargs, args.modes, args.tasks, args.batch_sizes, args.examples,
                   args.max_new_tokens, args.repeats, args.seed, hf_cases)
-    meta = {"machine": machine_line(), "examples": args.examples, "repeats": args.repeats,
+    meta = {"machine": machine_line(cpu_gemm=args.cpu_gemm), "examples": args.examples, "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens, "kwargs": kwargs}
     table = to_markdown(results, command_line("mmspec.evaluation.bench_vlm", argv), meta)
     write_report(args.out, table, {"meta": meta, "results": results})

@@ -39,6 +39,7 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
+from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.drafters import JacobiDrafter, TreeConfig
 from mmspec.inference_mode import inference_call, outside_inference_mode
 from mmspec.local_speculate import local_speculative_generate
@@ -202,7 +203,7 @@ def head_num_future(pipe: Any) -> int:
     return 1 if head is None else int(head.config.get("num_future", 1))
 
 
-class ARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
+class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline):
     r"""Text- or class-conditioned discrete AR image generation, speculative or not, on one core loop.
 
     Args:

@@ -49,6 +49,7 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
+from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call, outside_inference_mode
 from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
 from mmspec.models.text import WordTokenizer
@@ -266,7 +267,7 @@ class _BatchReward:
 # ----------------------------------------------------------------------------------------------------
 
 
-class ARVideoPipeline(WordVocabularyMixin, DiffusionPipeline):
+class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline):
     r"""Text-to-video with a block-causal AR video diffusion target, draft-only, or SDVG speculation.
 
     Args:

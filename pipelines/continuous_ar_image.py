@@ -57,6 +57,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from mmspec.continuous import cspd_log_ratio_terms, gaussian_log_prob, verify_continuous
+from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines.conditioning import (
@@ -294,7 +295,7 @@ class _BoundMAR:
 # ----------------------------------------------------------------------------------------------------
 
 
-class ContinuousARImagePipeline(WordVocabularyMixin, DiffusionPipeline):
+class ContinuousARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline):
     r"""Class- or text-conditioned MAR generation over continuous tokens, target-only or with CSpD.
 
     Args:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from mmspec.cpu_gemm import add_cpu_gemm_argument
 from mmspec.pipelines.ar_image import METHODS, ARImagePipeline, fast_method_kwargs, head_num_future
 from mmspec.validation import dtype_argument
 
@@ -39,6 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", type=dtype_argument, default=torch.float32,
                         help="compute precision, float32 (default) or bfloat16 (faster verification on CPUs "
                              "with bfloat16 instructions; the baseline runs in the same precision)")
+    add_cpu_gemm_argument(parser)
 
 
 def _slug(text: str) -> str:
@@ -65,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, OSError, ValueError) as error:
         raise SystemExit(f"cannot load {args.pipeline!r}: {error}") from None
     pipe.set_progress_bar_config(disable=True)
+    pipe.set_cpu_gemm(args.cpu_gemm)
     batch = len(args.prompts) * args.num_images  # one call generates every image
     # a tree replaces the fast chain; the image vocabulary caps LANTERN's fast neighbourhood on small codebooks
     fast = {} if "tree" in extra else \

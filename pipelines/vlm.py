@@ -41,6 +41,7 @@ import torch
 from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
+from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.drafters import ModelDrafter, TreeConfig
 from mmspec.inference_mode import inference_call
 from mmspec.models.vlm_prompts import format_vlm_prompt
@@ -104,7 +105,7 @@ class _Batch:
     image_counts: list[int] = field(default_factory=list)
 
 
-class VLMPipeline(DiffusionPipeline):
+class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
     r"""Image/video + text -> text with a transformers VLM, speculative or not, on one core loop.
 
     Args:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -58,17 +59,36 @@ def test_benchmark_cases_can_run_in_another_precision(folder):
     from mmspec.pipelines import ARImagePipeline
 
     pipe = ARImagePipeline.from_pretrained(folder)
-    assert bench_ar_image.pipeline_in_dtype(pipe, None) is pipe
-    assert bench_ar_image.pipeline_in_dtype(pipe, "float32") is pipe
-    copy = bench_ar_image.pipeline_in_dtype(pipe, "bfloat16")
+    assert bench_ar_image.pipeline_variant(pipe, None) is pipe
+    assert bench_ar_image.pipeline_variant(pipe, "float32") is pipe
+    copy = bench_ar_image.pipeline_variant(pipe, "bfloat16")
     assert copy is not pipe and copy.transformer.dtype == torch.bfloat16 and copy.eagle_head.dtype == torch.bfloat16
     assert pipe.transformer.dtype == torch.float32  # the run's pipeline is untouched
-    assert bench_ar_image.pipeline_in_dtype(pipe, "bfloat16") is copy
+    assert bench_ar_image.pipeline_variant(pipe, "bfloat16") is copy
     images, stats = bench_ar_image.generate(pipe, ["a red circle"], "none", {"dtype": "bfloat16"},
                                             {"do_sample": False}, batch=1, seed=0)
     assert len(images) == 1 and stats[0].target_calls > 0
     with pytest.raises(SystemExit, match="dtype must be one of"):
-        bench_ar_image.pipeline_in_dtype(pipe, "int8")
+        bench_ar_image.pipeline_variant(pipe, "int8")
+
+
+def test_benchmark_cases_can_run_with_plain_or_packed_gemms(folder):
+    """A case's ``"cpu_gemm"`` runs it on a copy with the CPU linears packed or plain (the run's own setting:
+    the pipeline itself), so a table can put plain-GEMM rows beside packed ones; both give the same tokens."""
+    from mmspec.pipelines import ARImagePipeline
+
+    pipe = ARImagePipeline.from_pretrained(folder)
+    pipe.set_cpu_gemm("packed")
+    assert pipe.packed_cpu_gemm
+    assert bench_ar_image.pipeline_variant(pipe, cpu_gemm="packed") is pipe
+    plain = bench_ar_image.pipeline_variant(pipe, cpu_gemm="plain")
+    assert plain is not pipe and not plain.packed_cpu_gemm and pipe.packed_cpu_gemm
+    assert bench_ar_image.pipeline_variant(pipe, cpu_gemm="plain") is plain
+    runs = [bench_ar_image.generate(pipe, ["a red circle"], "eagle", {"cpu_gemm": gemm}, {"do_sample": False},
+                                    batch=1, seed=0)[0][0] for gemm in ("packed", "plain")]
+    np.testing.assert_allclose(runs[0], runs[1])
+    with pytest.raises(SystemExit, match="cpu_gemm must be one of"):
+        bench_ar_image.pipeline_variant(pipe, cpu_gemm="mkl")
 
 
 @pytest.fixture
