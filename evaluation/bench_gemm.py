@@ -12,6 +12,7 @@ shapes are the shapes zoo's (192 -> 512, 512 -> 192, the 192 -> 2048 LM head, th
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -64,8 +65,8 @@ def measure(shapes: Sequence[tuple[int, int]], rows: Sequence[int], calls: int, 
         with torch.inference_mode():
             for n in rows:
                 x = torch.randn(n, fan_in)
-                plain_us = time_call(lambda: F.linear(x, layer.weight, layer.bias), calls, repeats)
-                packed_us = time_call(lambda: packed(x), calls, repeats)
+                plain_us = time_call(functools.partial(F.linear, x, layer.weight, layer.bias), calls, repeats)
+                packed_us = time_call(functools.partial(packed, x), calls, repeats)
                 results[(fan_in, fan_out)][n] = (plain_us, packed_us)
     return results
 

@@ -11,6 +11,7 @@ means show whether a head step costs what its arithmetic suggests, and how much 
 after a target call cost (on a CPU whose caches the target's weights have just filled).
 
     python -m mmspec.evaluation.profile_eagle_rounds [--pipeline mmspec/shapes-t2i] [--prompts 3] [--threads 1]
+        [--cpu-gemm packed|plain]
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
+
+from mmspec.cpu_gemm import add_cpu_gemm_argument
 
 from .bench_cli import load_quiet_pipeline
 
@@ -88,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=3, help="prompts per category (6 categories)")
     parser.add_argument("--repeats", type=int, default=2, help="passes over the prompts; the last is reported")
     parser.add_argument("--threads", type=int, default=1)
+    add_cpu_gemm_argument(parser)
     parser.add_argument("--method-kwargs", default=None,
                         help="JSON keywords of the eagle call (default: the benchmark's greedy chain)")
     args = parser.parse_args(argv)
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     from mmspec.world import make_prompt_set
 
     torch.set_num_threads(args.threads)
-    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline)
+    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline, cpu_gemm=args.cpu_gemm)
     prompts = [p.text for p in make_prompt_set(n_per_category=args.prompts, seed=7)]
     kwargs = json.loads(args.method_kwargs) if args.method_kwargs else \
         fast_method_kwargs("eagle", greedy=True, num_future=head_num_future(pipe))

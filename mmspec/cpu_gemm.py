@@ -84,9 +84,9 @@ def _linear_pointwise() -> Any:
     return torch.ops.mkldnn._linear_pointwise.default
 
 
-def _packed_weight(module: nn.Linear, state: _PackState) -> torch.Tensor:
-    weight = module.weight
-    source = (weight.data_ptr(), weight._version)
+def _packed_weight(weight: torch.Tensor, state: _PackState) -> torch.Tensor:
+    # inference tensors (e.g. weights derived inside torch.inference_mode) keep no version counter
+    source = (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
     if state.packed is None or state.source != source:
         with torch.no_grad():
             state.packed = torch.ops.mkldnn._reorder_linear_weight.default(weight.detach(), _PACK_ROWS_HINT)
@@ -94,20 +94,51 @@ def _packed_weight(module: nn.Linear, state: _PackState) -> torch.Tensor:
     return state.packed
 
 
+def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, state: _PackState
+                   ) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``, on the packed kernel when the call is large enough and packable."""
+    # cheapest checks first: this runs for every linear call of a decoding loop
+    if (x.numel() * weight.shape[0] < state.min_macs or x.dtype is not torch.float32
+            or weight.dtype is not torch.float32 or not x.is_cpu or not weight.is_cpu
+            or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
+        return F.linear(x, weight, bias)
+    # (no autograd here: grad mode is off or nothing requires grad, so the op needs no detached inputs)
+    return _linear_pointwise()(x.contiguous(), _packed_weight(weight, state), bias, "none", [], "")
+
+
 class PackedLinear(nn.Linear):
     """An ``nn.Linear`` whose large fp32 CPU calls run a packed oneDNN GEMM. :func:`pack_cpu_linears` turns
     existing layers into this class in place (same parameters and state-dict keys) and back."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        state: _PackState = self.__dict__[_STATE]
-        weight = self.weight
-        # cheapest checks first: this runs for every linear call of a decoding loop
-        if (x.numel() * self.out_features < state.min_macs or x.dtype is not torch.float32
-                or weight.dtype is not torch.float32 or not x.is_cpu or not weight.is_cpu
-                or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
-            return F.linear(x, weight, self.bias)
-        # (no autograd here: grad mode is off or nothing requires grad, so the op needs no detached inputs)
-        return _linear_pointwise()(x.contiguous(), _packed_weight(self, state), self.bias, "none", [], "")
+        return _routed_linear(x, self.weight, self.bias, self.__dict__[_STATE])
+
+
+class LinearRoute:
+    """``F.linear`` for a weight derived from linear layers (e.g. several projections concatenated into one
+    matmul), routed as those layers are: the packed kernel for large calls while ``like`` is packed,
+    ``F.linear`` otherwise. Keeps the derived weight's packed copy (rebuilt when the weight changes)."""
+
+    def __init__(self) -> None:
+        self._state: _PackState | None = None
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, like: nn.Module
+                 ) -> torch.Tensor:
+        if not isinstance(like, PackedLinear):
+            return F.linear(x, weight, bias)
+        min_macs = like.__dict__[_STATE].min_macs
+        if self._state is None or self._state.min_macs != min_macs:
+            self._state = _PackState(min_macs)
+        return _routed_linear(x, weight, bias, self._state)
+
+    def __deepcopy__(self, memo: dict) -> LinearRoute:
+        return LinearRoute()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._state = None
 
 
 @dataclass

@@ -33,6 +33,7 @@ from torch import nn
 from transformers import LlamaConfig
 
 from mmspec.cache import KVCache
+from mmspec.cpu_gemm import LinearRoute
 
 
 @dataclass
@@ -69,6 +70,7 @@ class LeanAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         self._fused = _DerivedWeights()
+        self._route = LinearRoute()  # packed CPU GEMMs for the fused matmul when the projections are packed
 
     def _build_rope_projection(self, q: nn.Linear, k: nn.Linear, v: nn.Linear
                                ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -94,7 +96,7 @@ class LeanAttention(nn.Module):
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
         else:  # inference fast path: one matmul for q, k, v and their rotate_half, RoPE on q and k at once
             weight, bias = self._fused.get(self._build_rope_projection, self.q_proj, self.k_proj, self.v_proj)
-            projected = F.linear(x, weight, bias).view(b, t, -1, self.head_dim).transpose(1, 2)
+            projected = self._route(x, weight, bias, like=self.q_proj).view(b, t, -1, self.head_dim).transpose(1, 2)
             heads = self.num_heads + self.num_kv_heads
             qk, qk_rot, v = projected.split([heads, heads, self.num_kv_heads], dim=1)
             q, k = torch.addcmul(qk * cos, qk_rot, sin).split([self.num_heads, self.num_kv_heads], dim=1)
@@ -113,12 +115,13 @@ class LeanMLP(nn.Module):
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self._fused = _DerivedWeights()
+        self._route = LinearRoute()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled():
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         weight, bias = self._fused.get(_stack_linears, self.gate_proj, self.up_proj)  # inference: one matmul
-        gate, up = F.linear(x, weight, bias).chunk(2, dim=-1)
+        gate, up = self._route(x, weight, bias, like=self.gate_proj).chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 

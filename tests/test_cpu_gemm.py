@@ -156,3 +156,47 @@ def test_greedy_speculative_decoding_stays_lossless_with_packed_gemms_on_the_zoo
     assert torch.equal(blocks.tokens, baseline.tokens) and torch.equal(tree.tokens, baseline.tokens[:2])
     assert all(torch.equal(out.tokens[0], baseline.tokens[i]) for i, out in enumerate(single))
     assert blocks.stats.mean_accepted_length > 3.0
+
+
+def test_gemm_microbenchmark_writes_its_table(tmp_path, capsys):
+    import argparse
+
+    from mmspec.evaluation import bench_gemm
+
+    out = tmp_path / "gemm.md"
+    assert bench_gemm.main(["--shapes", "16x32", "--rows", "1", "8", "--threads", "1", "--calls", "3",
+                            "--repeats", "1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| 1 | 16 x 32 |" in text and "8 rows" in text and "bench_gemm --shapes 16x32" in text
+    assert text.strip() in capsys.readouterr().out
+    with pytest.raises(argparse.ArgumentTypeError, match="IN x OUT"):
+        bench_gemm.parse_shape("192")
+    with pytest.raises(SystemExit, match="must be positive"):
+        bench_gemm.main(["--rows", "0"])
+
+
+def test_fused_weights_of_the_lean_draft_decoder_follow_their_layers_packing():
+    """The lean decoder's inference path multiplies by weights concatenated from several projections; a
+    LinearRoute sends those calls to the packed kernel exactly while the projections are packed."""
+    from transformers import LlamaConfig
+
+    from mmspec.cpu_gemm import LinearRoute
+    from mmspec.models.lean_llama import LeanLlamaDecoder
+
+    config = LlamaConfig(hidden_size=192, intermediate_size=512, num_attention_heads=4, num_hidden_layers=1,
+                         vocab_size=64)
+    torch.manual_seed(0)
+    decoder = LeanLlamaDecoder(config).eval()
+    embeds = torch.randn(2, 9, 192)
+    with torch.inference_mode():
+        expected = decoder(inputs_embeds=embeds).last_hidden_state
+        handle = pack_cpu_linears(decoder, min_macs=0)
+        got = decoder(inputs_embeds=embeds).last_hidden_state
+    routes = [m._route for m in decoder.modules() if isinstance(getattr(m, "_route", None), LinearRoute)]
+    assert len(routes) == 2 and all(route._state is not None and route._state.packed is not None for route in routes)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    handle.remove()
+    route = LinearRoute()
+    x, weight = torch.randn(3, 8), torch.randn(5, 8)
+    assert torch.equal(route(x, weight, None, like=nn.Linear(8, 5)), F.linear(x, weight))  # unpacked: F.linear
+    assert route._state is None and copy.deepcopy(route)._state is None
