@@ -12,8 +12,10 @@ mmspec.evaluation.bench_gemm`` prints the table for the machine it runs on).
 
 :func:`pack_cpu_linears` therefore routes each call of a packed layer by its size: calls of at least
 ``min_macs`` multiply-adds (rows x in x out) run the packed oneDNN kernel, smaller ones keep ``F.linear``.
-The routing depends only on shapes, so results are deterministic; both kernels compute in fp32 and
-differ only by rounding (about 1e-6 relative), as MKL's own results already differ between row counts.
+Single-row calls (matrix-vector products) go to oneDNN only from ``ONE_ROW_MIN_MACS`` on, where
+oneDNN's kernel wins for them too. The routing depends only on shapes, so results are deterministic;
+both kernels compute in fp32 and differ only by rounding (about 1e-6 relative), as MKL's own results
+already differ between row counts.
 Applied to a pipeline it speeds up every method that calls a model with several rows at once (the
 verification forwards, prefills) and leaves the single-token baseline on the kernel that is fastest for it.
 
@@ -38,6 +40,9 @@ from torch import nn
 #: about where the two kernels cost the same on the benchmark machine at 1 and 2 threads (e.g. 4 rows of
 #: a 192 -> 512 layer, 1 row of 768 -> 768); see ``evaluation/bench_gemm.py``
 DEFAULT_MIN_MACS = 400_000
+#: a single-row call (a matrix-vector product: batch-1 decoding without CFG) needs more work than that:
+#: MKL's matrix-vector kernel stays faster up to about a 1024 x 2048 layer at one thread
+ONE_ROW_MIN_MACS = 2**21
 #: the row count oneDNN is told to expect when it reorders a weight (a hint for its blocking; any row
 #: count gives the same results)
 _PACK_ROWS_HINT = 16
@@ -98,7 +103,10 @@ def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                    ) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, on the packed kernel when the call is large enough and packable."""
     # cheapest checks first: this runs for every linear call of a decoding loop
-    if (x.numel() * weight.shape[0] < state.min_macs or x.dtype is not torch.float32
+    elements = x.numel()
+    macs = elements * weight.shape[0]
+    if (macs < state.min_macs or (elements == weight.shape[1] and macs < ONE_ROW_MIN_MACS)
+            or x.dtype is not torch.float32
             or weight.dtype is not torch.float32 or not x.is_cpu or not weight.is_cpu
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight, bias)
