@@ -21,7 +21,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mmspec.cpu_gemm import DEFAULT_MIN_MACS, onednn_linear_available, pack_cpu_linears
+from mmspec.cpu_gemm import (
+    DEFAULT_MIN_MACS,
+    onednn_linear,
+    onednn_linear_available,
+    pack_weight,
+)
 
 from .bench_cli import command_line, new_parser
 
@@ -58,15 +63,13 @@ def measure(shapes: Sequence[tuple[int, int]], rows: Sequence[int], calls: int, 
     results: dict[tuple[int, int], dict[int, tuple[float, float]]] = {}
     for fan_in, fan_out in shapes:
         layer = torch.nn.Linear(fan_in, fan_out)
-        packed = torch.nn.Linear(fan_in, fan_out)
-        packed.load_state_dict(layer.state_dict())
-        pack_cpu_linears(packed, min_macs=0)
+        packed = pack_weight(layer.weight)
         results[(fan_in, fan_out)] = {}
         with torch.inference_mode():
             for n in rows:
                 x = torch.randn(n, fan_in)
                 plain_us = time_call(functools.partial(F.linear, x, layer.weight, layer.bias), calls, repeats)
-                packed_us = time_call(functools.partial(packed, x), calls, repeats)
+                packed_us = time_call(functools.partial(onednn_linear, x, packed, layer.bias), calls, repeats)
                 results[(fan_in, fan_out)][n] = (plain_us, packed_us)
     return results
 

@@ -4,16 +4,15 @@ Why: speculative decoding is fast when verifying K drafted tokens costs about wh
 costs. On the x86 CPUs these benchmarks run on, PyTorch's default fp32 ``F.linear`` (MKL) does not
 behave like that: on AMD Zen it takes MKL's generic code path, whose time grows about linearly with the
 rows of the call already from 2 rows on, so a verification forward of 2 x 13 rows (CFG doubles the
-batch) costs several times a single-token forward. oneDNN (``torch.ops.mkldnn``, the library PyTorch
+batch) costs about twice a single-token forward. oneDNN (``torch.ops.mkldnn``, the library PyTorch
 already uses for bf16 and for ``torch.compile``'s CPU kernels) uses the CPU's full vector width on a
 weight reordered once into its blocked layout; it costs a fixed ~12 us per call more on tiny calls,
-but from a few hundred thousand multiply-adds on it is 1.5-4x faster (``python -m
+but from a few hundred thousand multiply-adds on it is 1.5-2.5x faster (more on large layers) (``python -m
 mmspec.evaluation.bench_gemm`` prints the table for the machine it runs on).
 
 :func:`pack_cpu_linears` therefore routes each call of a packed layer by its size: calls of at least
 ``min_macs`` multiply-adds (rows x in x out) run the packed oneDNN kernel, smaller ones keep ``F.linear``.
-Single-row calls (matrix-vector products) go to oneDNN only from ``ONE_ROW_MIN_MACS`` on, where
-oneDNN's kernel wins for them too. The routing depends only on shapes, so results are deterministic;
+The routing depends only on shapes, so results are deterministic;
 both kernels compute in fp32 and differ only by rounding (about 1e-6 relative), as MKL's own results
 already differ between row counts.
 Applied to a pipeline it speeds up every method that calls a model with several rows at once (the
@@ -38,11 +37,8 @@ from torch import nn
 
 #: calls of at least this many multiply-adds (rows x in_features x out_features) use the packed kernel:
 #: about where the two kernels cost the same on the benchmark machine at 1 and 2 threads (e.g. 4 rows of
-#: a 192 -> 512 layer, 1 row of 768 -> 768); see ``evaluation/bench_gemm.py``
+#: a 192 -> 512 layer, 2 rows of a 192 -> 2048 one); see ``evaluation/bench_gemm.py``
 DEFAULT_MIN_MACS = 400_000
-#: a single-row call (a matrix-vector product: batch-1 decoding without CFG) needs more work than that:
-#: MKL's matrix-vector kernel stays faster up to about a 1024 x 2048 layer at one thread
-ONE_ROW_MIN_MACS = 2**21
 #: the row count oneDNN is told to expect when it reorders a weight (a hint for its blocking; any row
 #: count gives the same results)
 _PACK_ROWS_HINT = 16
@@ -84,18 +80,24 @@ def _packable(module: nn.Module) -> bool:
     return type(module) is nn.Linear and module.weight.dtype == torch.float32 and module.weight.device.type == "cpu"
 
 
-def _linear_pointwise() -> Any:
-    """oneDNN's linear on a packed weight (the op overload itself: cheaper to call than the op packet)."""
-    return torch.ops.mkldnn._linear_pointwise.default
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    """``weight [out, in]`` (fp32, CPU) reordered into oneDNN's blocked layout (an opaque tensor) for
+    :func:`onednn_linear`."""
+    with torch.no_grad():
+        return torch.ops.mkldnn._reorder_linear_weight.default(weight.detach(), _PACK_ROWS_HINT)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ W.T + bias`` with oneDNN's kernel on ``packed = pack_weight(W)``; no autograd."""
+    # the op overload itself: cheaper to call than the op packet
+    return torch.ops.mkldnn._linear_pointwise.default(x.contiguous(), packed, bias, "none", [], "")
 
 
 def _packed_weight(weight: torch.Tensor, state: _PackState) -> torch.Tensor:
     # inference tensors (e.g. weights derived inside torch.inference_mode) keep no version counter
     source = (weight.data_ptr(), 0 if weight.is_inference() else weight._version)
     if state.packed is None or state.source != source:
-        with torch.no_grad():
-            state.packed = torch.ops.mkldnn._reorder_linear_weight.default(weight.detach(), _PACK_ROWS_HINT)
-        state.source = source
+        state.packed, state.source = pack_weight(weight), source
     return state.packed
 
 
@@ -103,15 +105,12 @@ def _routed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
                    ) -> torch.Tensor:
     """``F.linear(x, weight, bias)``, on the packed kernel when the call is large enough and packable."""
     # cheapest checks first: this runs for every linear call of a decoding loop
-    elements = x.numel()
-    macs = elements * weight.shape[0]
-    if (macs < state.min_macs or (elements == weight.shape[1] and macs < ONE_ROW_MIN_MACS)
-            or x.dtype is not torch.float32
+    if (x.numel() * weight.shape[0] < state.min_macs or x.dtype is not torch.float32
             or weight.dtype is not torch.float32 or not x.is_cpu or not weight.is_cpu
             or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
         return F.linear(x, weight, bias)
     # (no autograd here: grad mode is off or nothing requires grad, so the op needs no detached inputs)
-    return _linear_pointwise()(x.contiguous(), _packed_weight(weight, state), bias, "none", [], "")
+    return onednn_linear(x, _packed_weight(weight, state), bias)
 
 
 class PackedLinear(nn.Linear):
@@ -151,7 +150,7 @@ class LinearRoute:
 
 @dataclass
 class PackedLinears:
-    """The layers :func:`pack_cpu_linears` packed; :meth:`remove` restores their ``nn.Linear.forward``."""
+    """The layers :func:`pack_cpu_linears` packed; :meth:`remove` turns them back into plain ``nn.Linear``."""
 
     layers: list[nn.Linear] = field(default_factory=list)
 

@@ -32,7 +32,7 @@ def packed_state(layer: nn.Module):
     return layer.__dict__["_mmspec_packed_gemm"]
 
 
-@pytest.mark.parametrize("shape", [(2, 192), (4, 192), (2, 13, 192), (3, 5, 7, 192)])
+@pytest.mark.parametrize("shape", [(1, 192), (4, 192), (2, 13, 192), (3, 5, 7, 192)])
 def test_packed_layers_compute_what_f_linear_computes(shape):
     model = two_layers()
     x = torch.randn(*shape)
@@ -57,21 +57,6 @@ def test_small_calls_keep_f_linear_and_large_calls_take_the_packed_kernel():
         assert packed_state(layer).packed is None
         torch.testing.assert_close(layer(large), F.linear(large, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
     assert packed_state(layer).packed is not None
-
-
-def test_single_rows_take_the_packed_kernel_only_on_large_layers():
-    """A matrix-vector product stays on F.linear below ONE_ROW_MIN_MACS whatever min_macs says."""
-    from mmspec.cpu_gemm import ONE_ROW_MIN_MACS
-
-    small, large = nn.Linear(192, 512), nn.Linear(1024, 2048)
-    assert 192 * 512 < ONE_ROW_MIN_MACS <= 1024 * 2048
-    pack_cpu_linears([small, large], min_macs=0)
-    with torch.no_grad():
-        x = torch.randn(1, 1, 192)
-        assert torch.equal(small(x), F.linear(x, small.weight, small.bias)) and packed_state(small).packed is None
-        y = torch.randn(1, 1024)
-        torch.testing.assert_close(large(y), F.linear(y, large.weight, large.bias), rtol=1e-5, atol=1e-5)
-    assert packed_state(large).packed is not None
 
 
 def test_training_other_dtypes_and_bad_arguments_fall_back_or_raise():
