@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mmspec.cpu_gemm import CPU_GEMM_MODES
+from mmspec.cpu_gemm import CPU_GEMM_MODES, pack_cpu_linears
 from mmspec.pipelines.ar_image import FAST_LANTERN_RULE, fast_method_kwargs
 from mmspec.stats import SpecStats
 from mmspec.validation import dtype_argument
@@ -108,6 +108,8 @@ def drafting_with_head(pipe: Any, folder: str | None) -> Iterator[None]:
         head = EagleHead.from_pretrained(folder).to(pipe.transformer.dtype).eval()
         heads[folder] = head.bind_target(pipe.transformer.get_input_embeddings(),
                                          pipe.transformer.get_output_embeddings())
+        if pipe.packed_cpu_gemm:  # drafts like the pipeline's own heads (--cpu-gemm packed)
+            pack_cpu_linears(head)
     head, own = heads[folder], (pipe.eagle_head, pipe.eagle_block_head)
     if head.config.num_future > 1:
         pipe.eagle_block_head = head
