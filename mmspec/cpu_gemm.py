@@ -1,13 +1,13 @@
 """Prepacked oneDNN GEMMs for the ``nn.Linear`` layers of models that decode on a CPU.
 
 Why: speculative decoding is fast when verifying K drafted tokens costs about what one target token
-costs. On the x86 CPUs these benchmarks run on, PyTorch's default fp32 ``F.linear`` (MKL) does not
-behave like that: on AMD Zen it takes MKL's generic code path, whose time grows about linearly with the
-rows of the call already from 2 rows on, so a verification forward of 2 x 13 rows (CFG doubles the
-batch) costs about twice a single-token forward. oneDNN (``torch.ops.mkldnn``, the library PyTorch
-already uses for bf16 and for ``torch.compile``'s CPU kernels) uses the CPU's full vector width on a
-weight reordered once into its blocked layout; it costs a fixed ~12 us per call more on tiny calls,
-but from a few hundred thousand multiply-adds on it is 1.5-2.5x faster (more on large layers) (``python -m
+costs. On the AMD CPU these benchmarks run on, PyTorch's default fp32 ``F.linear`` (MKL) does not
+behave like that: its time grows about linearly with the rows of a call already from 2 rows on
+(measured), so a verification forward of 2 x 13 rows (CFG doubles the batch) costs about twice a
+single-token forward. oneDNN (``torch.ops.mkldnn``, the library PyTorch already uses for bf16 and for
+``torch.compile``'s CPU kernels), on a weight reordered once into its blocked layout, costs a fixed
+~10-15 us per call more on tiny calls, but from a few hundred thousand multiply-adds on it is faster:
+1.5-2.6x on the shapes zoo's layers at 16-64 rows and up to 7x on large ones (``python -m
 mmspec.evaluation.bench_gemm`` prints the table for the machine it runs on).
 
 :func:`pack_cpu_linears` therefore routes each call of a packed layer by its size: calls of at least
