@@ -124,7 +124,8 @@ class PackedLinear(nn.Linear):
 class LinearRoute:
     """``F.linear`` for a weight derived from linear layers (e.g. several projections concatenated into one
     matmul), routed as those layers are: the packed kernel for large calls while ``like`` is packed,
-    ``F.linear`` otherwise. Keeps the derived weight's packed copy (rebuilt when the weight changes)."""
+    ``F.linear`` otherwise. Keeps the derived weight's packed copy (rebuilt when the weight changes; copies
+    and pickles drop it, as :class:`_PackState` does)."""
 
     def __init__(self) -> None:
         self._state: _PackState | None = None
@@ -137,15 +138,6 @@ class LinearRoute:
         if self._state is None or self._state.min_macs != min_macs:
             self._state = _PackState(min_macs)
         return _routed_linear(x, weight, bias, self._state)
-
-    def __deepcopy__(self, memo: dict) -> LinearRoute:
-        return LinearRoute()
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self._state = None
 
 
 @dataclass
@@ -215,16 +207,14 @@ class PackedCPUGemmMixin:
         """Pack the fp32 CPU linears of every model component (an opt-in CPU speed-up for all methods,
         the ``"none"`` baseline included; on a GPU it changes nothing). Returns how many layers it packed
         now; calling it again packs only layers added since."""
-        handle = pack_cpu_linears(pipeline_modules(self), min_macs)
-        existing: PackedLinears = self.__dict__.setdefault("_packed_cpu_gemm", PackedLinears())
-        existing.layers.extend(handle.layers)
-        return len(handle)
+        return len(pack_cpu_linears(pipeline_modules(self), min_macs))
 
     def disable_packed_cpu_gemm(self) -> None:
-        """Restore the plain ``F.linear`` path of every layer :meth:`enable_packed_cpu_gemm` packed."""
-        handle = self.__dict__.pop("_packed_cpu_gemm", None)
-        if handle is not None:
-            handle.remove()
+        """Restore the plain ``F.linear`` path of every packed layer of the model components."""
+        PackedLinears(self._packed_layers()).remove()
+
+    def _packed_layers(self) -> list[nn.Linear]:
+        return [layer for module in pipeline_modules(self) for layer in module.modules() if is_packed(layer)]
 
     def set_cpu_gemm(self, mode: str) -> None:
         """``"packed"``: :meth:`enable_packed_cpu_gemm`; ``"plain"``: :meth:`disable_packed_cpu_gemm`."""
@@ -238,4 +228,4 @@ class PackedCPUGemmMixin:
     @property
     def packed_cpu_gemm(self) -> bool:
         """Whether any layer of the pipeline is packed now."""
-        return any(is_packed(layer) for module in pipeline_modules(self) for layer in module.modules())
+        return bool(self._packed_layers())
