@@ -23,6 +23,13 @@
 #                13 ran in the 2026-11-27 leases: questions 86.5 % to 94.25 %, descriptions unchanged)
 #   vlm_widened  issue 5: the same stage widened to 256 channels (--grow-text-width); the 2026-11-27
 #                lease found it no better than vlm_control (docs/zoo_shapes_vlm.md), so not a default
+#   vlm_lookalikes  issue 5: vlm_control's stage with half the image scenes redrawn with a shared colour or
+#                look-alike objects (--duplicate-fraction 0.5 instead of 0.15): about three times as many
+#                names whose qualification needs the comparison the descriptions still miss
+#   vlm_referent issue 5: vlm_lookalikes plus the referent probe (--referent-weight 1), which on the CPU
+#                (800 steps) removed the shared-colour naming errors but not the look-alike ones
+#   vlm_referent2  issue 5: a second vlm_referent stage (--seed 15) from the first one's model,
+#                runs/lease_vlm_referent/model (carry it to the GPU host)
 #   mar_draft    issue 6: the MAR draft at the target's GPU scale (batch 512, fresh images; --seed 9 ran in
 #                the second 2026-11-27 lease, the next run takes --seed 10)
 #   eagle_head   issue 4: a further stage of the AR-image zoo's EAGLE head: fresh images (--seed 5) plus
@@ -37,7 +44,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 if [ "$#" -lt 1 ] || ! [[ "$1" =~ ^[0-9]+$ ]] || [ "$1" -lt 30 ]; then
-    echo "usage: bash scripts/gpu_lease_jobs.sh SECONDS [video|vlm_control|mar_draft|eagle_head|vlm_widened ...]  (SECONDS >= 30)" >&2
+    echo "usage: bash scripts/gpu_lease_jobs.sh SECONDS [video|vlm_control|vlm_lookalikes|vlm_referent|vlm_referent2|mar_draft|eagle_head|vlm_widened ...]  (SECONDS >= 30)" >&2
     exit 2
 fi
 seconds=$1
@@ -45,8 +52,9 @@ shift
 jobs_wanted=("$@")
 [ "${#jobs_wanted[@]}" -eq 0 ] && jobs_wanted=(video vlm_control mar_draft)
 for job in "${jobs_wanted[@]}"; do
-    case "$job" in vlm_widened|vlm_control|video|mar_draft|eagle_head) ;; *)
-        echo "gpu_lease_jobs: unknown job '$job' (vlm_widened, vlm_control, video, mar_draft, eagle_head)" >&2; exit 2 ;;
+    case "$job" in vlm_widened|vlm_control|vlm_lookalikes|vlm_referent|vlm_referent2|video|mar_draft|eagle_head) ;; *)
+        echo "gpu_lease_jobs: unknown job '$job' (vlm_widened, vlm_control, vlm_lookalikes, vlm_referent, vlm_referent2, video, mar_draft, eagle_head)" >&2
+        exit 2 ;;
     esac
 done
 
@@ -98,6 +106,16 @@ run_job() {
     vlm_control)
         "${runner[@]}" "${vlm_stage[@]}" $(tiny vlm_smoke) "${device[@]}" --time-limit "$seconds" \
             --work "$RUNS/lease_vlm_control" --out "$RUNS/lease_vlm_control/model" ;;
+    vlm_lookalikes)
+        "${runner[@]}" "${vlm_stage[@]}" --duplicate-fraction 0.5 $(tiny vlm_smoke) "${device[@]}" \
+            --time-limit "$seconds" --work "$RUNS/lease_vlm_lookalikes" --out "$RUNS/lease_vlm_lookalikes/model" ;;
+    vlm_referent)
+        "${runner[@]}" "${vlm_stage[@]}" --duplicate-fraction 0.5 --referent-weight 1 $(tiny vlm_smoke) "${device[@]}" \
+            --time-limit "$seconds" --work "$RUNS/lease_vlm_referent" --out "$RUNS/lease_vlm_referent/model" ;;
+    vlm_referent2)
+        "${runner[@]}" "${vlm_stage[@]}" --duplicate-fraction 0.5 --referent-weight 1 --init runs/lease_vlm_referent/model \
+            --seed 15 $(tiny vlm_smoke) "${device[@]}" --time-limit "$seconds" \
+            --work "$RUNS/lease_vlm_referent2" --out "$RUNS/lease_vlm_referent2/model" ;;
     video)
         "${runner[@]}" "${video_target[@]}" $(tiny video_smoke) "${device[@]}" --time-limit "$video_target_limit" \
             --work "$RUNS/lease_video" --out "$RUNS/lease_video/model" &&
