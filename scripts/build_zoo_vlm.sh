@@ -51,7 +51,22 @@ $PY -m mmspec.models.recipes.train_vlm --size target --init runs/train_vlm_targe
 # describe level (92.0 % -> 91.75 %)
 $PY -m mmspec.models.recipes.train_vlm --size target --init runs/train_vlm_target_stage9/model --duplicate-fraction 0.15 \
     --lr 3e-4 --seed 13 --steps 3991 --batch 64 --aux-weight 0 --train-videos 12000 --task-weight qa=15 narrate=2 \
-    video_caption=2 --max-tokens 131072 --device "${DEVICE:-cpu}" --work runs/train_vlm_target_stage10 --out $ZOO/target
+    video_caption=2 --max-tokens 131072 --device "${DEVICE:-cpu}" --work runs/train_vlm_target_stage10 \
+    --out runs/train_vlm_target_stage10/model
+# an eleventh and a twelfth, the same mix with half the image scenes redrawn with a shared colour or look-alike
+# objects and the referent probe (--referent-weight 1) on new data, in the first 2026-11-27 (evening) GPU
+# lease's jobs vlm_referent (2051 steps fitted by --time-limit 420 next to three other jobs, all run) and
+# vlm_referent2 (--time-limit 250 alone fitted 2639 steps and stopped at step 2628; the zoo's runs had
+# --threads 3 --data-workers 4): describe 91.75 % -> 94.75 % -> 97.5 %, qa 94.25 % -> 96.75 %, look-alike names
+# 18 -> 7 -> 0 of 36 wrong (docs/zoo_shapes_vlm.md)
+$PY -m mmspec.models.recipes.train_vlm --size target --init runs/train_vlm_target_stage10/model --duplicate-fraction 0.5 \
+    --referent-weight 1 --lr 3e-4 --seed 14 --steps 2051 --batch 64 --aux-weight 0 --train-videos 12000 \
+    --task-weight qa=15 narrate=2 video_caption=2 --max-tokens 131072 --device "${DEVICE:-cpu}" \
+    --work runs/train_vlm_target_stage11 --out runs/train_vlm_target_stage11/model
+$PY -m mmspec.models.recipes.train_vlm --size target --init runs/train_vlm_target_stage11/model --duplicate-fraction 0.5 \
+    --referent-weight 1 --lr 3e-4 --seed 15 --steps 2639 --stop-at 2628 --batch 64 --aux-weight 0 --train-videos 12000 \
+    --task-weight qa=15 narrate=2 video_caption=2 --max-tokens 131072 --device "${DEVICE:-cpu}" \
+    --work runs/train_vlm_target_stage12 --out $ZOO/target
 $PY -m mmspec.models.recipes.train_vlm --size draft --out runs/train_vlm_draft/model
 # the draft VLM (the assisted-generation baseline) on the fifth stage's data too, so that it names a clip's
 # objects in the order the target does
@@ -59,7 +74,7 @@ $PY -m mmspec.models.recipes.train_vlm --size draft --init runs/train_vlm_draft/
     --lr 3e-4 --seed 3 --steps 400 --aux-weight 0 --train-videos 8000 --task-weight qa=15 \
     --work runs/train_vlm_draft_stage5 --out $ZOO/draft
 # the four heads in one run: each step's teacher forward (most of a step's cost) serves all of them; first for
-# the seventh-stage captioner, then a stage from those heads for each later captioner (eighth, ninth, tenth;
+# the seventh-stage captioner, then a stage from those heads for each later captioner (eighth, ninth, tenth, twelfth;
 # warm heads accept more than heads trained from scratch for a new captioner: docs/zoo_shapes_vlm.md)
 $PY -m mmspec.models.recipes.train_vlm_drafter --method eagle flash vispec specvlm \
     --target runs/train_vlm_target_stage7/model --out runs/train_vlm_heads/out --work runs/train_vlm_heads --threads 1
@@ -69,7 +84,10 @@ $PY -m mmspec.models.recipes.train_vlm_drafter --method eagle flash vispec specv
 $PY -m mmspec.models.recipes.train_vlm_drafter --method eagle flash vispec specvlm \
     --target runs/train_vlm_target_stage9/model --init runs/train_vlm_heads_stage8/out --lr 3e-4 \
     --out runs/train_vlm_heads_stage9/out --work runs/train_vlm_heads_stage9 --threads 1
+$PY -m mmspec.models.recipes.train_vlm_drafter --method eagle flash vispec specvlm \
+    --target runs/train_vlm_target_stage10/model --init runs/train_vlm_heads_stage9/out --lr 3e-4 \
+    --out runs/train_vlm_heads_stage10/out --work runs/train_vlm_heads_stage10 --threads 1
 $PY -m mmspec.models.recipes.train_vlm_drafter --method eagle flash vispec specvlm --target $ZOO/target \
-    --init runs/train_vlm_heads_stage9/out --lr 3e-4 --out $ZOO --work runs/train_vlm_heads_stage10 --threads 1
+    --init runs/train_vlm_heads_stage10/out --lr 3e-4 --out $ZOO --work runs/train_vlm_heads_stage12 --threads 1
 $PY -m mmspec.models.recipes.report_vlm --model $ZOO/target --draft $ZOO/draft --out $ZOO/report.json
 $PY -m mmspec.models.recipes.build_zoo_vlm --folder $ZOO

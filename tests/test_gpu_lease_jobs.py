@@ -23,13 +23,17 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 @pytest.mark.slow
 def test_smoke_run_of_every_job_packs_models_and_logs(tmp_path):
     runs = tmp_path / "runs"
-    jobs = ["vlm_widened", "vlm_control", "video", "mar_draft", "eagle_head"]
-    result = _run("60", *jobs, env={"MMSPEC_LEASE_SMOKE": "1", "MMSPEC_LEASE_RUNS": str(runs),
-                                          "MMSPEC_LEASE_PYTHON": sys.executable})
+    jobs = ["vlm_widened", "vlm_control", "vlm_lookalikes", "vlm_referent", "video", "mar_draft", "eagle_head"]
+    env = {"MMSPEC_LEASE_SMOKE": "1", "MMSPEC_LEASE_RUNS": str(runs), "MMSPEC_LEASE_PYTHON": sys.executable}
+    result = _run("60", *jobs, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     parts = sorted((runs / "lease_out").iterdir())
-    assert {p.name.split(".tar.gz.part")[0] for p in parts} == set(jobs)
     assert len(parts) <= 8 and all(p.stat().st_size <= 15 * 2**20 for p in parts)  # what the lease tool returns
+    result = _run("60", "vlm_referent2", env=env)  # a second stage from vlm_referent's model
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    jobs.append("vlm_referent2")
+    parts = sorted((runs / "lease_out").iterdir())
+    assert {p.name.split(".tar.gz.part")[0] for p in parts} == set(jobs)
     unpacked = tmp_path / "unpacked"
     for job in jobs:
         archive = tmp_path / f"{job}.tar.gz"
@@ -38,9 +42,8 @@ def test_smoke_run_of_every_job_packs_models_and_logs(tmp_path):
             names = tar.getnames()
             assert not any(name.endswith(".pt") for name in names), names
             tar.extractall(unpacked, filter="data")
-    models = {"vlm_widened": ["lease_vlm_widened"], "vlm_control": ["lease_vlm_control"],
-              "video": ["lease_video", "lease_video_drafter"], "mar_draft": ["lease_mar_draft"],
-              "eagle_head": ["lease_eagle_head"]}
+    models = {job: [f"lease_{job}"] for job in jobs if job != "video"}
+    models["video"] = ["lease_video", "lease_video_drafter"]
     for job, folders in models.items():
         assert (unpacked / "runs" / f"lease_{job}.log").is_file()
         for folder in folders:

@@ -225,10 +225,10 @@ def test_configs_build_save_and_reload_offline(tmp_path, processor):
 
 
 # -- the recipe -----------------------------------------------------------------------------------------------
-def _run_recipe(root: Path, steps: int) -> dict[str, torch.Tensor]:
+def _run_recipe(root: Path, steps: int, *extra: str) -> dict[str, torch.Tensor]:
     train_vlm.main(["--size", "tiny", "--out", str(root / "out"), "--work", str(root / "work"), "--steps", str(steps),
                     "--batch", "4", "--train-images", "12", "--train-videos", "3", "--threads", "1",
-                    "--save-every", "1"])
+                    "--save-every", "10", *extra])
     return load_file(root / "out" / "model.safetensors")
 
 
@@ -246,6 +246,17 @@ def test_recipe_step_is_deterministic_and_resumes(tmp_path):
     straight = _run_recipe(tmp_path / "c", 3)
     assert all(torch.equal(resumed[k], straight[k]) for k in resumed)
     assert (tmp_path / "a" / "out" / "processor_config.json").is_file()
+
+
+def test_recipe_stop_at_repeats_a_time_limited_run_and_resumes(tmp_path):
+    """``--stop-at S`` ends the run at step S (saved, although not a save step) on the --steps schedule, as a
+    --time-limit run logs ``stopped_at``; rerun without it, the rest of the schedule equals an unbroken run."""
+    _run_recipe(tmp_path / "a", 3, "--stop-at", "2")
+    assert torch.load(tmp_path / "a" / "work" / "checkpoint.pt", weights_only=False)["step"] == 2
+    assert (tmp_path / "a" / "out" / "model.safetensors").is_file()
+    pieces = _run_recipe(tmp_path / "a", 3)
+    straight = _run_recipe(tmp_path / "b", 3)
+    assert all(torch.equal(pieces[k], straight[k]) for k in straight)
 
 
 def test_recipe_device_option(tmp_path):

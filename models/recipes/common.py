@@ -50,12 +50,16 @@ def add_device_argument(parser: argparse.ArgumentParser) -> None:
     the CPU). Batches are drawn on the CPU (indices and noise from torch's CPU generator) and moved there,
     so a run's random stream is the same on every device (the numbers differ only by the device's
     floating-point arithmetic). ``--time-limit`` counts from :func:`start_run`; what is left of it when
-    training starts (:func:`time_left`) is :func:`train_loop`'s ``time_limit``."""
+    training starts (:func:`time_left`) is :func:`train_loop`'s ``time_limit``; ``--stop-at`` is its
+    ``stop_at`` (a long run in pieces, or the step where a time-limited run stopped early, repeated)."""
     parser.add_argument("--device", default="cpu", help="train on this torch device (e.g. cuda on a GPU machine)")
     parser.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                         help="end the command within about this many seconds, data building included (a GPU "
                              "lease): the schedule is shortened after timing steps 10-60 and logged, so "
                              "--steps N repeats it")
+    parser.add_argument("--stop-at", type=int, default=None, metavar="STEP",
+                        help="end this run after this step (saved), keeping the --steps schedule: a long run in "
+                             "pieces, or a time-limited run that logged stopped_at STEP, repeated")
 
 
 def start_run(args: argparse.Namespace) -> None:

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         copy.deepcopy(model).eval().to("cpu").save_pretrained(args.out)
 
     train_loop(head, loss_fn, data["tokens"].shape[0], steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, weight_decay=0.0, device=device,
+               work=args.work, save=save, weight_decay=0.0, stop_at=args.stop_at, device=device,
                time_limit=time_left(args))
 
     # held-out agreement of the head's argmax with the target's (a proxy for acceptance)

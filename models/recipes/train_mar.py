@@ -121,8 +121,6 @@ def main(argv: list[str] | None = None) -> None:
                         help="x0 bound of the sampler saved in the config (latents lie in [-6.6, 5.4])")
     parser.add_argument("--ema", type=float, default=0.999, help="EMA decay of the saved weights (0: last weights)")
     parser.add_argument("--save-every", type=int, default=250)
-    parser.add_argument("--stop-at", type=int, default=None,
-                        help="end this run after this step (saved), keeping the --steps schedule: a long run in pieces")
     parser.add_argument("--init", type=Path, default=None,
                         help="start from this trained model folder (a later stage with a fresh schedule; the EMA "
                              "starts from its weights too)")

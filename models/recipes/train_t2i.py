@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
 
     train_loop(model, loss_fn, data["tokens"].shape[0], steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, save_every=args.save_every, device=device,
+               work=args.work, save=save, save_every=args.save_every, stop_at=args.stop_at, device=device,
                time_limit=time_left(args))
 
 

@@ -156,8 +156,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--difficulty", type=float, default=DIFFICULTY)
     parser.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
     parser.add_argument("--data", type=Path, default=None, help="reuse this data.pt (same data arguments)")
-    parser.add_argument("--stop-at", type=int, default=None,
-                        help="end this run after that step (saved) without changing the --steps schedule")
     parser.add_argument("--init", type=Path, default=None, help="start from this trained model (second stage)")
     parser.add_argument("--init-layers", default=None,
                         help="with --init: comma-separated block indices of the (deeper) --init model that become "

@@ -620,7 +620,8 @@ def main(argv: list[str] | None = None) -> None:
     loss_fn = make_loss_fn(trainee, data, args.max_tokens, args.aux_weight, args.blind_fraction, task_weights,
                            args.device, args.name_weight, vocab.cue, args.referent_weight, vocab, args.lookalike_weight)
     train_loop(trainee, loss_fn, len(data["examples"]), steps=args.steps, batch=args.batch, lr=args.lr,
-               work=args.work, save=save, save_every=args.save_every, device=args.device, time_limit=time_left(args))
+               work=args.work, save=save, save_every=args.save_every, stop_at=args.stop_at, device=args.device,
+               time_limit=time_left(args))
 
 
 if __name__ == "__main__":
