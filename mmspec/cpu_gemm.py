@@ -27,7 +27,7 @@ The packed copy is rebuilt when the weight is replaced or changed in place, and 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,10 +211,10 @@ class PackedCPUGemmMixin:
 
     def disable_packed_cpu_gemm(self) -> None:
         """Restore the plain ``F.linear`` path of every packed layer of the model components."""
-        PackedLinears(self._packed_layers()).remove()
+        PackedLinears(list(self._packed_layers())).remove()
 
-    def _packed_layers(self) -> list[nn.Linear]:
-        return [layer for module in pipeline_modules(self) for layer in module.modules() if is_packed(layer)]
+    def _packed_layers(self) -> Iterator[nn.Linear]:
+        return (layer for module in pipeline_modules(self) for layer in module.modules() if is_packed(layer))
 
     def set_cpu_gemm(self, mode: str) -> None:
         """``"packed"``: :meth:`enable_packed_cpu_gemm`; ``"plain"``: :meth:`disable_packed_cpu_gemm`."""
@@ -228,4 +228,4 @@ class PackedCPUGemmMixin:
     @property
     def packed_cpu_gemm(self) -> bool:
         """Whether any layer of the pipeline is packed now."""
-        return bool(self._packed_layers())
+        return next(self._packed_layers(), None) is not None

@@ -99,38 +99,33 @@ tiny() {  # the job's smoke-mode sizes, or nothing
     [ "$smoke" = 1 ] && eval "printf '%s\n' \"\${${1}[@]}\""
 }
 
+stage_job() {  # stage_job NAME RECIPE SMOKE [ARG ...]: the recipe's arguments, then the job's own, the smoke
+    # sizes, the device and the lease's time; work and model in $RUNS/lease_NAME
+    local name=$1 smoke_sizes=$3
+    local -n recipe=$2
+    shift 3
+    "${runner[@]}" "${recipe[@]}" "$@" $(tiny "$smoke_sizes") "${device[@]}" --time-limit "$seconds" \
+        --work "$RUNS/lease_$name" --out "$RUNS/lease_$name/model"
+}
+
 run_job() {
     local job=$1
     case "$job" in
-    vlm_widened)
-        "${runner[@]}" "${vlm_stage[@]}" --override text_dim=256 text_heads=8 text_ffn=1024 --grow-text-width \
-            $(tiny vlm_smoke) "${device[@]}" --time-limit "$seconds" \
-            --work "$RUNS/lease_vlm_widened" --out "$RUNS/lease_vlm_widened/model" ;;
-    vlm_control)
-        "${runner[@]}" "${vlm_stage[@]}" $(tiny vlm_smoke) "${device[@]}" --time-limit "$seconds" \
-            --work "$RUNS/lease_vlm_control" --out "$RUNS/lease_vlm_control/model" ;;
-    vlm_lookalikes)
-        "${runner[@]}" "${vlm_stage[@]}" --duplicate-fraction 0.5 $(tiny vlm_smoke) "${device[@]}" \
-            --time-limit "$seconds" --work "$RUNS/lease_vlm_lookalikes" --out "$RUNS/lease_vlm_lookalikes/model" ;;
-    vlm_referent)
-        "${runner[@]}" "${vlm_stage[@]}" --duplicate-fraction 0.5 --referent-weight 1 $(tiny vlm_smoke) "${device[@]}" \
-            --time-limit "$seconds" --work "$RUNS/lease_vlm_referent" --out "$RUNS/lease_vlm_referent/model" ;;
+    vlm_widened) stage_job "$job" vlm_stage vlm_smoke --override text_dim=256 text_heads=8 text_ffn=1024 --grow-text-width ;;
+    vlm_control) stage_job "$job" vlm_stage vlm_smoke ;;
+    vlm_lookalikes) stage_job "$job" vlm_stage vlm_smoke --duplicate-fraction 0.5 ;;
+    vlm_referent) stage_job "$job" vlm_stage vlm_smoke --duplicate-fraction 0.5 --referent-weight 1 ;;
     vlm_referent2)
-        "${runner[@]}" "${vlm_stage[@]}" --duplicate-fraction 0.5 --referent-weight 1 --init "$RUNS/lease_vlm_referent/model" \
-            --seed 15 $(tiny vlm_smoke) "${device[@]}" --time-limit "$seconds" \
-            --work "$RUNS/lease_vlm_referent2" --out "$RUNS/lease_vlm_referent2/model" ;;
+        stage_job "$job" vlm_stage vlm_smoke --duplicate-fraction 0.5 --referent-weight 1 \
+            --init "$RUNS/lease_vlm_referent/model" --seed 15 ;;
     video)
         "${runner[@]}" "${video_target[@]}" $(tiny video_smoke) "${device[@]}" --time-limit "$video_target_limit" \
             --work "$RUNS/lease_video" --out "$RUNS/lease_video/model" &&
         "${runner[@]}" "${video_drafter[@]}" --init "$RUNS/lease_video/model" --data "$RUNS/lease_video/data.pt" \
             $(tiny video_smoke) "${device[@]}" \
             --time-limit "$video_drafter_limit" --work "$RUNS/lease_video_drafter" --out "$RUNS/lease_video_drafter/model" ;;
-    mar_draft)
-        "${runner[@]}" "${mar_draft[@]}" $(tiny mar_smoke) "${device[@]}" --time-limit "$seconds" \
-            --work "$RUNS/lease_mar_draft" --out "$RUNS/lease_mar_draft/model" ;;
-    eagle_head)
-        "${runner[@]}" "${eagle_head[@]}" $(tiny eagle_smoke) "${device[@]}" --time-limit "$seconds" \
-            --work "$RUNS/lease_eagle_head" --out "$RUNS/lease_eagle_head/model" ;;
+    mar_draft) stage_job "$job" mar_draft mar_smoke ;;
+    eagle_head) stage_job "$job" eagle_head eagle_smoke ;;
     esac
 }
 
