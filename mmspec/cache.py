@@ -149,6 +149,22 @@ def select_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:
     return cache
 
 
+def drop_trailing_holes(keep: torch.Tensor) -> torch.Tensor:
+    """``keep [B, M]`` (slot indices, ``-1`` = hole) without its last columns that are holes in every row.
+
+    A round appends M slots per row, and rows keep different numbers of them; the commit must keep
+    ``max_b(kept_b)`` slots, not M: the slots after every row's last kept one would stay in the cache as
+    holes, which every later forward attends over (masked) and which make the cache grow. For a
+    single row with a chain this turns the commit into a crop (nothing is gathered). One host read.
+    """
+    check_ndim(keep, 2, "keep", "[B, M]")
+    if keep.shape[1] == 0:
+        return keep
+    columns = torch.arange(1, keep.shape[1] + 1, device=keep.device)
+    width = int(((keep >= 0).any(0) * columns).max())
+    return keep[:, :width]
+
+
 def keep_valid_slots(valid: torch.Tensor) -> torch.Tensor:
     """Keep indices ``[B, T]`` for a commit that keeps a round's valid slots (``-1`` for the others)."""
     return torch.where(valid, torch.arange(valid.shape[1], device=valid.device), -1)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mmspec.cache import SlotState, select_cache_slots
+from mmspec.cache import SlotState, drop_trailing_holes, select_cache_slots
 from mmspec.hidden_capture import HiddenStateCapture, find_decoder
 from mmspec.validation import check_ndim
 
@@ -183,8 +183,10 @@ class CausalLMRunner:
         return self._run(tokens, mask, positions, **model_inputs)
 
     def commit(self, keep: torch.Tensor) -> None:
-        """Keep, per row, the round's slots ``keep [B, M]`` (relative to the round start, -1 = hole)."""
+        """Keep, per row, the round's slots ``keep [B, M]`` (relative to the round start, -1 = hole); trailing
+        columns that are holes in every row are dropped (:func:`~mmspec.cache.drop_trailing_holes`)."""
         state = self._state()
+        keep = drop_trailing_holes(keep)
         self.cache = select_cache_slots(self.cache, state.round_start, keep)
         state.commit(keep)
 

@@ -305,13 +305,13 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         (-1 pads) from the word vocabulary, or ``{"condition_embeds": [B, C, caption_dim]}`` (zero pads)
         from the text encoder."""
         length = self.transformer.config.cls_token_num
-        if self.text_encoder is not None:
-            device = self.transformer.device  # the encoder may live elsewhere (e.g. a large T5 on the CPU)
+        device = self.transformer.device  # read once: diffusers' ``device`` walks offloading hooks (~0.3 ms)
+        if self.text_encoder is not None:  # the encoder may live elsewhere (e.g. a large T5 on the CPU)
             features, mask = caption_features(prompt, self.tokenizer, self.text_encoder, length)
             features, mask = self.transformer.pad_condition(features.to(device), mask.to(device))
             return {"condition_embeds": features}, mask.to(device)
         ids = self.text_tokenizer.batch(prompt, length)
-        return {"condition_ids": ids.to(self.transformer.device)}, (ids >= 0).long().to(self.transformer.device)
+        return {"condition_ids": ids.to(device)}, (ids >= 0).long().to(device)
 
     def check_inputs(self, prompt: Any, class_labels: Any, method: str, do_sample: bool, top_k: int | None,
                      guidance_scale: float, num_images_per_prompt: int, output_type: str,

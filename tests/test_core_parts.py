@@ -18,7 +18,7 @@ from mmspec import (
     logits_to_probs,
     sample,
 )
-from mmspec.cache import SlotState, crop_cache, select_cache_slots
+from mmspec.cache import SlotState, crop_cache, drop_trailing_holes, select_cache_slots
 from mmspec.sampling import sample_inverse_cdf
 
 # ------------------------------------------------------------------------------------------- sampling
@@ -202,6 +202,17 @@ def test_slot_state_rounds():
     state.commit(torch.tensor([[0, 1], [1, -1]]))
     assert state.valid.tolist() == [[False, True, True, True, True], [True, True, True, True, False]]
     assert state.last_position.tolist() == [3, 3]
+
+
+def test_drop_trailing_holes_keeps_the_widest_row():
+    keep = torch.tensor([[0, 1, -1, -1, -1], [0, -1, -1, -1, -1]])
+    assert drop_trailing_holes(keep).tolist() == [[0, 1], [0, -1]]
+    inner = torch.tensor([[0, -1, 2, -1], [-1, -1, -1, -1]])  # a hole before a kept slot stays
+    assert drop_trailing_holes(inner).tolist() == [[0, -1, 2], [-1, -1, -1]]
+    assert drop_trailing_holes(torch.full((2, 3), -1)).shape == (2, 0)
+    assert drop_trailing_holes(torch.zeros(2, 0, dtype=torch.long)).shape == (2, 0)
+    with pytest.raises(ValueError, match="keep"):
+        drop_trailing_holes(torch.tensor([0, 1]))
 
 
 # ----------------------------------------------------------------------------------------------- stats

@@ -56,6 +56,19 @@ def test_greedy_speculation_equals_target_only_decoding(llama_pair, name):
         assert spec.stats.draft_calls > 0
 
 
+@pytest.mark.parametrize("name", ["chain-small", "jacobi"])
+def test_one_row_keeps_no_holes_in_the_target_cache(llama_pair, name):
+    """A commit keeps max_b(kept_b) slots: with one row the cache holds the prompt and the committed tokens,
+    not every slot of every round (rejected drafts left as masked holes made attention and the cache grow)."""
+    target, draft = llama_pair
+    ids, mask = _prompt()
+    runner = CausalLMRunner(target)
+    spec = speculative_generate(runner, DRAFTERS[name](target, draft), ids[:1], mask[:1], max_new_tokens=24)
+    assert spec.stats.mean_accepted_length < 4  # some drafts were rejected
+    assert runner.num_slots == ids.shape[1] + 24 - 1  # the last token is emitted, never fed
+    assert bool(runner.slots.valid.all())
+
+
 def test_eos_stops_rows_independently(llama_pair):
     target, _ = llama_pair
     ids, mask = _prompt()
