@@ -56,7 +56,7 @@ from .bench_images import (
     seeded_quality,
     spread_note,
 )
-from .speed import RunResult, run_benchmark
+from .speed import SPEEDUP_CELL_NOTE, RunResult, run_benchmark, speedup_cell
 
 DEFAULT_METHODS = ("none", "eagle", "lantern", "lantern++", "sjd", "gsd", "mulo", "mulo, sequential",
                    "mulo, reverify", "mulo, reverify, exact")
@@ -229,7 +229,7 @@ def to_markdown(results: dict, command: str) -> str:
     spread = spread_note(results)
     lines = [f"Command: `{command}`", "",
              f"Machine: {results['machine']}; {results['speed_prompts']} prompts per timed call set, "
-             f"{results['repeats']} timed repeats (median), quality on {results['quality_prompts']} prompts "
+             f"{results['repeats']} timed repeats (median; {SPEEDUP_CELL_NOTE}), quality on {results['quality_prompts']} prompts "
              f"(GenEval-shapes = exact evaluator, FID = shapes features vs renders of the same prompts{spread}).", ""]
     for mode_name, mode in results["modes"].items():
         header, separator = seed_distance_columns(mode["quality"].values())
@@ -242,7 +242,7 @@ def to_markdown(results: dict, command: str) -> str:
                 calls = stats.get("target_calls")
                 per_image = calls / c["num_items"] if calls else float("nan")
                 q = mode["quality"][name]
-                lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {c['mean_accepted_length'] or 0:.2f} | "
+                lines.append(f"| {batch} | {name} | {speedup_cell(c)} | {c['mean_accepted_length'] or 0:.2f} | "
                              f"{c['items_per_s']:.2f} | {per_image:.1f} | {score_cell(q, 'geneval', 3)} | "
                              f"{score_cell(q, 'fid', 2)} |" + seed_distance_cell(q, bool(header)))
         noise = mode["quality"]["none, seed 2"]

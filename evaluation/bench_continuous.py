@@ -45,7 +45,7 @@ from .bench_images import (
     seeded_quality,
     spread_note,
 )
-from .speed import RunResult, run_benchmark
+from .speed import SPEEDUP_CELL_NOTE, RunResult, run_benchmark, speedup_cell
 
 #: name -> pipeline keyword arguments (shared settings come from --num-iter etc.)
 DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
@@ -133,7 +133,7 @@ def to_markdown(results: dict, command: str) -> str:
     header, separator = seed_distance_columns(results["quality"].values())
     lines = [f"Command: `{command}`", "",
              f"Machine: {results['machine']}. Shared settings: {json.dumps(shared)}. Speed: {results['speed_prompts']} "
-             f"prompts per timed call set, {results['repeats']} timed repeats (median) after a warm-up, all "
+             f"prompts per timed call set, {results['repeats']} timed repeats (median; {SPEEDUP_CELL_NOTE}) after a warm-up, all "
              f"configurations round-robin in one process. Quality: {results['quality_prompts']} prompts, one image "
              "each (GenEval-shapes = exact evaluator, mean of the six categories; FID = shapes features vs renders "
              f"of the same prompts{spread_note(results)}).", "",
@@ -146,7 +146,7 @@ def to_markdown(results: dict, command: str) -> str:
             items = c["num_items"]
             q = results["quality"][name]
             rate = f"{stats['acceptance_rate']:.3f}" if stats.get("drafted_tokens") else "-"
-            lines.append(f"| {batch} | {name} | {c['speedup']:.2f}x | {rate} | {c['items_per_s']:.2f} | "
+            lines.append(f"| {batch} | {name} | {speedup_cell(c)} | {rate} | {c['items_per_s']:.2f} | "
                          f"{c['tokens_per_target_call'] or 0:.2f} | {stats.get('target_calls', 0) / items:.1f} | "
                          f"{stats.get('draft_calls', 0) / items:.1f} | {score_cell(q, 'geneval', 3)} | "
                          f"{score_cell(q, 'fid', 1)} |" + seed_distance_cell(q, bool(header)))

@@ -4,7 +4,9 @@ One process runs the baseline and each method on the same inputs with the same s
 preceded by reseeding python, numpy and torch with the same seed, all cases are warmed up first, and the
 timed repeats go round-robin over the cases (baseline, A, B, baseline, A, B, ...) so that slow drifts of
 the machine (thermal state, a neighbour's job) hit every case alike. Each case reports the median wall
-time and its spread, the speedup over the baseline, throughput (tokens/s or images/s), the mean accepted
+time and its spread, the speedup over the baseline (the ratio of the medians, and the lowest and highest
+*paired* ratio: the baseline's time over the case's in the same round-robin pass, which a drift of the
+machine between passes does not move), throughput (tokens/s or images/s), the mean accepted
 length and the ideal speedup when the case returns speculation statistics, peak memory, and any quality
 numbers the case attaches.
 
@@ -110,6 +112,9 @@ class CaseReport:
     iqr_s: float  # interquartile range of the repeat times
     items_per_s: float
     speedup: float | None = None  # baseline median / this median
+    #: lowest and highest ratio baseline time / this case's time over the round-robin passes (each pass
+    #: times every case once, one after the other): how far the speedup moves with the machine's state
+    paired_speedup_range: tuple[float, float] | None = None
     mean_accepted_length: float | None = None
     tokens_per_target_call: float | None = None
     ideal_speedup: float | None = None  # tokens per target call relative to the baseline
@@ -118,6 +123,22 @@ class CaseReport:
     python_peak_bytes: int | None = None
     quality: dict[str, float] = field(default_factory=dict)
     stats: dict[str, Any] | None = None
+
+
+#: how tables written with :func:`speedup_cell` read
+SPEEDUP_CELL_NOTE = ("speedup: ratio of the medians, in brackets the lowest and highest ratio within one "
+                     "round-robin pass")
+
+
+def speedup_cell(case: Mapping[str, Any]) -> str:
+    """A table cell for a case's speedup (a :class:`CaseReport` as a dict): ``"2.54x (2.41-2.66)"``, the ratio
+    of the medians and in brackets the paired range across passes (reports written before the range was
+    recorded, and the baseline, show the ratio alone)."""
+    cell = f"{case['speedup']:.2f}x"
+    paired = case.get("paired_speedup_range")
+    if paired and not (paired[0] == paired[1] == 1.0):
+        cell += f" ({paired[0]:.2f}-{paired[1]:.2f})"
+    return cell
 
 
 @dataclass
@@ -442,6 +463,8 @@ def run_benchmark(
     base = reports[baseline]
     for c in reports.values():
         c.speedup = base.median_s / c.median_s if c.median_s > 0 else float("inf")
+        paired = [b / t for b, t in zip(base.times, c.times) if t > 0]
+        c.paired_speedup_range = (min(paired), max(paired)) if paired else None
         if c.tokens_per_target_call and base.tokens_per_target_call:
             c.ideal_speedup = c.tokens_per_target_call / base.tokens_per_target_call
 

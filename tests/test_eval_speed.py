@@ -86,6 +86,18 @@ def test_self_timed_cases_and_outputs_with_stats():
     assert report.cases["m"].median_s == pytest.approx(0.5)
 
 
+def test_paired_speedup_range_pairs_the_repeats_of_one_pass():
+    """A machine that slows down between passes moves the medians' ratio, not the paired ratios."""
+    base_times, case_times = iter([1.0, 2.0, 4.0]), iter([0.5, 1.0, 1.0])
+    report = run_benchmark({"none": lambda: RunResult(10, wall_time=next(base_times)),
+                            "m": lambda: RunResult(10, wall_time=next(case_times))},
+                           baseline="none", warmup=0, repeats=3)
+    case = report.cases["m"]
+    assert case.speedup == pytest.approx(2.0)  # median 2.0 over median 1.0
+    assert case.paired_speedup_range == pytest.approx((2.0, 4.0))  # 1/0.5, 2/1, 4/1
+    assert report.cases["none"].paired_speedup_range == pytest.approx((1.0, 1.0))
+
+
 def test_peak_memory_reflects_allocations():
     def big():
         a = np.ones(60 * 2**20 // 8)  # 60 MiB, touched
@@ -149,3 +161,11 @@ def test_bad_input():
         run_benchmark({"none": 3})
     with pytest.raises(TypeError, match="RunResult"):
         run_benchmark({"none": lambda: "done"}, warmup=0, repeats=1)
+
+
+def test_speedup_cells_show_the_paired_range_when_recorded():
+    from mmspec.evaluation.speed import speedup_cell
+
+    assert speedup_cell({"speedup": 2.5432, "paired_speedup_range": [2.41, 2.66]}) == "2.54x (2.41-2.66)"
+    assert speedup_cell({"speedup": 1.0, "paired_speedup_range": [1.0, 1.0]}) == "1.00x"  # the baseline
+    assert speedup_cell({"speedup": 1.7}) == "1.70x"  # a report written before the range was recorded
