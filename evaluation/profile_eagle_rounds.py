@@ -9,6 +9,11 @@ head's prefill), steps 1, 2, ... extend the chain.
 Then the same prompts with ``method="none"`` give the target's cost per single-token call. Per-call
 means show whether a head step costs what its arithmetic suggests, and how much more the first steps
 after a target call cost (on a CPU whose caches the target's weights have just filled).
+``phases`` adds the wall time per image of each phase of the speculation loop (``SpecStats.phase_seconds``:
+prefill, draft, target, verify, commit) and ``outside_phases`` the rest of the pipeline call (inputs,
+set-up, the loop's own bookkeeping): with the call times they show what a round costs besides its model
+forwards (the draft phase holds the head's calls, its prefill included; the target phase the target's
+calls after its prefill).
 
     python -m mmspec.evaluation.profile_eagle_rounds [--pipeline mmspec/shapes-t2i] [--prompts 3] [--threads 1]
         [--cpu-gemm packed|plain]
@@ -72,15 +77,20 @@ def profile(pipe: Any, prompts: list[str], repeats: int = 2, **call_kwargs: Any)
     result: dict[str, Any] = {}
     for method in ("eagle", "none"):
         for _ in range(repeats):
+            phases: dict[str, float] = defaultdict(float)
             with timing_model_calls(EagleHead) as times:
                 start = time.perf_counter()
                 for text in prompts:
-                    pipe(text, method=method, do_sample=False, output_type="tokens",
-                         generator=torch.Generator().manual_seed(0), **(call_kwargs if method == "eagle" else {}))
+                    out = pipe(text, method=method, do_sample=False, output_type="tokens",
+                               generator=torch.Generator().manual_seed(0), **(call_kwargs if method == "eagle" else {}))
+                    for phase, phase_seconds in out.stats.phase_seconds.items():
+                        phases[phase] += phase_seconds
                 seconds = time.perf_counter() - start
         calls = {key: {"calls_per_image": len(v) / len(prompts), "ms_per_call": 1e3 * sum(v) / len(v)}
                  for key, v in sorted(times.items())}
-        result[method] = {"ms_per_image": 1e3 * seconds / len(prompts), "calls": calls}
+        per_image = {phase: 1e3 * value / len(prompts) for phase, value in phases.items()}
+        result[method] = {"ms_per_image": 1e3 * seconds / len(prompts), "calls": calls, "phases": per_image,
+                          "outside_phases": 1e3 * (seconds - sum(phases.values())) / len(prompts)}
     result["speedup"] = result["none"]["ms_per_image"] / result["eagle"]["ms_per_image"]
     return result
 

@@ -24,6 +24,12 @@ def test_profile_counts_every_target_call_and_head_step():
     assert set(eagle) <= {"target"} | {f"head {i}" for i in range(MAX_POSITION + 1)} and f"head {MAX_POSITION}" in eagle
     assert result["none"]["calls"]["target"]["calls_per_image"] == 64  # prefill + 63 single-token calls
     assert all(v["ms_per_call"] > 0 for v in eagle.values()) and result["speedup"] > 0
+    phases = result["eagle"]["phases"]
+    assert set(phases) == {"prefill", "draft", "target", "verify", "commit"} and set(result["none"]["phases"]) == \
+        {"prefill", "target", "verify"}
+    head_ms = sum(v["calls_per_image"] * v["ms_per_call"] for k, v in eagle.items() if k.startswith("head"))
+    assert phases["draft"] >= head_ms  # the head's calls run inside the draft phase
+    assert sum(phases.values()) + result["eagle"]["outside_phases"] == pytest.approx(result["eagle"]["ms_per_image"])
     with pytest.raises(ValueError, match="at least one prompt"):
         profile(pipe, [], repeats=1)
 
