@@ -65,16 +65,23 @@ class SpecStats:
         ``num_drafted`` is the number of draft positions checked along the accepted chain (K for chains,
         the path depth bound for trees), scalar or per row.
         """
-        accepted = num_accepted.detach().cpu()
-        rows = torch.ones_like(accepted, dtype=torch.bool) if active is None else active.detach().cpu()
-        drafted = torch.as_tensor(num_drafted).expand_as(accepted).cpu()
-        self.verify_steps += int(rows.sum())
-        self.emitted += int((accepted + 1)[rows].sum())
-        longest = int(drafted.max()) if drafted.numel() else 0
+        # plain Python lists: this runs once per round, right after the target's forward, where every
+        # small tensor operation costs several times its isolated time
+        accepted = num_accepted.tolist()
+        kept = [True] * len(accepted) if active is None else active.tolist()
+        if isinstance(num_drafted, int):
+            drafted = [num_drafted] * len(accepted)
+        else:
+            per_row = torch.as_tensor(num_drafted)
+            drafted = [int(per_row)] * len(accepted) if per_row.ndim == 0 else per_row.tolist()
+        rows = [(n, k) for n, k, keep in zip(accepted, drafted, kept) if keep]
+        self.verify_steps += len(rows)
+        self.emitted += sum(n + 1 for n, _ in rows)
+        longest = max(drafted, default=0)
         while len(self.position_attempts) < longest:
             self.position_attempts.append(0)
             self.position_accepts.append(0)
-        for n, k in zip(accepted[rows].tolist(), drafted[rows].tolist()):
+        for n, k in rows:
             # position i is verified iff every earlier one was accepted
             for i in range(min(n + 1, k)):
                 self.position_attempts[i] += 1

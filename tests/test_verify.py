@@ -124,6 +124,27 @@ def test_greedy_rule_emits_the_target_argmax_chain():
         assert (result.tokens[b, n + 1:] == -1).all()
 
 
+def test_greedy_fast_path_equals_the_reference_path_with_ties_and_full_acceptance():
+    """verify_tokens decides GreedyRule chains from the argmax alone; a subclass of the rule takes the generic
+    path (uniform draws, masses, residual), and both must agree token for token."""
+
+    class ReferenceGreedy(GreedyRule):
+        pass
+
+    g = torch.Generator().manual_seed(3)
+    target = make_dist(48, 6, 20, peaked=True, generator=g)
+    target[:8, :, :4] = 0.25  # ties: four equally likely tokens, argmax takes the lowest id
+    target[:8, :, 4:] = 0.0
+    drafts = target.argmax(-1)[:, :5].clone()
+    wrong = torch.rand(48, 5, generator=g) < 0.25
+    wrong[:6] = False  # some rows accept every draft
+    drafts[wrong] = (drafts[wrong] + 1) % 20
+    fast = verify_tokens(drafts, None, target, rule=GreedyRule())
+    reference = verify_tokens(drafts, None, target, rule=ReferenceGreedy())
+    assert torch.equal(fast.num_accepted, reference.num_accepted) and torch.equal(fast.tokens, reference.tokens)
+    assert (fast.num_accepted == 5).sum() >= 6 and (fast.num_accepted < 5).any()
+
+
 def test_output_layout_and_generator_determinism():
     g = torch.Generator().manual_seed(0)
     target = make_dist(8, 5, 30, peaked=False, generator=g)
