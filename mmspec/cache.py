@@ -111,8 +111,10 @@ def crop_cache(cache: Any, length: int) -> Any:
 
 
 def keeps_prefix(index: torch.Tensor) -> bool:
-    """True when every row of ``index [B, M]`` is ``0, 1, ..., M-1``: the selection is a crop."""
-    return bool((index == torch.arange(index.shape[1], device=index.device)).all())
+    """True when every row of ``index [B, M]`` is ``0, 1, ..., M-1``: the selection is a crop (read on the
+    host at once, as :func:`drop_trailing_holes` does)."""
+    prefix = list(range(index.shape[1]))
+    return all(row == prefix for row in index.tolist())
 
 
 def select_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:
@@ -155,13 +157,12 @@ def drop_trailing_holes(keep: torch.Tensor) -> torch.Tensor:
     A round appends M slots per row, and rows keep different numbers of them; the commit must keep
     ``max_b(kept_b)`` slots, not M: the slots after every row's last kept one would stay in the cache as
     holes, which every later forward attends over (masked) and which make the cache grow. For a
-    single row with a chain this turns the commit into a crop (nothing is gathered). One host read.
+    single row with a chain this turns the commit into a crop (nothing is gathered). The few indices are
+    read on the host at once: this runs on every commit, where each small tensor operation is costly.
     """
     check_ndim(keep, 2, "keep", "[B, M]")
-    if keep.shape[1] == 0:
-        return keep
-    columns = torch.arange(1, keep.shape[1] + 1, device=keep.device)
-    width = int(((keep >= 0).any(0) * columns).max())
+    width = max((max((j + 1 for j, slot in enumerate(row) if slot >= 0), default=0) for row in keep.tolist()),
+                default=0)
     return keep[:, :width]
 
 
