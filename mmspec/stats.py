@@ -69,11 +69,8 @@ class SpecStats:
         # small tensor operation costs several times its isolated time
         accepted = num_accepted.tolist()
         kept = [True] * len(accepted) if active is None else active.tolist()
-        if isinstance(num_drafted, int):
-            drafted = [num_drafted] * len(accepted)
-        else:
-            per_row = torch.as_tensor(num_drafted)
-            drafted = [int(per_row)] * len(accepted) if per_row.ndim == 0 else per_row.tolist()
+        drafted = [num_drafted] * len(accepted) if isinstance(num_drafted, int) else \
+            torch.as_tensor(num_drafted).expand(len(accepted)).tolist()
         rows = [(n, k) for n, k, keep in zip(accepted, drafted, kept) if keep]
         self.verify_steps += len(rows)
         self.emitted += sum(n + 1 for n, _ in rows)

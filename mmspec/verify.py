@@ -82,13 +82,14 @@ def verify_tokens(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, 
         :class:`Verification`.
     """
     batch, num_draft, _ = check_chain_inputs(draft_tokens, draft_probs, target_probs, rule)
-    if type(rule) is GreedyRule and draft_probs is None and kernels.kernel_backend(target_probs) != "triton":
+    fused = rule.fused_kernel is not None and kernels.kernel_backend(target_probs) == "triton"
+    if not fused and type(rule) is GreedyRule and draft_probs is None:
         num_accepted, next_tokens = _verify_greedy_chain(draft_tokens, target_probs)
         return Verification(num_accepted, assemble_tokens(draft_tokens, num_accepted, next_tokens))
     accept_u = draw_uniforms((batch, num_draft), target_probs, generator)
     sample_u = draw_uniforms((batch,), target_probs, generator)
 
-    if rule.fused_kernel is not None and kernels.kernel_backend(target_probs) == "triton":
+    if fused:
         num_accepted, next_tokens = kernels.chain_verify(draft_tokens, draft_probs, target_probs, accept_u,
                                                          sample_u, greedy=rule.fused_kernel == "greedy",
                                                          check_values=False)
