@@ -127,6 +127,11 @@ def select_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:
     check_ndim(index, 2, "index", "[B, M]")
     if keeps_prefix(index):  # every row keeps its first M slots in order (target-only steps, full acceptance)
         return crop_cache(cache, start + index.shape[1])
+    return move_cache_slots(cache, start, index)
+
+
+def move_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:
+    """:func:`select_cache_slots` for a selection known not to be a prefix: always gathers."""
     if isinstance(cache, KVCache):
         cache.select_slots(start, index)
         return cache
@@ -161,9 +166,12 @@ def drop_trailing_holes(keep: torch.Tensor) -> torch.Tensor:
     read on the host at once: this runs on every commit, where each small tensor operation is costly.
     """
     check_ndim(keep, 2, "keep", "[B, M]")
-    width = max((max((j + 1 for j, slot in enumerate(row) if slot >= 0), default=0) for row in keep.tolist()),
-                default=0)
-    return keep[:, :width]
+    return keep[:, :kept_width(keep.tolist())]
+
+
+def kept_width(keep: list[list[int]]) -> int:
+    """The columns of ``keep`` (read on the host) up to the last one some row keeps (:func:`drop_trailing_holes`)."""
+    return max((max((j + 1 for j, slot in enumerate(row) if slot >= 0), default=0) for row in keep), default=0)
 
 
 def keep_valid_slots(valid: torch.Tensor) -> torch.Tensor:
@@ -187,6 +195,9 @@ class SlotState:
     last_position: torch.Tensor
     round_start: int = 0
     round_base: torch.Tensor | None = None
+    #: whether every slot this round appended is a valid chain slot (appended by count, no tree offsets):
+    #: a commit that keeps a prefix of them then needs no mask arithmetic (:meth:`keep_first`)
+    round_all_valid: bool = False
 
     @classmethod
     def from_attention_mask(cls, attention_mask: torch.Tensor) -> SlotState:
@@ -204,15 +215,28 @@ class SlotState:
 
     def begin_round(self) -> None:
         self.round_start = self.num_slots
-        self.round_base = self.last_position.clone()
+        self.round_base = self.last_position  # (tensors are replaced, never changed in place)
+        self.round_all_valid = True
 
-    def append(self, new_valid: torch.Tensor, offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def append(self, new_valid: torch.Tensor | int, offsets: torch.Tensor | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``T`` slots; returns ``(positions [B, T], key_mask [B, S + T])``.
 
-        Without ``offsets`` the slots continue each row's chain (invalid slots do not advance it). With
-        ``offsets [B, T]`` (tree nodes) slot t gets position ``last_position + 1 + offsets[:, t]`` and the
-        chain position is left unchanged (each row keeps its own positions, e.g. padded prompts).
+        ``new_valid``: bool ``[B, T]``, or the number ``T`` of slots when all of them are valid (a chain's
+        drafts, a head step: the common case, built here in fewer operations). Without ``offsets`` the
+        slots continue each row's chain (invalid slots do not advance it). With ``offsets [B, T]`` (tree
+        nodes) slot t gets position ``last_position + 1 + offsets[:, t]`` and the chain position is left
+        unchanged (each row keeps its own positions, e.g. padded prompts).
         """
+        if isinstance(new_valid, int):
+            new_valid = self.valid.new_ones(self.valid.shape[0], new_valid)
+            if offsets is None:  # every slot advances the chain by one
+                positions = self.last_position.unsqueeze(-1) + torch.arange(
+                    1, new_valid.shape[1] + 1, device=new_valid.device)
+                self.last_position = self.last_position + new_valid.shape[1]
+                self.valid = torch.cat([self.valid, new_valid], dim=1)
+                return positions, self.valid
+        self.round_all_valid = False
         new_valid = new_valid.bool()
         key_mask = torch.cat([self.valid, new_valid], dim=1)
         if offsets is not None:
@@ -223,6 +247,14 @@ class SlotState:
             self.last_position = self.last_position + steps[:, -1]
         self.valid = key_mask
         return positions, key_mask
+
+    def keep_first(self, count: int) -> None:
+        """Keep this round's first ``count`` slots as they are (every row, in order) and drop the rest: the
+        commit of a prefix when the round appended valid chain slots only (:attr:`round_all_valid`)."""
+        if self.round_base is None or not self.round_all_valid:
+            raise RuntimeError("keep_first() needs a round that appended valid chain slots only")
+        self.valid = self.valid[:, : self.round_start + count]
+        self.last_position = self.round_base + count
 
     def commit(self, keep: torch.Tensor) -> None:
         """Replace this round's slots by the packed ``keep`` set (``[B, M]`` indices relative to the

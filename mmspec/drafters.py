@@ -71,12 +71,18 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
     tokens, dists, drafted = [], [], 0
     while True:
         probs = to_probs(logits)
-        drawn = sample(probs, generator) if drawing else probs.argmax(-1)
+        if drawing:
+            drawn = sample(probs, generator)
+            mass = None  # read below only when the chain length is dynamic
+        else:  # the most likely token and its probability in one operation
+            mass, drawn = probs.max(-1)
         block, block_probs = (drawn, probs) if probs.ndim == 3 else (drawn.unsqueeze(1), probs.unsqueeze(1))
         take = min(block.shape[1], num_tokens - drafted)
         stop = drafted + take == num_tokens
         if confidence_threshold > 0:  # one host read per forward: is each kept draft unsure in every row?
-            confidence = block_probs.gather(-1, block.unsqueeze(-1))[:, :take, 0].amax(0)
+            if mass is None:
+                mass = block_probs.gather(-1, block.unsqueeze(-1))[..., 0]
+            confidence = mass.reshape(block.shape)[:, :take].amax(0)
             unsure = (confidence < confidence_threshold).tolist()
             if True in unsure:
                 take, stop = unsure.index(True) + 1, True

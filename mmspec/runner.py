@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mmspec.cache import SlotState, drop_trailing_holes, select_cache_slots
+from mmspec.cache import SlotState, crop_cache, kept_width, move_cache_slots
 from mmspec.hidden_capture import HiddenStateCapture, find_decoder
 from mmspec.validation import check_ndim
 
@@ -170,9 +170,8 @@ class CausalLMRunner:
                 drafting/verification; default is causal over valid slots.
         """
         state = self._state()
-        valid = torch.ones_like(tokens, dtype=torch.bool) if valid is None else valid.bool()
         previous = state.num_slots
-        positions, key_mask = state.append(valid, offsets)
+        positions, key_mask = state.append(tokens.shape[1] if valid is None else valid, offsets)
         if attention is None:
             mask: torch.Tensor = key_mask.long()
         else:
@@ -186,9 +185,18 @@ class CausalLMRunner:
         """Keep, per row, the round's slots ``keep [B, M]`` (relative to the round start, -1 = hole); trailing
         columns that are holes in every row are dropped (:func:`~mmspec.cache.drop_trailing_holes`)."""
         state = self._state()
-        keep = drop_trailing_holes(keep)
-        self.cache = select_cache_slots(self.cache, state.round_start, keep)
-        state.commit(keep)
+        check_ndim(keep, 2, "keep", "[B, M]")
+        rows = keep.tolist()  # one host read decides the width and whether this is a crop
+        width = kept_width(rows)
+        prefix = list(range(width))
+        if all(row[:width] == prefix for row in rows):  # every row keeps its first slots in order: a crop
+            self.cache = crop_cache(self.cache, state.round_start + width)
+            if state.round_all_valid:
+                state.keep_first(width)
+                return
+        else:
+            self.cache = move_cache_slots(self.cache, state.round_start, keep[:, :width])
+        state.commit(keep[:, :width])
 
     def _state(self) -> SlotState:
         if self.slots is None:

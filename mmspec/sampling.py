@@ -76,7 +76,8 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig = SamplingConfi
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     if not config.do_sample:
         return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
-    logits = logits / config.temperature
+    if config.temperature != 1.0:  # (dividing by 1 changes nothing and costs an operation per call)
+        logits = logits / config.temperature
     if config.top_k:
         kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -16,7 +16,7 @@ which is what ``method="none"`` of every pipeline runs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -80,6 +80,7 @@ class RoundResult:
             for trees), which Jacobi-style drafters turn into their next drafts.
         target_penultimate: ``[B, M, D]`` the target's penultimate hidden states of ``committed``, when the
             target returns them (``VLMRunner(..., return_penultimate=True)``; SpecVLM-style heads).
+        accepted_counts: ``num_accepted`` read on the host (the loop reads it once per round), or None.
     """
 
     committed: torch.Tensor
@@ -89,6 +90,13 @@ class RoundResult:
     path: torch.Tensor | None = None
     target_probs: torch.Tensor | None = None
     target_penultimate: torch.Tensor | None = None
+    accepted_counts: list[int] | None = None
+
+    def num_accepted_list(self) -> list[int]:
+        """``num_accepted`` on the host: :attr:`accepted_counts`, or one read of the tensor."""
+        if self.accepted_counts is None:
+            self.accepted_counts = self.num_accepted.tolist()
+        return self.accepted_counts
 
 
 class Drafter(ABC):
@@ -178,8 +186,8 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
     to_probs = target_probs_fn(sampling)
     stats = stats if stats is not None else SpecStats()
     device = (input_ids if input_ids is not None else attention_mask).device
-    eos = torch.tensor([] if eos_token_id is None else
-                       ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), device=device)
+    eos = [] if eos_token_id is None else \
+        [int(eos_token_id)] if isinstance(eos_token_id, int) else [int(token) for token in eos_token_id]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
 
@@ -195,22 +203,24 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
             drafter.prefill(PrefillContext(input_ids, attention_mask, out, pending, model_inputs))
 
     output = _OutputBuffer(batch, max_new_tokens, eos, device)
-    first = output.append(pending.unsqueeze(1), torch.zeros(batch, 1, dtype=torch.bool, device=device))
+    new_tokens, drafted = pending.unsqueeze(1), [0] * batch
+    taken = output.append(new_tokens, drafted)
     if callback is not None:
-        callback(*first)
+        callback(*output.taken_tensors(new_tokens, drafted, taken))
     while not output.all_done():
-        active = ~output.done
+        active = [not done for done in output.done]
         if drafter is None:
-            new_tokens, drafted = _target_only_round(target, pending, to_probs, rule, generator, stats)
+            new_tokens, drafted, pending = _target_only_round(target, pending, to_probs, rule, generator, stats)
         else:
-            new_tokens, drafted = _speculative_round(target, drafter, pending, to_probs, rule, generator, stats,
-                                                     active)
-        appended = output.append(new_tokens, drafted)
+            new_tokens, drafted, pending = _speculative_round(target, drafter, pending, to_probs, rule, generator,
+                                                              stats, active)
+        taken = output.append(new_tokens, drafted)
         if callback is not None:
-            callback(*appended)
-        pending = new_tokens.gather(1, ((new_tokens >= 0).sum(-1, keepdim=True) - 1)).squeeze(1)
-    stats.tokens += int(output.lengths.sum())
-    return SpeculativeOutput(output.sequences(pad_token_id), output.lengths.clone(), output.drafted_mask(), stats)
+            callback(*output.taken_tensors(new_tokens, drafted, taken))
+    lengths = output.lengths
+    stats.tokens += sum(lengths)
+    return SpeculativeOutput(output.sequences(pad_token_id), torch.tensor(lengths, device=device),
+                             output.drafted_mask(), stats)
 
 
 def _target_only_round(target, pending, to_probs, rule, generator, stats):
@@ -222,11 +232,14 @@ def _target_only_round(target, pending, to_probs, rule, generator, stats):
     with stats.phase("verify"):
         probs = to_probs(out.logits[:, 0])
         next_tokens = probs.argmax(-1) if rule.greedy else sample(probs, generator)
-    stats.record_verification(torch.zeros_like(pending), 0)
-    return next_tokens.unsqueeze(1), torch.zeros_like(next_tokens, dtype=torch.bool).unsqueeze(1)
+    no_drafts = [0] * pending.shape[0]
+    stats.record_verification(no_drafts, 0)
+    return next_tokens.unsqueeze(1), no_drafts, next_tokens
 
 
 def _speculative_round(target, drafter, pending, to_probs, rule, generator, stats, active):
+    """One round; returns ``(new tokens [B, M] (-1 pad), accepted drafts per row (a list: the first ones of
+    each row's new tokens), the next pending token [B])``."""
     with stats.phase("draft"):
         calls = drafter.calls
         proposal = drafter.propose(pending)
@@ -243,27 +256,39 @@ def _speculative_round(target, drafter, pending, to_probs, rule, generator, stat
         probs = to_probs(out.logits)
         if isinstance(proposal, DraftTree):
             result = verify_tree(proposal, probs, rule, generator)
+            counts = result.num_accepted.tolist()
             keep = torch.cat([torch.zeros_like(pending).unsqueeze(1),
                               torch.where(result.path >= 0, result.path + 1, -1)], 1)
             path, depth = result.path, proposal.depths().max(-1).values
         else:
             result = verify_tokens(proposal.tokens, proposal.probs, probs, rule, generator)
-            steps = torch.arange(proposal.tokens.shape[1] + 1, device=pending.device)
-            keep = torch.where(steps <= result.num_accepted.unsqueeze(-1), steps, -1)
+            counts = result.accepted_counts()
             path, depth = None, proposal.tokens.shape[1]
-        stats.record_verification(result.num_accepted, depth, active)
+        stats.record_verification(counts, depth, active)
     with stats.phase("commit"):
+        accepted = counts[0] if min(counts) == max(counts) else None  # every row kept as many drafts (batch 1)
+        if accepted is not None and path is None:  # a chain prefix of the same length in every row: slices
+            keep = torch.arange(accepted + 1, device=pending.device).expand(len(counts), -1)
+            committed = torch.cat([pending.unsqueeze(1), result.tokens[:, :accepted]], 1)
+            hidden = None if out.hidden is None else out.hidden[:, :accepted + 1]
+            penultimate = getattr(out, "penultimate", None)
+            penultimate = None if penultimate is None else penultimate[:, :accepted + 1]
+            next_tokens = result.tokens[:, accepted]
+        else:
+            if path is None:
+                steps = torch.arange(proposal.tokens.shape[1] + 1, device=pending.device)
+                keep = torch.where(steps <= result.num_accepted.unsqueeze(-1), steps, -1)
+            committed = torch.cat([pending.unsqueeze(1), result.tokens[:, :-1]], 1)
+            committed = torch.where(keep >= 0, committed, -1)
+            hidden = _committed_rows(out.hidden, keep)
+            penultimate = _committed_rows(getattr(out, "penultimate", None), keep)
+            next_tokens = result.tokens.gather(1, result.num_accepted.unsqueeze(1)).squeeze(1)
         target.commit(keep)
-        committed = torch.cat([pending.unsqueeze(1), result.tokens[:, :-1]], 1)
-        committed = torch.where(keep >= 0, committed, -1)
-        hidden = _committed_rows(out.hidden, keep)
-        penultimate = _committed_rows(getattr(out, "penultimate", None), keep)
-        next_tokens = result.tokens.gather(1, result.num_accepted.unsqueeze(1)).squeeze(1)
     with stats.phase("draft"):
-        drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path, probs, penultimate))
+        drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path, probs, penultimate,
+                                   accepted_counts=counts))
         stats.draft_calls += drafter.calls - calls
-    drafted = (torch.arange(result.tokens.shape[1], device=pending.device) < result.num_accepted.unsqueeze(-1))
-    return result.tokens, drafted & (result.tokens >= 0)
+    return result.tokens, counts, next_tokens
 
 
 def _committed_rows(values: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor | None:
@@ -283,46 +308,66 @@ def _tree_attention(target, tree: DraftTree) -> torch.Tensor:
 
 
 class _OutputBuffer:
-    """Per-row generated tokens with EOS / length stopping."""
+    """Per-row generated tokens with EOS / length stopping, kept on the host.
 
-    def __init__(self, batch: int, max_new_tokens: int, eos: torch.Tensor, device: torch.device) -> None:
-        self.tokens = torch.full((batch, max_new_tokens), -1, dtype=torch.long, device=device)
-        self.drafted = torch.zeros((batch, max_new_tokens), dtype=torch.bool, device=device)
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.done = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.eos, self.max_new_tokens = eos, max_new_tokens
+    A round adds a few tokens per row: reading them once (``tolist``) and extending Python lists costs two
+    tensor operations a round, where doing the same on tensors cost about twenty, each several times its
+    isolated time right after the target's forward. The tensors are built once, at the end.
+    """
 
-    def append(self, new_tokens: torch.Tensor, drafted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append each row's new tokens up to its EOS / length limit; returns what was really appended
-        ``(tokens [B, M] -1 pad, drafted [B, M])`` (nothing for rows that were already done).
+    def __init__(self, batch: int, max_new_tokens: int, eos: Iterable[int], device: torch.device) -> None:
+        self.tokens: list[list[int]] = [[] for _ in range(batch)]
+        self.drafted: list[list[bool]] = [[] for _ in range(batch)]
+        self.done = [False] * batch
+        self.eos, self.max_new_tokens, self.device = frozenset(eos), max_new_tokens, device
 
-        A row's new tokens are its leading non-negative entries; it takes them up to its remaining room
-        and up to (and including) its first EOS. Vectorised over rows and tokens: this runs once per round.
+    @property
+    def lengths(self) -> list[int]:
+        return [len(row) for row in self.tokens]
+
+    def append(self, new_tokens: torch.Tensor, num_drafted: list[int]) -> list[int]:
+        """Append each row's new tokens up to its EOS / length limit; returns how many of each row's
+        ``new_tokens [B, M]`` were taken (0 for rows that were already done).
+
+        A row's new tokens are its leading non-negative entries, the first ``num_drafted[b]`` of them
+        accepted drafts; it takes them up to its remaining room and up to (and including) its first EOS.
         """
+        taken = []
+        for b, (row, drafts) in enumerate(zip(new_tokens.tolist(), num_drafted)):
+            count = 0
+            if not self.done[b]:
+                room = self.max_new_tokens - len(self.tokens[b])
+                for token in row:
+                    if token < 0 or count == room:
+                        break
+                    count += 1
+                    if token in self.eos:
+                        self.done[b] = True
+                        break
+                self.tokens[b].extend(row[:count])
+                self.drafted[b].extend(i < drafts for i in range(count))
+                self.done[b] = self.done[b] or len(self.tokens[b]) >= self.max_new_tokens
+            taken.append(count)
+        return taken
+
+    @staticmethod
+    def taken_tensors(new_tokens: torch.Tensor, num_drafted: list[int], taken: list[int]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """What :meth:`append` took, as ``(tokens [B, M] -1 pad, drafted [B, M])`` (a streaming callback's view)."""
         steps = torch.arange(new_tokens.shape[1], device=new_tokens.device)
-        take = (new_tokens >= 0).long().cumprod(-1).bool() & ~self.done.unsqueeze(1)
-        take &= steps < (self.max_new_tokens - self.lengths).unsqueeze(1)
-        if self.eos.numel():
-            is_eos = take & torch.isin(new_tokens, self.eos)
-            after_eos = (is_eos.long().cumsum(-1) - is_eos.long()) > 0  # strictly after the row's first EOS
-            take &= ~after_eos
-            self.done |= is_eos.any(-1)
-        rows, columns = take.nonzero(as_tuple=True)
-        slots = self.lengths[rows] + columns
-        self.tokens[rows, slots] = new_tokens[rows, columns]
-        self.drafted[rows, slots] = drafted[rows, columns]
-        self.lengths += take.sum(-1)
-        self.done |= self.lengths >= self.max_new_tokens
-        appended = torch.where(take, new_tokens, -1)
-        return appended, drafted & take
+        limits = torch.tensor([taken, [min(n, t) for n, t in zip(num_drafted, taken)]], device=new_tokens.device)
+        return torch.where(steps < limits[0].unsqueeze(1), new_tokens, -1), steps < limits[1].unsqueeze(1)
 
     def all_done(self) -> bool:
-        return bool(self.done.all())
+        return all(self.done)
 
     def sequences(self, pad_token_id: int) -> torch.Tensor:
-        width = int(self.lengths.max()) if self.lengths.numel() else 0
-        out = self.tokens[:, :width].clone()
-        return out.masked_fill_(out < 0, pad_token_id)
+        return self._padded(self.tokens, pad_token_id, torch.long)
 
     def drafted_mask(self) -> torch.Tensor:
-        return self.drafted[:, : int(self.lengths.max())].clone()
+        return self._padded(self.drafted, False, torch.bool)
+
+    def _padded(self, rows: list[list], pad: int | bool, dtype: torch.dtype) -> torch.Tensor:
+        width = max((len(row) for row in rows), default=0)
+        return torch.tensor([row + [pad] * (width - len(row)) for row in rows], dtype=dtype,
+                            device=self.device).reshape(len(rows), width)

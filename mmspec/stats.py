@@ -58,17 +58,19 @@ class SpecStats:
     def wall_seconds(self) -> float:
         return sum(self.phase_seconds.values())
 
-    def record_verification(self, num_accepted: torch.Tensor, num_drafted: int | torch.Tensor,
-                            active: torch.Tensor | None = None) -> None:
-        """Count one verification of the rows in ``active`` (bool ``[B]``; all rows when None).
+    def record_verification(self, num_accepted: torch.Tensor | list[int], num_drafted: int | torch.Tensor,
+                            active: torch.Tensor | list[bool] | None = None) -> None:
+        """Count one verification of the rows in ``active`` (bool ``[B]``, a tensor or a list; all rows when None).
+        ``num_accepted``: accepted drafts per row, ``[B]`` or a list.
 
         ``num_drafted`` is the number of draft positions checked along the accepted chain (K for chains,
         the path depth bound for trees), scalar or per row.
         """
         # plain Python lists: this runs once per round, right after the target's forward, where every
         # small tensor operation costs several times its isolated time
-        accepted = num_accepted.tolist()
-        kept = [True] * len(accepted) if active is None else active.tolist()
+        accepted = num_accepted if isinstance(num_accepted, list) else num_accepted.tolist()
+        kept = [True] * len(accepted) if active is None else \
+            active if isinstance(active, list) else active.tolist()
         drafted = [num_drafted] * len(accepted) if isinstance(num_drafted, int) else \
             torch.as_tensor(num_drafted).expand(len(accepted)).tolist()
         rows = [(n, k) for n, k, keep in zip(accepted, drafted, kept) if keep]

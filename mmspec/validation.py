@@ -96,6 +96,8 @@ def check_probs(probs: torch.Tensor, name: str, atol: float = 1e-3) -> None:
 def check_token_ids(tokens: torch.Tensor, vocab_size: int, name: str) -> None:
     if tokens.dtype not in (torch.int64, torch.int32):
         raise ValueError(f"{name} must be an integer tensor of token ids, got {tokens.dtype}")
-    if tokens.numel() and (tokens.min() < 0 or tokens.max() >= vocab_size):
-        raise ValueError(f"{name} has token ids outside [0, {vocab_size}) "
-                         f"(min {tokens.min().item()}, max {tokens.max().item()})")
+    if not tokens.numel():
+        return
+    low, high = (int(value) for value in torch.aminmax(tokens))  # one pass, read on the host at once
+    if low < 0 or high >= vocab_size:
+        raise ValueError(f"{name} has token ids outside [0, {vocab_size}) (min {low}, max {high})")

@@ -7,7 +7,7 @@ row has its own accepted length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +30,13 @@ class Verification:
 
     num_accepted: torch.Tensor
     tokens: torch.Tensor
+    _accepted_counts: list[int] | None = field(default=None, repr=False, compare=False)
+
+    def accepted_counts(self) -> list[int]:
+        """``num_accepted`` on the host (read once; a greedy chain's verification has it there already)."""
+        if self._accepted_counts is None:
+            self._accepted_counts = self.num_accepted.tolist()
+        return self._accepted_counts
 
     @property
     def num_emitted(self) -> torch.Tensor:
@@ -84,8 +91,7 @@ def verify_tokens(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, 
     batch, num_draft, _ = check_chain_inputs(draft_tokens, draft_probs, target_probs, rule)
     fused = rule.fused_kernel is not None and kernels.kernel_backend(target_probs) == "triton"
     if not fused and type(rule) is GreedyRule and draft_probs is None:
-        num_accepted, next_tokens = _verify_greedy_chain(draft_tokens, target_probs)
-        return Verification(num_accepted, assemble_tokens(draft_tokens, num_accepted, next_tokens))
+        return _verify_greedy_chain(draft_tokens, target_probs)
     accept_u = draw_uniforms((batch, num_draft), target_probs, generator)
     sample_u = draw_uniforms((batch,), target_probs, generator)
 
@@ -99,17 +105,24 @@ def verify_tokens(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, 
     return Verification(num_accepted, assemble_tokens(draft_tokens, num_accepted, next_tokens))
 
 
-def _verify_greedy_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _verify_greedy_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> Verification:
     """Greedy rule, deterministic drafts: the target's argmax at every position decides everything.
 
     The same decisions as the reference path (a draft is kept while it is the target's argmax; the next
-    token is the argmax at the first mismatch, or the bonus position), in a handful of operations and
-    without drawing the uniforms that path ignores for this rule: it runs once per round of every greedy
-    chain, right after the target's forward, where each small operation costs several times its
-    isolated time (cold caches)."""
-    best = target_probs.argmax(-1)  # [B, K+1]
-    num_accepted = (best[:, :-1] == draft_tokens).long().cumprod(-1).sum(-1)
-    return num_accepted, best.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
+    token is the argmax at the first mismatch, or the bonus position), decided on the host from one read
+    of the argmaxes and the drafts, without drawing the uniforms that path ignores for this rule: it runs
+    once per round of every greedy chain, right after the target's forward, where each small tensor
+    operation costs several times its isolated time (cold caches), and a chain is a few tokens per row."""
+    best = target_probs.argmax(-1).tolist()  # [B, K+1]
+    rows, counts = [], []
+    for row_best, row_drafts in zip(best, draft_tokens.tolist()):
+        count = 0
+        while count < len(row_drafts) and row_drafts[count] == row_best[count]:
+            count += 1
+        counts.append(count)
+        rows.append(row_drafts[:count] + [row_best[count]] + [-1] * (len(row_drafts) - count))
+    device = draft_tokens.device
+    return Verification(torch.tensor(counts, device=device), torch.tensor(rows, device=device), counts)
 
 
 def _verify_chain_torch(draft_tokens, draft_probs, target_probs, rule, accept_u, sample_u):

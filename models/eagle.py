@@ -441,7 +441,8 @@ class EagleDrafter(Drafter):
         self.runner: Any = runner if self.halves == 1 else GuidedRunner(runner, guidance_scale, hidden="both")
         self.num_draft_tokens, self.sampling, self.tree, self.generator = num_draft_tokens, sampling, tree, generator
         self.argmax_drafts = argmax_drafts
-        self._pending_pairs: tuple[torch.Tensor, torch.Tensor] | None = None  # tokens [B, L], features [B, L, d]
+        #: the next round's pairs: tokens [B, L] (-1 pad), features [B, L, d], each row's last valid slot
+        self._pending_pairs: tuple[torch.Tensor, torch.Tensor, list[int]] | None = None
 
     @property
     def calls(self) -> int:
@@ -480,17 +481,22 @@ class EagleDrafter(Drafter):
         """Feed the previous round's committed pairs; returns the root (logits [B, V], feature [B, d])."""
         self.runner.begin_round()
         if self._pending_pairs is None:  # right after prefill: the root is already computed
-            self._prefix_valid = torch.zeros(self._root[0].shape[0], 0, dtype=torch.bool, device=self._root[0].device)
+            self._prefix_keep = torch.zeros(self._root[0].shape[0], 0, dtype=torch.long, device=self._root[0].device)
             return self._root
-        tokens, features = self._pending_pairs
-        self._prefix_valid = tokens >= 0
-        last = self._prefix_valid.long().cumsum(1).argmax(1)  # last valid slot of each row
-        first = int(last.min())  # logits only from the earliest row's last slot on
-        out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features,
+        tokens, features, lasts = self._pending_pairs
+        if min(lasts) == max(lasts):  # every row feeds as many pairs (batch 1): no padding, the root is the last slot
+            self._prefix_keep = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+            out = self.runner.forward(tokens, target_hidden=features, logits_to_keep=1, **self.head_inputs)
+            return out.logits[:, -1], out.hidden[:, -1]
+        valid = tokens >= 0
+        self._prefix_keep = keep_valid_slots(valid)
+        first = min(lasts)  # logits only from the earliest row's last slot on
+        out = self.runner.forward(tokens.clamp_min(0), valid=valid, target_hidden=features,
                                   logits_to_keep=tokens.shape[1] - first, **self.head_inputs)
+        at = torch.tensor(lasts, device=tokens.device) - first  # each row's last valid slot among the kept
         rows = torch.arange(tokens.shape[0], device=tokens.device)
         feature_rows = torch.arange(features.shape[0], device=tokens.device)
-        return out.logits[rows, last - first], out.hidden[feature_rows, (last - first).repeat(self.halves)]
+        return out.logits[rows, at], out.hidden[feature_rows, at.repeat(self.halves)]
 
     def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
         logits, feature = self._start_round()
@@ -537,13 +543,17 @@ class EagleDrafter(Drafter):
     def commit(self, result: RoundResult) -> None:
         if result.target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states of the committed tokens")
-        self.runner.commit(keep_valid_slots(self._prefix_valid))
+        self.runner.commit(self._prefix_keep)
         # Next round's pairs: (accepted draft j, h of the token before it), then (new pending, h of the last);
-        # columns past the longest row's pairs would be padding in every row, so they are not fed at all.
-        committed = result.committed
-        width = min(int(result.num_accepted.max()) + 1, committed.shape[1])
-        steps = torch.arange(width, device=committed.device)
-        n = result.num_accepted.unsqueeze(1)
-        shifted = torch.cat([committed[:, 1:], committed.new_full((committed.shape[0], 1), -1)], 1)[:, :width]
-        tokens = torch.where(steps < n, shifted, torch.where(steps == n, result.next_tokens.unsqueeze(1), -1))
-        self._pending_pairs = (tokens, result.target_hidden[:, :width])
+        # row b has num_accepted[b] + 1 of them, and columns past the longest row's would be padding in every
+        # row, so they are not fed at all.
+        committed, counts = result.committed, result.num_accepted_list()
+        width = max(counts) + 1
+        if min(counts) == max(counts):  # no padding: slices
+            tokens = torch.cat([committed[:, 1:width], result.next_tokens.unsqueeze(1)], 1)
+        else:
+            steps = torch.arange(width, device=committed.device)
+            n = result.num_accepted.unsqueeze(1)
+            shifted = torch.cat([committed[:, 1:], committed.new_full((committed.shape[0], 1), -1)], 1)[:, :width]
+            tokens = torch.where(steps < n, shifted, torch.where(steps == n, result.next_tokens.unsqueeze(1), -1))
+        self._pending_pairs = (tokens, result.target_hidden[:, :width], counts)

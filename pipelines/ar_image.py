@@ -550,17 +550,17 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         # 3. Decode block_size tokens per row; every accept/reject happens in the core.
         tokens_per_image = config.block_size
         progress = self.progress_bar(total=batch * tokens_per_image)
-        generated = torch.zeros(batch, dtype=torch.long)
+        generated = [0] * batch  # per image, on the host (this runs every round)
         rounds = [0]
 
         def on_round(new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
-            nonlocal generated
-            before = int(generated.sum())
-            generated = (generated + (new_tokens >= 0).sum(1).cpu()).clamp(max=tokens_per_image)
-            progress.update(int(generated.sum()) - before)
+            before = sum(generated)
+            for row, gained in enumerate((new_tokens >= 0).sum(1).tolist()):
+                generated[row] = min(generated[row] + gained, tokens_per_image)
+            progress.update(sum(generated) - before)
             if callback_on_step_end is not None:
                 callback_on_step_end(self, rounds[0], {"new_tokens": new_tokens, "drafted": drafted,
-                                                       "num_generated": generated.clone()})
+                                                       "num_generated": torch.tensor(generated)})
             rounds[0] += 1
 
         grid = self.grid_size

@@ -18,9 +18,10 @@
 # two video stages that shared the GPU with three other jobs were cut short by the limit (at 2961 of 3743
 # and 2058 of 3428 steps): neither pair beat stage 4, the zoo's, which had the GPU to itself):
 #   video        issue 7: a further stage of the zoo's video target (stage 4 came from the first 2026-11-27
-#                lease with --seed 4, the stage-5 tries of the second and third leases from --seeds 5 and 6)
-#                on fresh clips (--seed 7), then its drafter retrained from the new target's blocks 0, 1 on
-#                the same clips (a quarter of SECONDS)
+#                lease with --seed 4, the stage-5 tries of the second and third leases from --seeds 5 and 6,
+#                the 2026-11-28 lease ran --seed 7 alone: target 0.485, drafter 0.174, not adopted) on fresh
+#                clips (--seed 8), then its drafter retrained from the new target's blocks 0, 1 on the same
+#                clips (a quarter of SECONDS)
 #   vlm_control  issue 5: a further stage of the zoo's captioner, stage 9's mix on a fresh set (--seed 16;
 #                seeds 12, 13 and 14 ran in the 2026-11-27 leases: questions 86.5 % to 96.5 %, descriptions
 #                unchanged at 92 %)
@@ -34,7 +35,8 @@
 #   vlm_referent2  its second stage from runs/lease_vlm_referent/model (carried to the GPU host), --seed 15,
 #                made stage 12, the zoo's captioner (97.5 %); both in the evening lease of 2026-11-27
 #   mar_draft    issue 6: the MAR draft at the target's GPU scale (batch 512, fresh images; --seed 9 ran in
-#                the second 2026-11-27 lease, the next run takes --seed 10)
+#                the second 2026-11-27 lease, --seed 10 in the 2026-11-28 one (draft alone 0.427, not
+#                screened: docs/pipeline_continuous.md), the next run takes --seed 11)
 #   eagle_head   issue 4: a further stage of the AR-image zoo's EAGLE head: fresh images (--seed 5) plus
 #                50,000 of the target's greedy images, batch 256. Not a default: stage 9 (the second
 #                2026-11-27 lease, stage 7's data at batch 256) raised the head's held-out agreement and
@@ -83,12 +85,12 @@ vlm_stage=(-m mmspec.models.recipes.train_vlm --size target --init models/zoo/sh
            --train-videos 12000 --task-weight qa=15 narrate=2 video_caption=2 --max-tokens 131072)
 vlm_smoke=(--train-images 8 --train-videos 4 --batch 2 --steps 2 --max-tokens 4096)
 video_target=(-m mmspec.models.recipes.train_video --role target --init models/zoo/shapes-video/transformer
-              --first-block-batch 64 --first-block-clips 20000 --batch 48 --steps 30000 --lr 3e-4 --seed 7
+              --first-block-batch 64 --first-block-clips 20000 --batch 48 --steps 30000 --lr 3e-4 --seed 8
               --save-every 500)
 video_drafter=(-m mmspec.models.recipes.train_video --role drafter --init-layers 0,1 --steps 2500 --save-every 500)
 video_smoke=(--train-clips 4 --first-block-clips 4 --first-block-batch 2 --batch 2 --steps 2)
 mar_draft=(-m mmspec.models.recipes.train_mar --role draft --init models/zoo/shapes-t2i-continuous/draft_transformer
-           --steps 30000 --batch 512 --lr 4e-4 --seed 10 --train-images 100000 --save-every 500)
+           --steps 30000 --batch 512 --lr 4e-4 --seed 11 --train-images 100000 --save-every 500)
 mar_smoke=(--train-images 16 --batch 4 --steps 2)
 eagle_head=(-m mmspec.models.recipes.train_eagle --target models/zoo/shapes-t2i/transformer
             --init models/zoo/shapes-t2i/eagle_head --seed 5 --train-images 100000 --self-distill 50000

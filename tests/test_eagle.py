@@ -284,15 +284,16 @@ class _FullWidthDrafter(EagleDrafter):
     def _start_round(self):
         self.runner.begin_round()
         if self._pending_pairs is None:
-            self._prefix_valid = torch.zeros(self._root[0].shape[0], 0, dtype=torch.bool)
+            self._prefix_keep = torch.zeros(self._root[0].shape[0], 0, dtype=torch.long)
             return self._root
-        tokens, features = self._pending_pairs
+        tokens, features, _ = self._pending_pairs
         width = self._full_width
         tokens = torch.cat([tokens, tokens.new_full((tokens.shape[0], width - tokens.shape[1]), -1)], 1)
         features = torch.cat([features, features[:, :1].expand(-1, width - features.shape[1], -1)], 1)
-        self._prefix_valid = tokens >= 0
-        out = self.runner.forward(tokens.clamp_min(0), valid=self._prefix_valid, target_hidden=features)
-        last = self._prefix_valid.long().cumsum(1).argmax(1)
+        valid = tokens >= 0
+        self._prefix_keep = torch.where(valid, torch.arange(width), -1)
+        out = self.runner.forward(tokens.clamp_min(0), valid=valid, target_hidden=features)
+        last = valid.long().cumsum(1).argmax(1)
         return out.logits[torch.arange(tokens.shape[0]), last], out.hidden[torch.arange(tokens.shape[0]), last]
 
     def commit(self, result):

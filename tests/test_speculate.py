@@ -361,19 +361,26 @@ def test_output_buffer_append_matches_the_token_by_token_rule(eos):
 
     g = torch.Generator().manual_seed(0)
     batch, max_new = 5, 9
-    buffer = _OutputBuffer(batch, max_new, torch.tensor(eos, dtype=torch.long), torch.device("cpu"))
+    buffer = _OutputBuffer(batch, max_new, eos, torch.device("cpu"))
     tokens, lengths, done = [[] for _ in range(batch)], [0] * batch, [False] * batch
+    flags = [[] for _ in range(batch)]
     for _ in range(8):
         new = torch.randint(0, 8, (batch, 4), generator=g)
         new[torch.rand(batch, 4, generator=g) < 0.15] = -1  # a -1 ends a row's new tokens
-        drafted = torch.rand(batch, 4, generator=g) < 0.5
+        drafted = torch.randint(0, 5, (batch,), generator=g).tolist()  # each row's first drafted[b] are drafts
         want = _append_reference(tokens, lengths, done, max_new, eos, new.tolist())
-        got, got_drafted = buffer.append(new, drafted)
+        got, got_drafted = buffer.taken_tensors(new, drafted, buffer.append(new, drafted))
         assert got.tolist() == want
-        assert torch.equal(got_drafted, drafted & (got >= 0))
-        assert buffer.lengths.tolist() == lengths and buffer.done.tolist() == done
+        assert torch.equal(got_drafted, (torch.arange(4) < torch.tensor(drafted).unsqueeze(1)) & (got >= 0))
+        assert buffer.lengths == lengths and buffer.done == done
+        assert buffer.tokens == tokens
         for b in range(batch):
-            assert buffer.tokens[b, :lengths[b]].tolist() == tokens[b]
+            flags[b].extend(got_drafted[b, got[b] >= 0].tolist())
+    sequences, mask = buffer.sequences(pad_token_id=-7), buffer.drafted_mask()
+    assert sequences.shape == mask.shape == (batch, max(lengths))
+    for b in range(batch):
+        assert sequences[b].tolist() == tokens[b] + [-7] * (max(lengths) - lengths[b])
+        assert mask[b, :lengths[b]].tolist() == flags[b] and not mask[b, lengths[b]:].any()
     if eos:  # a stop at EOS was exercised
         assert any(done[b] and lengths[b] < max_new for b in range(batch))
     else:  # the room limit was
