@@ -258,3 +258,58 @@ def test_a_prefix_selection_is_a_crop_that_moves_nothing():
     assert cache.get_seq_length() == 4 and torch.equal(cache.keys, before)
     select_cache_slots(cache, 1, torch.tensor([[2], [0]]))  # not a prefix: row 0 moves slot 3 to slot 1
     assert cache.get_seq_length() == 2 and cache.keys[0, 0, 0, 1, 0].item() == 3.0 and cache.keys[0, 1, 0, 1, 0].item() == 1.0
+
+
+def test_appending_by_count_is_appending_an_all_valid_mask():
+    """``SlotState.append(T)`` (the runner's path for all-valid slots) gives the positions, key mask and state
+    of ``append`` with an all-True mask, and a prefix commit after it (``keep_first``) the state of the
+    general ``commit``."""
+    def fresh():
+        state = SlotState.from_attention_mask(torch.tensor([[0, 1, 1], [1, 1, 1]]))
+        state.begin_round()
+        return state
+
+    by_count, by_mask = fresh(), fresh()
+    got, want = by_count.append(4), by_mask.append(torch.ones(2, 4, dtype=torch.bool))
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert torch.equal(by_count.last_position, by_mask.last_position) and by_count.round_all_valid
+    assert not by_mask.round_all_valid  # a mask is not read on the host, so the round is not known all-valid
+    by_count.keep_first(2)
+    by_mask.commit(torch.arange(2).expand(2, -1))
+    assert torch.equal(by_count.valid, by_mask.valid)
+    assert torch.equal(by_count.last_position, by_mask.last_position) and by_count.last_position.tolist() == [3, 4]
+    with pytest.raises(RuntimeError, match="valid chain slots"):
+        by_mask.keep_first(1)
+
+
+@pytest.mark.parametrize("keeps", [[[0, 1, 2], [0, 1, 2]], [[0, 1, -1], [0, -1, -1]], [[0, -1, -1, -1], [0, -1, -1, -1]],
+                                   [[1, 2], [0, -1]], [[-1, -1], [-1, -1]]])
+def test_runner_commit_paths_agree_with_the_reference_selection(keeps):
+    """``CausalLMRunner.commit`` decides on the host whether a selection is a crop (and then skips the mask
+    arithmetic when the round appended valid slots only); the next forward sees what the reference
+    selection (``select_cache_slots`` + ``SlotState.commit``) leaves."""
+    from conftest import tiny_llama
+
+    from mmspec.runner import CausalLMRunner
+
+    model = tiny_llama(layers=1)
+    prompt = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    drafts = torch.tensor([[9, 10, 11, 12], [13, 14, 15, 16]])
+    keep = torch.tensor(keeps)
+
+    fast, reference = CausalLMRunner(model), CausalLMRunner(model)
+    for runner in (fast, reference):
+        runner.prefill(prompt)
+        runner.begin_round()
+        runner.forward(drafts)
+    fast.commit(keep)
+    state = reference.slots
+    width = max([j + 1 for row in keeps for j, slot in enumerate(row) if slot >= 0], default=0)
+    reference.cache = select_cache_slots(reference.cache, state.round_start, keep[:, :width])
+    state.commit(keep[:, :width])
+    assert torch.equal(fast.slots.valid, reference.slots.valid)
+    assert torch.equal(fast.slots.last_position, reference.slots.last_position)
+    for runner in (fast, reference):
+        runner.begin_round()
+    next_tokens = torch.tensor([[17, 18], [19, 20]])
+    assert torch.equal(fast.forward(next_tokens).logits, reference.forward(next_tokens).logits)

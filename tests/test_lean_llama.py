@@ -137,3 +137,27 @@ def test_float32_matches_transformers(grad_mode):
     got = lean(x, use_cache=False).last_hidden_state
     assert torch.allclose(got, want, atol=1e-5)
     assert not torch.allclose(got, reference(inputs_embeds=x + 1e-2, use_cache=False).last_hidden_state, atol=1e-5)
+
+
+def test_all_valid_key_masks_take_the_plain_causal_path(grad_mode):
+    """A 2-D key mask without padding or holes (every batch-1 draft step) is read once on the host and turned
+    into a plain causal visibility over the cache (None for a single query); the outputs are transformers'."""
+    from mmspec.models.lean_llama import _visibility
+
+    assert _visibility(torch.ones(2, 5, dtype=torch.long), 2, 1, 4, torch.device("cpu")) is None
+    plain = _visibility(torch.ones(2, 5, dtype=torch.long), 2, 3, 2, torch.device("cpu"))
+    general = _visibility(torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 1]]).bool().unsqueeze(1)
+                          .expand(2, 3, 5).tril(2).unsqueeze(1), 2, 3, 2, torch.device("cpu"))
+    assert torch.equal(plain.expand(2, 1, 3, 5), general)
+    reference, lean = _pair()
+    hf_cache, cache = DynamicCache(config=reference.config), lean.new_cache(1, max_length=4)
+    seen = 0
+    for length in (3, 4, 1, 2):  # a prefill, then draft steps of several tokens and of one
+        x = torch.randn(1, length, 32, dtype=torch.float64)
+        mask = torch.ones(1, seen + length, dtype=torch.long)
+        positions = torch.arange(seen, seen + length).unsqueeze(0)
+        want = reference(inputs_embeds=x, attention_mask=mask, position_ids=positions,
+                         past_key_values=hf_cache).last_hidden_state
+        got = lean(x, attention_mask=mask, position_ids=positions, past_key_values=cache).last_hidden_state
+        assert torch.allclose(got, want, atol=1e-10)
+        seen += length

@@ -143,6 +143,9 @@ def test_greedy_fast_path_equals_the_reference_path_with_ties_and_full_acceptanc
     reference = verify_tokens(drafts, None, target, rule=ReferenceGreedy())
     assert torch.equal(fast.num_accepted, reference.num_accepted) and torch.equal(fast.tokens, reference.tokens)
     assert (fast.num_accepted == 5).sum() >= 6 and (fast.num_accepted < 5).any()
+    # the host copy of the counts (decided there by the fast path, read once by the reference's)
+    assert fast.accepted_counts() == reference.accepted_counts() == reference.num_accepted.tolist()
+    assert fast.tokens.dtype == fast.num_accepted.dtype == torch.long
 
 
 def test_output_layout_and_generator_determinism():
