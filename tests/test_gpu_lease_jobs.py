@@ -23,7 +23,8 @@ def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
 @pytest.mark.slow
 def test_smoke_run_of_every_job_packs_models_and_logs(tmp_path):
     runs = tmp_path / "runs"
-    jobs = ["vlm_widened", "vlm_control", "vlm_lookalikes", "vlm_referent", "video", "mar_draft", "eagle_head"]
+    jobs = ["vlm_widened", "vlm_control", "vlm_lookalikes", "vlm_referent", "video", "video_draft_stage", "mar_draft",
+            "eagle_head"]
     env = {"MMSPEC_LEASE_SMOKE": "1", "MMSPEC_LEASE_RUNS": str(runs), "MMSPEC_LEASE_PYTHON": sys.executable}
     result = _run("60", *jobs, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
