@@ -42,10 +42,11 @@ def commit_by_concatenation(cache: Any, start: int, index: torch.Tensor) -> None
 
 @contextmanager
 def concatenating_commits() -> Iterator[None]:
-    """Inside the block the runners commit transformers caches by concatenation (the reference)."""
+    """Inside the block the runners' gathering commits (selections that are not a crop) of transformers
+    caches concatenate (the reference); crops stay crops."""
     import mmspec.runner as runner
 
-    original = runner.select_cache_slots
+    original = runner.move_cache_slots
 
     def select(cache: Any, start: int, index: torch.Tensor) -> Any:
         if isinstance(cache, KVCache) or getattr(cache, "layers", None) is None:  # not a transformers cache
@@ -53,11 +54,11 @@ def concatenating_commits() -> Iterator[None]:
         commit_by_concatenation(cache, start, index)
         return cache
 
-    runner.select_cache_slots = select
+    runner.move_cache_slots = select
     try:
         yield
     finally:
-        runner.select_cache_slots = original
+        runner.move_cache_slots = original
 
 
 def vlm_zoo_ab(examples: int, repeats: int, pipeline: str = "mmspec/shapes-vlm") -> list[dict[str, Any]]:
