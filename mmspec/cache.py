@@ -113,8 +113,13 @@ def crop_cache(cache: Any, length: int) -> Any:
 def keeps_prefix(index: torch.Tensor) -> bool:
     """True when every row of ``index [B, M]`` is ``0, 1, ..., M-1``: the selection is a crop (read on the
     host at once, as :func:`drop_trailing_holes` does)."""
-    prefix = list(range(index.shape[1]))
-    return all(row == prefix for row in index.tolist())
+    return rows_keep_prefix(index.tolist(), index.shape[1])
+
+
+def rows_keep_prefix(rows: list[list[int]], width: int) -> bool:
+    """:func:`keeps_prefix` of the first ``width`` columns of indices already read on the host."""
+    prefix = list(range(width))
+    return all(row[:width] == prefix for row in rows)
 
 
 def select_cache_slots(cache: Any, start: int, index: torch.Tensor) -> Any:

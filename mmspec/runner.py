@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from mmspec.cache import SlotState, crop_cache, kept_width, move_cache_slots
+from mmspec.cache import SlotState, crop_cache, kept_width, move_cache_slots, rows_keep_prefix
 from mmspec.hidden_capture import HiddenStateCapture, find_decoder
 from mmspec.validation import check_ndim
 
@@ -188,8 +188,7 @@ class CausalLMRunner:
         check_ndim(keep, 2, "keep", "[B, M]")
         rows = keep.tolist()  # one host read decides the width and whether this is a crop
         width = kept_width(rows)
-        prefix = list(range(width))
-        if all(row[:width] == prefix for row in rows):  # every row keeps its first slots in order: a crop
+        if rows_keep_prefix(rows, width):  # every row keeps its first slots in order: a crop
             self.cache = crop_cache(self.cache, state.round_start + width)
             if state.round_all_valid:
                 state.keep_first(width)

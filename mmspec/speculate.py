@@ -266,23 +266,21 @@ def _speculative_round(target, drafter, pending, to_probs, rule, generator, stat
             path, depth = None, proposal.tokens.shape[1]
         stats.record_verification(counts, depth, active)
     with stats.phase("commit"):
-        accepted = counts[0] if min(counts) == max(counts) else None  # every row kept as many drafts (batch 1)
-        if accepted is not None and path is None:  # a chain prefix of the same length in every row: slices
-            keep = torch.arange(accepted + 1, device=pending.device).expand(len(counts), -1)
-            committed = torch.cat([pending.unsqueeze(1), result.tokens[:, :accepted]], 1)
-            hidden = None if out.hidden is None else out.hidden[:, :accepted + 1]
-            penultimate = getattr(out, "penultimate", None)
-            penultimate = None if penultimate is None else penultimate[:, :accepted + 1]
-            next_tokens = result.tokens[:, accepted]
+        # a chain whose rows all kept as many drafts (every batch-1 round) keeps a prefix: slices, no masks
+        prefix = counts[0] + 1 if path is None and min(counts) == max(counts) else None
+        if prefix is not None:
+            keep = torch.arange(prefix, device=pending.device).expand(len(counts), -1)
+            committed = torch.cat([pending.unsqueeze(1), result.tokens[:, :prefix - 1]], 1)
+            next_tokens = result.tokens[:, prefix - 1]
         else:
             if path is None:
                 steps = torch.arange(proposal.tokens.shape[1] + 1, device=pending.device)
                 keep = torch.where(steps <= result.num_accepted.unsqueeze(-1), steps, -1)
             committed = torch.cat([pending.unsqueeze(1), result.tokens[:, :-1]], 1)
             committed = torch.where(keep >= 0, committed, -1)
-            hidden = _committed_rows(out.hidden, keep)
-            penultimate = _committed_rows(getattr(out, "penultimate", None), keep)
             next_tokens = result.tokens.gather(1, result.num_accepted.unsqueeze(1)).squeeze(1)
+        hidden = _committed_rows(out.hidden, keep, prefix)
+        penultimate = _committed_rows(getattr(out, "penultimate", None), keep, prefix)
         target.commit(keep)
     with stats.phase("draft"):
         drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path, probs, penultimate,
@@ -291,11 +289,15 @@ def _speculative_round(target, drafter, pending, to_probs, rule, generator, stat
     return result.tokens, counts, next_tokens
 
 
-def _committed_rows(values: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor | None:
+def _committed_rows(values: torch.Tensor | None, keep: torch.Tensor, prefix: int | None = None
+                    ) -> torch.Tensor | None:
     """``values [R, N+1, D]`` at the committed slots ``keep [B, M]`` (-1 pad reads slot 0); R is B, or 2B
-    ``[cond; uncond]`` rows from ``GuidedRunner(hidden="both")``."""
+    ``[cond; uncond]`` rows from ``GuidedRunner(hidden="both")``. ``prefix``: every row keeps its first
+    ``prefix`` slots (a slice, no gather)."""
     if values is None:
         return None
+    if prefix is not None:
+        return values[:, :prefix]
     rows = keep.repeat(values.shape[0] // keep.shape[0], 1).clamp_min(0)
     return values.gather(1, rows.unsqueeze(-1).expand(-1, -1, values.shape[-1]))
 
