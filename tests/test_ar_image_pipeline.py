@@ -97,6 +97,7 @@ GREEDY_CASES = {
     "sjd": ("sjd", {"sjd_window": 5}),
     "gsd-G1": ("gsd", {"gsd_group_size": 1, "sjd_window": 5}),
     "gsd-rule-on-eagle": ("eagle", {"rule": GroupedRule(G=1, greedy=True)}),
+    "eagle-lookup-tail": ("eagle", {"num_draft_tokens": 2, "lookup_tail": 6}),
 }
 
 
@@ -463,6 +464,12 @@ BAD_INPUTS = {
                                  "argmax_drafts must be True or False"),
     "callback not callable": (dict(prompt="a circle", callback_on_step_end="print"), ValueError,
                               "callback_on_step_end must be callable"),
+    "lookup tail without an EAGLE chain": (dict(prompt="a circle", method="gsd", lookup_tail=4), ValueError,
+                                           "lookup_tail extends EAGLE chains"),
+    "lookup tail on a tree": (dict(prompt="a circle", method="eagle", lookup_tail=4,
+                                   tree=TreeConfig(depth=2, top_k=2, total_tokens=4)), ValueError, "pass tree=None"),
+    "negative lookup tail": (dict(prompt="a circle", method="eagle", lookup_tail=-1), ValueError,
+                             "lookup_tail must be a non-negative integer"),
 }
 
 

@@ -174,6 +174,10 @@ def test_fast_settings_depend_on_the_decoding_mode():
             < FAST_EAGLE_GREEDY_CHAIN["draft_confidence_threshold"])
     assert (FAST_EAGLE_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_CHAIN["num_draft_tokens"]
             > FAST_EAGLE_BATCHED_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_BATCHED_CHAIN["num_draft_tokens"])
+    # one greedy image with a block head: one block, then a lookup tail (free copies); not with several images
+    assert FAST_EAGLE_BLOCK_GREEDY_CHAIN["lookup_tail"] > 0 and FAST_EAGLE_BLOCK_GREEDY_CHAIN["num_draft_tokens"] == 4
+    assert all("lookup_tail" not in chain for chain in (FAST_EAGLE_BATCHED_GREEDY_CHAIN, FAST_EAGLE_BATCHED_CHAIN,
+                                                         FAST_EAGLE_CHAIN, FAST_EAGLE_GREEDY_CHAIN))
     assert fast_method_kwargs("sjd", greedy=True) == fast_method_kwargs("sjd") == {"sjd_window": 8, "sjd_init": "left"}
     assert fast_method_kwargs("none", greedy=True) == {}
     fast_method_kwargs("eagle")["num_draft_tokens"] = 99  # a fresh dict: the table is not changed

@@ -16,6 +16,7 @@ from mmspec import (
     speculative_generate,
 )
 from mmspec.drafters import draft_chain
+from mmspec.lookup_tail import LookupTailDrafter
 
 
 def _prompt():
@@ -34,6 +35,10 @@ DRAFTERS = {
     "tree-self": lambda t, d: ModelDrafter(t, tree=TreeConfig(depth=4, top_k=3, total_tokens=30)),
     "tree-small": lambda t, d: ModelDrafter(d, tree=TreeConfig(depth=3, top_k=2, total_tokens=6)),
     "jacobi": lambda t, d: JacobiDrafter(32, window=5),
+    # lookup tails: rows' tails end at different lengths (stop at a change), or always run 3 copies
+    "chain-small-tail": lambda t, d: LookupTailDrafter(ModelDrafter(d, 2), 4, offset=3, vocab_size=32),
+    "chain-self-tail": lambda t, d: LookupTailDrafter(ModelDrafter(t, 3), 3, offset=2, vocab_size=32,
+                                                      stop_at_change=False),
 }
 
 
@@ -48,7 +53,7 @@ def test_greedy_speculation_equals_target_only_decoding(llama_pair, name):
     spec = speculative_generate(CausalLMRunner(target), DRAFTERS[name](target, draft), ids, mask, max_new_tokens=24)
     assert torch.equal(spec.sequences, baseline.sequences)
     assert baseline.stats.target_calls == 24 and baseline.stats.mean_accepted_length == 1.0
-    if name.endswith("self"):  # a perfect drafter: every draft accepted, far fewer target calls
+    if name.endswith("self") or name == "chain-self-tail":  # a perfect drafter: every draft accepted, far fewer target calls
         assert spec.stats.target_calls <= 24 // 3 + 2
         assert spec.stats.mean_accepted_length > 3.0
         assert spec.drafted.float().mean() > 0.6
@@ -106,7 +111,7 @@ def _exact_marginals(target, prompt: torch.Tensor, steps: int) -> list[torch.Ten
     return marginals
 
 
-@pytest.mark.parametrize("mode", ["chain", "chain-dynamic", "tree", "jacobi-random", "jacobi-left"])
+@pytest.mark.parametrize("mode", ["chain", "chain-dynamic", "tree", "jacobi-random", "jacobi-left", "chain-tail"])
 def test_sampling_preserves_the_target_distribution(mode):
     """4000 rows of one prompt, temperature 1: each of the first three tokens follows the exact target
     marginal (chi-square p > 1e-4), with a drafter that disagrees often."""
@@ -128,9 +133,12 @@ def test_sampling_preserves_the_target_distribution(mode):
         threshold = 0.2 if mode == "chain-dynamic" else 0.0  # the softened drafter is often below it
         drafter = ModelDrafter(draft, 2, sampling=sampling, tree=tree, generator=torch.Generator().manual_seed(1),
                                confidence_threshold=threshold)
+    if mode == "chain-tail":  # one sampled draft, then point-mass copies: token 2 is a tail token (token 0's copy)
+        drafter = LookupTailDrafter(ModelDrafter(draft, 1, sampling=sampling, generator=torch.Generator().manual_seed(1)),
+                                    2, offset=2, vocab_size=vocab, stop_at_change=False)
     out = speculative_generate(CausalLMRunner(target), drafter, ids, max_new_tokens=3, sampling=sampling,
                                generator=torch.Generator().manual_seed(2))
-    longest = 4.0 if mode.startswith("jacobi") else 3.0  # window 3 / two drafts, plus one token
+    longest = 4.0 if mode.startswith("jacobi") or mode == "chain-tail" else 3.0  # window 3 / three drafts, or two
     assert 1.05 < out.stats.mean_accepted_length < longest  # drafts are both accepted and rejected
     for j, marginal in enumerate(_exact_marginals(target, prompt, 3)):
         assert chi_square_pvalue(empirical(out.sequences[:, j], vocab), marginal) > P_VALUE_FLOOR, f"token {j}"

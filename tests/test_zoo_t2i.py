@@ -34,6 +34,20 @@ def test_greedy_eagle_reproduces_target_only_decoding_on_the_zoo(pipe):
     assert chain.stats.target_calls < baseline.stats.target_calls / 2
 
 
+def test_lookup_tail_adds_accepted_tokens_on_the_zoo_and_stays_lossless(pipe):
+    """Copies of the row above after each greedy EAGLE chain: the same tokens as target-only decoding, more
+    tokens per target call than the same chain without the tail (the zoo's backgrounds are runs of one
+    code), and every accepted tail token shows in the drafted map."""
+    kwargs = dict(do_sample=False, output_type="tokens", num_draft_tokens=4, draft_confidence_threshold=0.3)
+    baseline = pipe(PROMPTS[:1], method="none", do_sample=False, output_type="tokens")
+    plain = pipe(PROMPTS[:1], method="eagle", **kwargs)
+    tail = pipe(PROMPTS[:1], method="eagle", lookup_tail=16, **kwargs)
+    assert torch.equal(tail.tokens, baseline.tokens) and torch.equal(plain.tokens, baseline.tokens)
+    assert tail.stats.mean_accepted_length > plain.stats.mean_accepted_length + 0.5
+    assert tail.stats.target_calls < plain.stats.target_calls
+    assert tail.drafted.sum() > plain.drafted.sum()
+
+
 def test_mulo_on_the_zoo_takes_one_target_pass_per_block(pipe):
     out = pipe(PROMPTS[:1], method="mulo", generator=torch.Generator().manual_seed(0), output_type="np")
     assert out.stats.target_calls == 1 + 8 // 2
