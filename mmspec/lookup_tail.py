@@ -8,8 +8,8 @@ inside a region of one code (an image's background). A tail token ``q`` of a row
 is a copy of token ``q - offset`` (the chain's own drafts and earlier tail tokens count), and with
 ``stop_at_change`` (the default) the tail ends before the first copy that differs from the token before
 it: the tail runs on while "above" and "left" agree and stops at an edge, where a copy is mostly wrong.
-On the shapes zoo's greedy images this extends an EAGLE chain by about two accepted tokens per
-round for four to five verified positions (docs/pipeline_ar_image.md, "Lookup tails").
+On the shapes zoo one EAGLE block plus a tail is the fastest greedy setting measured
+(docs/pipeline_ar_image.md, "Lookup tails").
 
 Tail tokens are point-mass proposals, so verification stays exact: greedy decoding keeps the target's
 tokens, and exact sampling accepts a tail token ``x`` with probability ``p(x)`` and redraws from the
