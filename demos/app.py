@@ -274,6 +274,8 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
             with gr.Row():
                 fields["num_draft_tokens"] = gr.Number(value=8, precision=0, label="K (draft tokens, chains)",
                                                        elem_id=f"{elem}-k")
+                fields["lookup_tail"] = gr.Number(value=0, precision=0, label="lookup tail (free copies of the row above)",
+                                                  elem_id=f"{elem}-lookup-tail")
                 fields.update(_tree_row(elem))
         with gr.Group(visible=False) as lantern_group, gr.Row():
             fields["lantern_k"] = gr.Number(value=ar_image_tab.DEFAULT_LANTERN_K, precision=0, label="LANTERN k (codebook neighbours)",

@@ -34,7 +34,7 @@ DEFAULT_LANTERN_K, DEFAULT_LANTERN_LAM = 512, 10.0
 INPUTS = ("path", "prompt", "method", "num_images", "seed", "greedy", "temperature", "guidance_scale",
           "num_draft_tokens", "use_tree", "tree_depth", "tree_top_k", "tree_total_tokens", "lantern_k",
           "lantern_delta", "lantern_lam", "argmax_drafts", "sjd_window", "gsd_group_size", "mulo_tau", "mulo_radius",
-          "mulo_resample")
+          "mulo_resample", "lookup_tail")
 
 
 class ARImageResult(ImageResult):
@@ -46,12 +46,13 @@ def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_sca
                   use_tree: bool, tree_depth: int, tree_top_k: int, tree_total_tokens: int, lantern_k: int,
                   lantern_delta: float, sjd_window: int, gsd_group_size: int, mulo_tau: float,
                   mulo_radius: int, mulo_resample: str = "reverify", lantern_lam: float = 0.0,
-                  argmax_drafts: bool = False) -> dict[str, Any]:
+                  argmax_drafts: bool = False, lookup_tail: int = 0) -> dict[str, Any]:
     """The page's knobs, checked, as :class:`~mmspec.pipelines.ARImagePipeline` keyword arguments of
     ``method`` (knobs of other methods are ignored). SJD and GSD start from ``FAST_METHOD_KWARGS``
     (left-neighbour initialisation, GSD without the probability filter); the page sets window and G.
     MuLo's resampling defaults to that table's "reverify". LANTERN takes the LANTERN++ bound ``lantern_lam``
-    when it is >= 1 (0: the TV budget ``lantern_delta``) and, when sampling a chain, ``argmax_drafts``."""
+    when it is >= 1 (0: the TV budget ``lantern_delta``) and, when sampling a chain, ``argmax_drafts``.
+    EAGLE and LANTERN chains take ``lookup_tail`` free copies of the row above (0: none; not with a tree)."""
     guidance = check_float("guidance scale", guidance_scale, 0, 20)
     kwargs: dict[str, Any] = {**sampling_kwargs(greedy, temperature), "guidance_scale": guidance}
     if method in ("eagle", "lantern"):
@@ -59,6 +60,9 @@ def method_kwargs(method: str, *, greedy: bool, temperature: float, guidance_sca
             kwargs["tree"] = tree_config(tree_depth, tree_top_k, tree_total_tokens)
         else:
             kwargs["num_draft_tokens"] = check_int("K (draft tokens)", num_draft_tokens, 1, 32)
+            tail = check_int("lookup tail (copies of the row above)", lookup_tail, 0, 64)
+            if tail:
+                kwargs["lookup_tail"] = tail
     if method == "lantern":
         kwargs["lantern_k"] = check_int("LANTERN k", lantern_k, 1, 100_000)
         kwargs["lantern_delta"] = check_float("LANTERN delta", lantern_delta, 0.0, 1.0)
@@ -93,7 +97,7 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                  use_tree: bool = False, tree_depth: int = 5, tree_top_k: int = 8, tree_total_tokens: int = 48,
                  lantern_k: int = DEFAULT_LANTERN_K, lantern_delta: float = 0.2, lantern_lam: float = DEFAULT_LANTERN_LAM, argmax_drafts: bool = True,
                  sjd_window: int = 8, gsd_group_size: int = 6, mulo_tau: float = 0.3, mulo_radius: int = 1,
-                 mulo_resample: str = "reverify", report: Report | None = None) -> ARImageResult:
+                 mulo_resample: str = "reverify", lookup_tail: int = 0, report: Report | None = None) -> ARImageResult:
     """Generate the prompts (one per line) with ``method`` and target-only with the same seed; return
     the images, their acceptance maps and the statistics. Bad input raises :class:`DemoError` (or the
     pipeline's ``ValueError``) with a message for the page."""
@@ -105,7 +109,7 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                            tree_top_k=tree_top_k, tree_total_tokens=tree_total_tokens, lantern_k=lantern_k,
                            lantern_delta=lantern_delta, sjd_window=sjd_window, gsd_group_size=gsd_group_size,
                            mulo_tau=mulo_tau, mulo_radius=mulo_radius, mulo_resample=mulo_resample,
-                           lantern_lam=lantern_lam, argmax_drafts=bool(argmax_drafts))
+                           lantern_lam=lantern_lam, argmax_drafts=bool(argmax_drafts), lookup_tail=lookup_tail)
     pipe = cache.get("ar_image", path)
     if pipe.transformer.config.model_type != "t2i":
         raise DemoError("this checkpoint is class-conditioned (c2i); the demo's AR image tab takes text prompts")

@@ -186,6 +186,13 @@ def test_ar_image_knobs_become_pipeline_arguments():
     assert "argmax_drafts" not in ar_image_tab.method_kwargs("lantern", **{**knobs, "use_tree": True},
                                                                argmax_drafts=True)
     assert "argmax_drafts" not in ar_image_tab.method_kwargs("eagle", **knobs, argmax_drafts=True)
+    # lookup tails: EAGLE / LANTERN chains only, 0 (the page's default) passes none
+    assert ar_image_tab.method_kwargs("eagle", **knobs, lookup_tail=16)["lookup_tail"] == 16
+    assert "lookup_tail" not in ar_image_tab.method_kwargs("eagle", **knobs)
+    assert "lookup_tail" not in ar_image_tab.method_kwargs("eagle", **{**knobs, "use_tree": True}, lookup_tail=16)
+    assert "lookup_tail" not in ar_image_tab.method_kwargs("gsd", **knobs, lookup_tail=16)
+    with pytest.raises(common.DemoError, match="lookup tail"):
+        ar_image_tab.method_kwargs("eagle", **knobs, lookup_tail=-1)
     for mode in ("sequential", "reverify"):
         assert ar_image_tab.method_kwargs("mulo", **knobs, mulo_resample=mode)["mulo_resample"] == mode
     with pytest.raises(common.DemoError, match="MuLo resampling must be one of"):
@@ -458,7 +465,8 @@ def test_page_builds_and_handlers_turn_errors_into_messages(tiny, cache):
     values = dict(path="/no/such/folder", prompt="a red circle", method="eagle", num_images=1, seed=0, greedy=True,
                   temperature=1.0, guidance_scale=3.0, num_draft_tokens=4, use_tree=False, tree_depth=5, tree_top_k=8,
                   tree_total_tokens=48, lantern_k=64, lantern_delta=0.2, lantern_lam=3.0, argmax_drafts=True,
-                  sjd_window=16, gsd_group_size=10, mulo_tau=0.3, mulo_radius=1, mulo_resample="reverify")
+                  sjd_window=16, gsd_group_size=10, mulo_tau=0.3, mulo_radius=1, mulo_resample="reverify",
+                  lookup_tail=8)
     outputs = handle(*[values[name] for name in ar_image_tab.INPUTS], progress=lambda *a, **k: None)
     assert outputs[:3] == [None, None, None] and "does not exist" in outputs[3] and "error" in outputs[3]
     values["path"] = tiny["ar_image"]
