@@ -67,8 +67,9 @@ def default_kwargs(greedy: bool, batch_size: int = 1, num_future: int = 1) -> di
     """Per-case keyword arguments of the pipeline call in one decoding mode and batch size (overridable
     with --method-kwargs); a case named other than its pipeline method says which with a "method" key.
     EAGLE and LANTERN chains are the fastest measured for the mode, batch and the pipeline's head
-    (``fast_method_kwargs``: longer for greedy decoding at batch 1, longer still for a head that drafts
-    ``num_future`` > 1 tokens per forward, argmax blocks for LANTERN sampling one image with such a head)."""
+    (``fast_method_kwargs``: longer for greedy decoding at batch 1; for a head that drafts ``num_future`` > 1
+    tokens per forward one block and a lookup tail there, and argmax blocks with the tail for LANTERN sampling
+    one image with such a head)."""
     eagle = fast_method_kwargs("eagle", greedy, batch_size, num_future)
     lantern = fast_method_kwargs("lantern", greedy, batch_size, num_future)  # sampling one image: argmax blocks
     return {

@@ -177,7 +177,7 @@ def fast_method_kwargs(method: str, greedy: bool = False, batch_size: int = 1, n
     for LANTERN sampling the rule :data:`FAST_LANTERN_RULE` (its ``lantern_k`` capped at ``vocab_size`` - 1
     when the image vocabulary is given, for codebooks smaller than the zoo's);
     for EAGLE / LANTERN chains :data:`FAST_EAGLE_GREEDY_CHAIN` under greedy decoding of a single image
-    (:data:`FAST_EAGLE_BLOCK_GREEDY_CHAIN` for a head with ``num_future`` > 1, which drafts blocks there),
+    (:data:`FAST_EAGLE_BLOCK_GREEDY_CHAIN` for a head with ``num_future`` > 1: one block and a lookup tail),
     :data:`FAST_LANTERN_ARGMAX_BLOCK_CHAIN` for LANTERN sampling a single image with such a head, and
     with ``batch_size`` > 1 images per call the shorter :data:`FAST_EAGLE_BATCHED_CHAIN` (sampling; LANTERN
     :data:`FAST_LANTERN_BATCHED_CHAIN`, with argmax drafts) or :data:`FAST_EAGLE_BATCHED_GREEDY_CHAIN`
