@@ -52,6 +52,11 @@ class LookupTailDrafter(Drafter):
             is sampled (its ``probs`` are extended with them).
         stop_at_change: end a row's tail at its first copy that differs from the token before it (default);
             False always appends ``length`` tokens.
+        lookup_only_from: a round whose tail, read from the committed tokens before drafting, has at least
+            this many tokens proposes that tail alone and skips the inner drafter (its forward), which then
+            learns the round through ``commit_undrafted`` (:class:`~mmspec.models.eagle.EagleDrafter` has it).
+            One row per call only: with several rows the inner drafter drafts every round. None (default):
+            never.
 
     Rows of one round share a chain length: when rows' tails end at different lengths, the shorter ones
     are continued with plain copies up to the longest (wasted positions at batch > 1, where verification
@@ -59,8 +64,8 @@ class LookupTailDrafter(Drafter):
     kept on the host (a few Python ints per round), since tails are read from them.
     """
 
-    def __init__(self, inner: Drafter, length: int, offset: int, vocab_size: int, stop_at_change: bool = True
-                 ) -> None:
+    def __init__(self, inner: Drafter, length: int, offset: int, vocab_size: int, stop_at_change: bool = True,
+                 lookup_only_from: int | None = None) -> None:
         if not isinstance(inner, Drafter):
             raise ValueError(f"inner must be a Drafter, got {type(inner).__name__}")
         check_positive_int(length, "length")
@@ -68,6 +73,13 @@ class LookupTailDrafter(Drafter):
         check_positive_int(vocab_size, "vocab_size")
         self.inner, self.length, self.offset, self.vocab_size = inner, length, offset, vocab_size
         self.stop_at_change = stop_at_change
+        if lookup_only_from is not None:
+            check_positive_int(lookup_only_from, "lookup_only_from")
+            if not callable(getattr(inner, "commit_undrafted", None)):
+                raise ValueError(f"lookup_only_from needs an inner drafter that can skip rounds (commit_undrafted); "
+                                 f"{type(inner).__name__} cannot")
+        self.lookup_only_from = lookup_only_from
+        self._undrafted = False  # whether the current round is lookup-only
         self.needs_target_hidden = inner.needs_target_hidden
         #: the target features the inner drafter reads under guidance (EAGLE heads name theirs)
         self.target_hidden = getattr(inner, "target_hidden", "cond")
@@ -83,6 +95,16 @@ class LookupTailDrafter(Drafter):
         self._generated = [[token] for token in context.first_tokens.tolist()]
 
     def propose(self, pending: torch.Tensor) -> DraftChain:
+        self._undrafted = False
+        if self.lookup_only_from is not None and len(self._generated) == 1:
+            tails = [lookup_tail(row, self.length, self.offset, self.stop_at_change) for row in self._generated]
+            if min(len(tail) for tail in tails) >= self.lookup_only_from:  # every row: a long run of one code
+                self._undrafted = True
+                width = max(len(tail) for tail in tails)
+                tails = [tail if len(tail) == width else lookup_tail(row, width, self.offset, stop_at_change=False)
+                         for row, tail in zip(self._generated, tails)]
+                self._proposed = tails
+                return DraftChain(torch.tensor(tails, dtype=pending.dtype, device=pending.device))
         chain = self.inner.propose(pending)
         if isinstance(chain, DraftTree):
             raise ValueError("a lookup tail extends draft chains; the inner drafter proposed a tree "
@@ -103,7 +125,10 @@ class LookupTailDrafter(Drafter):
         return DraftChain(torch.cat([chain.tokens, tail_tokens], 1), probs)
 
     def commit(self, result: RoundResult) -> None:
-        self.inner.commit(result)
+        if self._undrafted:
+            self.inner.commit_undrafted(result)
+        else:
+            self.inner.commit(result)
         for generated, proposed, accepted, token in zip(self._generated, self._proposed, result.num_accepted_list(),
                                                         result.next_tokens.tolist()):
             generated.extend(proposed[:accepted])

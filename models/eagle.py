@@ -541,9 +541,28 @@ class EagleDrafter(Drafter):
         return expand_dynamic_tree(root, step, self.tree.depth, self.tree.top_k, self.tree.total_tokens)
 
     def commit(self, result: RoundResult) -> None:
+        self.runner.commit(self._prefix_keep)
+        self._pending_pairs = self._round_pairs(result)
+
+    def commit_undrafted(self, result: RoundResult) -> None:
+        """Learn a round this drafter proposed nothing for (a wrapper drafted it, e.g. a lookup-only round of
+        :class:`~mmspec.lookup_tail.LookupTailDrafter`): the head's cache is untouched, and the round's pairs
+        are fed after any still pending ones, together with the next round's. Rows must have committed
+        equally many tokens in both (one image per call); otherwise pairs would need padding in between."""
+        pairs = self._round_pairs(result)
+        if self._pending_pairs is None:  # right after prefill: the root computed there is stale, these pairs go next
+            self._pending_pairs = pairs
+            return
+        tokens, features, counts = self._pending_pairs
+        if min(counts) != max(counts) or min(pairs[2]) != max(pairs[2]):
+            raise NotImplementedError("an undrafted round after another needs rows that committed equally many "
+                                      "tokens (one image per call); draft every round with several rows")
+        self._pending_pairs = (torch.cat([tokens, pairs[0]], 1), torch.cat([features, pairs[1]], 1),
+                               [count + pairs[2][0] + 1 for count in counts])
+
+    def _round_pairs(self, result: RoundResult) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         if result.target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states of the committed tokens")
-        self.runner.commit(self._prefix_keep)
         # Next round's pairs: (accepted draft j, h of the token before it), then (new pending, h of the last);
         # row b has num_accepted[b] + 1 of them, and columns past the longest row's would be padding in every
         # row, so they are not fed at all.
@@ -556,4 +575,4 @@ class EagleDrafter(Drafter):
             n = result.num_accepted.unsqueeze(1)
             shifted = torch.cat([committed[:, 1:], committed.new_full((committed.shape[0], 1), -1)], 1)[:, :width]
             tokens = torch.where(steps < n, shifted, torch.where(steps == n, result.next_tokens.unsqueeze(1), -1))
-        self._pending_pairs = (tokens, result.target_hidden[:, :width], counts)
+        return tokens, result.target_hidden[:, :width], counts

@@ -98,6 +98,7 @@ GREEDY_CASES = {
     "gsd-G1": ("gsd", {"gsd_group_size": 1, "sjd_window": 5}),
     "gsd-rule-on-eagle": ("eagle", {"rule": GroupedRule(G=1, greedy=True)}),
     "eagle-lookup-tail": ("eagle", {"num_draft_tokens": 2, "lookup_tail": 6}),
+    "eagle-lookup-only-rounds": ("eagle", {"num_draft_tokens": 2, "lookup_tail": 6, "lookup_only_from": 1}),
 }
 
 
@@ -235,9 +236,10 @@ def _exact_first_two_marginals(model: LlamaGenTransformer, words: torch.Tensor, 
                                            ("eagle", {"num_draft_tokens": 3, "draft_confidence_threshold": 0.3}),
                                            ("eagle", {"eagle_guided": "features"}),
                                            ("eagle", {"argmax_drafts": True}),
+                                           ("eagle", {"num_draft_tokens": 2, "lookup_tail": 3, "lookup_only_from": 1}),
                                            ("sjd", {"sjd_window": 4})],
                          ids=["none", "eagle", "eagle-tree", "eagle-dynamic-chain", "eagle-guided-features",
-                              "eagle-argmax-drafts", "sjd"])
+                              "eagle-argmax-drafts", "eagle-lookup-only-rounds", "sjd"])
 def test_sampling_matches_the_exact_target_marginals(method, kwargs):
     """2000 rows of one prompt at temperature 1 with CFG: tokens 0 and 1 follow the exact guided marginals."""
     _check_sampled_marginals(make_pipe(sharpness=3.0, feature_guidance=3.0 if kwargs.get("eagle_guided") == "features"
@@ -470,6 +472,10 @@ BAD_INPUTS = {
                                    tree=TreeConfig(depth=2, top_k=2, total_tokens=4)), ValueError, "pass tree=None"),
     "negative lookup tail": (dict(prompt="a circle", method="eagle", lookup_tail=-1), ValueError,
                              "lookup_tail must be a non-negative integer"),
+    "lookup-only rounds without a tail": (dict(prompt="a circle", method="eagle", lookup_only_from=2), ValueError,
+                                          "set lookup_tail too"),
+    "lookup-only rounds from zero": (dict(prompt="a circle", method="eagle", lookup_tail=4, lookup_only_from=0),
+                                     ValueError, "lookup_only_from must be a positive integer"),
 }
 
 

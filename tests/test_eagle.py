@@ -326,3 +326,54 @@ def test_trimmed_round_start_drafts_what_the_full_width_one_does(trained_pair):
     # exercised: rounds whose rows accepted different lengths (rows' last slots differ), and trimmed widths
     assert any(int(a.max()) > int(a.min()) for a in accepted)
     assert any(0 < int(a.max()) < 4 for a in accepted)
+
+
+def test_an_undrafted_round_is_fed_with_the_next_one(llama_pair):
+    """``commit_undrafted`` (a round a wrapper drafted alone, e.g. a lookup-only round) keeps the round's pairs
+    pending after the earlier ones: the head then reads both rounds in one forward and drafts exactly what it
+    drafts after reading them round by round (its cache holds the same pairs either way), including right
+    after prefill (compared: the next round's root logits and feature)."""
+    from mmspec.speculate import PrefillContext, RoundResult
+
+    target, _ = llama_pair
+    head = _head(target)
+    ids = torch.tensor([[3, 9, 4, 17, 5]])
+    g = torch.Generator().manual_seed(0)
+
+    def result(tokens: list[int], next_token: int) -> RoundResult:  # committed = pending + accepted drafts
+        hidden = torch.randn(1, len(tokens), target.config.hidden_size, generator=g, dtype=torch.float64)
+        return RoundResult(torch.tensor([tokens]), torch.tensor([len(tokens) - 1]), torch.tensor([next_token]),
+                           hidden)
+
+    rounds = [result([6, 7, 8], 11), result([11, 12], 13), result([13, 14, 15, 16], 20)]
+    chains = {}
+    for name, drafted in (("every round drafted", (True, True, True)), ("first undrafted", (False, True, True)),
+                          ("second and third undrafted", (True, False, False))):
+        drafter = EagleDrafter(head, 3)
+        out = CausalLMRunner(target, return_hidden=True).prefill(ids, torch.ones_like(ids))
+        drafter.prefill(PrefillContext(ids, torch.ones_like(ids), out, torch.tensor([6])))
+        for round_result, was_drafted in zip(rounds, drafted):
+            if was_drafted:
+                drafter.propose(round_result.committed[:, 0])
+                drafter.commit(round_result)
+            else:
+                drafter.commit_undrafted(round_result)
+        chains[name] = drafter._start_round()  # the next round's root: logits [1, V] and feature [1, d]
+    reference = chains.pop("every round drafted")
+    for name, (logits, feature) in chains.items():
+        assert torch.allclose(logits, reference[0], atol=1e-9) and torch.allclose(feature, reference[1], atol=1e-9), name
+
+
+def test_undrafted_rounds_of_rows_with_different_lengths_are_refused(llama_pair):
+    from mmspec.speculate import PrefillContext, RoundResult
+
+    target, _ = llama_pair
+    drafter = EagleDrafter(_head(target), 3)
+    ids = torch.tensor([[3, 9, 4], [5, 6, 7]])
+    out = CausalLMRunner(target, return_hidden=True).prefill(ids, torch.ones_like(ids))
+    drafter.prefill(PrefillContext(ids, torch.ones_like(ids), out, torch.tensor([6, 6])))
+    hidden = torch.zeros(2, 3, target.config.hidden_size, dtype=torch.float64)
+    uneven = RoundResult(torch.tensor([[6, 7, 8], [6, -1, -1]]), torch.tensor([2, 0]), torch.tensor([1, 2]), hidden)
+    drafter.commit_undrafted(uneven)  # right after prefill: nothing pending, nothing to join
+    with pytest.raises(NotImplementedError, match="one image per call"):
+        drafter.commit_undrafted(uneven)

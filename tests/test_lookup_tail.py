@@ -35,7 +35,8 @@ def _tail_drafter(**kwargs) -> LookupTailDrafter:
 
 
 @pytest.mark.parametrize("bad,match", [(dict(length=0), "length"), (dict(offset=0), "offset"),
-                                       (dict(vocab_size=-1), "vocab_size"), (dict(inner="eagle"), "Drafter")])
+                                       (dict(vocab_size=-1), "vocab_size"), (dict(inner="eagle"), "Drafter"),
+                                       (dict(lookup_only_from=2), "cannot"), (dict(lookup_only_from=0), "lookup_only")])
 def test_bad_arguments_are_clear_errors(bad, match):
     args = dict(inner=ModelDrafter(tiny_llama(layers=1, seed=1), 2), length=3, offset=2, vocab_size=32)
     with pytest.raises(ValueError, match=match):
@@ -86,3 +87,35 @@ def test_tails_follow_each_rows_committed_tokens():
     assert inner.results == [result]
     assert drafter._generated == [[9, 5, 9, 11], [10, 12]]
     assert drafter.propose(torch.tensor([11, 12])).tokens.tolist() == [[5, 11, 5], [6, 12, 6]]
+
+
+class _SkippableDrafter(_ScriptedDrafter):
+    """A scripted drafter that can also learn rounds it did not draft."""
+
+    def __init__(self, chain: list[list[int]]) -> None:
+        super().__init__(chain)
+        self.undrafted: list[RoundResult] = []
+
+    def propose(self, pending: torch.Tensor) -> DraftChain:
+        self.proposals = getattr(self, "proposals", 0) + 1
+        return super().propose(pending)
+
+    def commit_undrafted(self, result: RoundResult) -> None:
+        self.undrafted.append(result)
+
+
+def test_lookup_only_rounds_skip_the_inner_drafter_when_the_tail_is_long():
+    inner = _SkippableDrafter([[5]])
+    drafter = LookupTailDrafter(inner, 4, offset=2, vocab_size=32, lookup_only_from=3)
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    drafter.prefill(PrefillContext(ids, torch.ones_like(ids), None, torch.tensor([9])))
+    chain = drafter.propose(torch.tensor([9]))  # one token: a tail of copies of it, long enough to skip
+    assert chain.tokens.tolist() == [[9, 9, 9, 9]] and chain.probs is None and not hasattr(inner, "proposals")
+    result = RoundResult(torch.tensor([[9, 9]]), torch.tensor([1]), torch.tensor([4]))
+    drafter.commit(result)
+    assert inner.undrafted == [result] and inner.results == []
+    assert drafter._generated == [[9, 9, 4]]
+    chain = drafter.propose(torch.tensor([4]))  # 9 above 4 differs: no tail before drafting, the inner drafts
+    assert inner.proposals == 1 and chain.tokens[0, 0].item() == 5
+    drafter.commit(RoundResult(torch.tensor([[4]]), torch.tensor([0]), torch.tensor([7])))
+    assert len(inner.results) == 1 and len(inner.undrafted) == 1

@@ -46,6 +46,16 @@ def test_lookup_tail_adds_accepted_tokens_on_the_zoo_and_stays_lossless(pipe):
     assert tail.stats.mean_accepted_length > plain.stats.mean_accepted_length + 0.5
     assert tail.stats.target_calls < plain.stats.target_calls
     assert tail.drafted.sum() > plain.drafted.sum()
+    # rounds that start in a long run of one code verify the tail alone: fewer head forwards, the same tokens,
+    # and no more target calls (the head reads the skipped rounds' pairs with the next round's)
+    lookup_only = pipe(PROMPTS[:1], method="eagle", lookup_tail=16, lookup_only_from=4, **kwargs)
+    assert torch.equal(lookup_only.tokens, baseline.tokens)
+    assert lookup_only.stats.draft_calls < tail.stats.draft_calls
+    assert lookup_only.stats.target_calls <= tail.stats.target_calls
+    # several images per call: the head drafts every round (rows would commit different numbers of pairs)
+    two = pipe(PROMPTS, method="eagle", lookup_tail=16, lookup_only_from=4, **kwargs)
+    assert torch.equal(two.tokens, pipe(PROMPTS, method="none", do_sample=False, output_type="tokens").tokens)
+    assert two.stats.draft_calls >= two.stats.target_calls - 1
 
 
 def test_mulo_on_the_zoo_takes_one_target_pass_per_block(pipe):
