@@ -96,15 +96,11 @@ class LookupTailDrafter(Drafter):
 
     def propose(self, pending: torch.Tensor) -> DraftChain:
         self._undrafted = False
-        if self.lookup_only_from is not None and len(self._generated) == 1:
-            tails = [lookup_tail(row, self.length, self.offset, self.stop_at_change) for row in self._generated]
-            if min(len(tail) for tail in tails) >= self.lookup_only_from:  # every row: a long run of one code
-                self._undrafted = True
-                width = max(len(tail) for tail in tails)
-                tails = [tail if len(tail) == width else lookup_tail(row, width, self.offset, stop_at_change=False)
-                         for row, tail in zip(self._generated, tails)]
-                self._proposed = tails
-                return DraftChain(torch.tensor(tails, dtype=pending.dtype, device=pending.device))
+        if self.lookup_only_from is not None and len(self._generated) == 1:  # one row: may skip the inner drafter
+            tail = lookup_tail(self._generated[0], self.length, self.offset, self.stop_at_change)
+            if len(tail) >= self.lookup_only_from:  # the round starts inside a long run of one code
+                self._undrafted, self._proposed = True, [tail]
+                return DraftChain(torch.tensor([tail], dtype=pending.dtype, device=pending.device))  # point masses
         chain = self.inner.propose(pending)
         if isinstance(chain, DraftTree):
             raise ValueError("a lookup tail extends draft chains; the inner drafter proposed a tree "
