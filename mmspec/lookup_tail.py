@@ -57,6 +57,8 @@ class LookupTailDrafter(Drafter):
             learns the round through ``commit_undrafted`` (:class:`~mmspec.models.eagle.EagleDrafter` has it).
             One row per call only: with several rows the inner drafter drafts every round. None (default):
             never.
+        max_length: tokens a row generates in all (an image's token count): no tail position reaches past it,
+            where a verified draft would be thrown away. None: no limit.
 
     Rows of one round share a chain length: when rows' tails end at different lengths, the shorter ones
     are continued with plain copies up to the longest (wasted positions at batch > 1, where verification
@@ -65,7 +67,7 @@ class LookupTailDrafter(Drafter):
     """
 
     def __init__(self, inner: Drafter, length: int, offset: int, vocab_size: int, stop_at_change: bool = True,
-                 lookup_only_from: int | None = None) -> None:
+                 lookup_only_from: int | None = None, max_length: int | None = None) -> None:
         if not isinstance(inner, Drafter):
             raise ValueError(f"inner must be a Drafter, got {type(inner).__name__}")
         check_positive_int(length, "length")
@@ -79,6 +81,9 @@ class LookupTailDrafter(Drafter):
                 raise ValueError(f"lookup_only_from needs an inner drafter that can skip rounds (commit_undrafted); "
                                  f"{type(inner).__name__} cannot")
         self.lookup_only_from = lookup_only_from
+        if max_length is not None:
+            check_positive_int(max_length, "max_length")
+        self.max_length = max_length
         self._undrafted = False  # whether the current round is lookup-only
         self.needs_target_hidden = inner.needs_target_hidden
         #: the target features the inner drafter reads under guidance (EAGLE heads name theirs)
@@ -97,7 +102,7 @@ class LookupTailDrafter(Drafter):
     def propose(self, pending: torch.Tensor) -> DraftChain:
         self._undrafted = False
         if self.lookup_only_from is not None and len(self._generated) == 1:  # one row: may skip the inner drafter
-            tail = lookup_tail(self._generated[0], self.length, self.offset, self.stop_at_change)
+            tail = lookup_tail(self._generated[0], self._room(self._generated[0]), self.offset, self.stop_at_change)
             if len(tail) >= self.lookup_only_from:  # the round starts inside a long run of one code
                 self._undrafted, self._proposed = True, [tail]
                 return DraftChain(torch.tensor([tail], dtype=pending.dtype, device=pending.device))  # point masses
@@ -106,7 +111,7 @@ class LookupTailDrafter(Drafter):
             raise ValueError("a lookup tail extends draft chains; the inner drafter proposed a tree "
                              "(draft chains, e.g. tree=None, to use a tail)")
         rows = [generated + row for generated, row in zip(self._generated, chain.tokens.tolist())]
-        tails = [lookup_tail(row, self.length, self.offset, self.stop_at_change) for row in rows]
+        tails = [lookup_tail(row, self._room(row), self.offset, self.stop_at_change) for row in rows]
         width = max(len(tail) for tail in tails)
         if min(len(tail) for tail in tails) < width:  # rows whose tail ended early go on copying
             tails = [lookup_tail(row, width, self.offset, stop_at_change=False) for row in rows]
@@ -119,6 +124,12 @@ class LookupTailDrafter(Drafter):
         if probs is not None:
             probs = torch.cat([probs, one_hot_probs(tail_tokens, self.vocab_size).to(probs.dtype)], 1)
         return DraftChain(torch.cat([chain.tokens, tail_tokens], 1), probs)
+
+    def _room(self, sequence: list[int]) -> int:
+        """The longest tail after ``sequence``: ``length``, cut where it would pass ``max_length``."""
+        if self.max_length is None:
+            return self.length
+        return max(0, min(self.length, self.max_length - len(sequence)))
 
     def commit(self, result: RoundResult) -> None:
         if self._undrafted:

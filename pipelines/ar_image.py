@@ -439,7 +439,8 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                 if tree is not None:
                     raise ValueError("lookup_tail extends draft chains: pass tree=None (an EAGLE-2 tree has no tail)")
                 drafter = LookupTailDrafter(drafter, lookup_tail, offset=self.grid_size, vocab_size=vocab,
-                                            lookup_only_from=lookup_only_from)
+                                            lookup_only_from=lookup_only_from,
+                                            max_length=self.transformer.config.block_size)
             if method == "eagle":
                 return drafter, None
             k = min(1000, vocab - 1) if lantern_k is None else lantern_k

@@ -119,3 +119,19 @@ def test_lookup_only_rounds_skip_the_inner_drafter_when_the_tail_is_long():
     assert inner.proposals == 1 and chain.tokens[0, 0].item() == 5
     drafter.commit(RoundResult(torch.tensor([[4]]), torch.tensor([0]), torch.tensor([7])))
     assert len(inner.results) == 1 and len(inner.undrafted) == 1
+
+
+def test_tails_stop_at_the_last_position_a_row_generates():
+    """``max_length`` (an image's token count): no tail position reaches past it, in drafted and lookup-only
+    rounds alike."""
+    inner = _SkippableDrafter([[5]])
+    drafter = LookupTailDrafter(inner, 10, offset=2, vocab_size=32, stop_at_change=False, max_length=4)
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    drafter.prefill(PrefillContext(ids, torch.ones_like(ids), None, torch.tensor([9])))
+    assert drafter.propose(torch.tensor([9])).tokens.tolist() == [[5, 9, 5]]  # positions 1, 2, 3 of 0..3
+    skipping = LookupTailDrafter(_SkippableDrafter([[5]]), 10, offset=2, vocab_size=32, lookup_only_from=2,
+                                 max_length=3)
+    skipping.prefill(PrefillContext(ids, torch.ones_like(ids), None, torch.tensor([9])))
+    assert skipping.propose(torch.tensor([9])).tokens.tolist() == [[9, 9]]  # lookup-only, positions 1 and 2
+    with pytest.raises(ValueError, match="max_length"):
+        LookupTailDrafter(_SkippableDrafter([[5]]), 10, offset=2, vocab_size=32, max_length=0)
