@@ -110,13 +110,13 @@ class LookupTailDrafter(Drafter):
         if isinstance(chain, DraftTree):
             raise ValueError("a lookup tail extends draft chains; the inner drafter proposed a tree "
                              "(draft chains, e.g. tree=None, to use a tail)")
-        rows = [generated + row for generated, row in zip(self._generated, chain.tokens.tolist())]
+        drafts = chain.tokens.tolist()
+        rows = [generated + row for generated, row in zip(self._generated, drafts)]
         tails = [lookup_tail(row, self._room(row), self.offset, self.stop_at_change) for row in rows]
         width = max(len(tail) for tail in tails)
         if min(len(tail) for tail in tails) < width:  # rows whose tail ended early go on copying
             tails = [lookup_tail(row, width, self.offset, stop_at_change=False) for row in rows]
-        drafts = chain.tokens.shape[1]
-        self._proposed = [row[-drafts:] + tail for row, tail in zip(rows, tails)]
+        self._proposed = [row + tail for row, tail in zip(drafts, tails)]
         if width == 0:
             return chain
         tail_tokens = torch.tensor(tails, dtype=chain.tokens.dtype, device=chain.tokens.device)

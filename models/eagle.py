@@ -553,14 +553,18 @@ class EagleDrafter(Drafter):
         if self._pending_pairs is None:  # right after prefill: the root computed there is stale, these pairs go next
             self._pending_pairs = pairs
             return
-        tokens, features, counts = self._pending_pairs
-        if min(counts) != max(counts) or min(pairs[2]) != max(pairs[2]):
+        tokens, features, lasts = self._pending_pairs
+        new_tokens, new_features, new_lasts = pairs
+        if min(lasts) != max(lasts) or min(new_lasts) != max(new_lasts):
             raise NotImplementedError("an undrafted round after another needs rows that committed equally many "
                                       "tokens (one image per call); draft every round with several rows")
-        self._pending_pairs = (torch.cat([tokens, pairs[0]], 1), torch.cat([features, pairs[1]], 1),
-                               [count + pairs[2][0] + 1 for count in counts])
+        # no padding in either: the new pairs follow the pending ones, whose last slot is lasts[0]
+        self._pending_pairs = (torch.cat([tokens, new_tokens], 1), torch.cat([features, new_features], 1),
+                               [last + 1 + new_lasts[0] for last in lasts])
 
     def _round_pairs(self, result: RoundResult) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """The round's pairs for the head (``_pending_pairs``' layout: each row's last valid slot is its
+        number of accepted drafts)."""
         if result.target_hidden is None:
             raise ValueError("EagleDrafter needs the target's hidden states of the committed tokens")
         # Next round's pairs: (accepted draft j, h of the token before it), then (new pending, h of the last);
