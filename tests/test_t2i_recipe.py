@@ -213,3 +213,79 @@ def test_eagle_block_head_grows_from_a_plain_head_and_can_train_its_readout_alon
                 ["--num-future", "2", "--rollout-steps", "2"]):
         with pytest.raises(SystemExit):
             train_eagle.main([*common, *bad, "--out", str(tmp_path / "x"), "--work", str(tmp_path / "wx")])
+
+
+MULO_TINY = ["--dim", "32", "--layers", "1", "--heads", "2", "--train-images", "40", "--batch", "4", "--threads", "1",
+             "--drafter-steps", "2", "--upsampler-steps", "2"]
+
+
+def _mulo_weights(folder) -> dict[str, torch.Tensor]:
+    from mmspec.models.mulo import TokenUpsampler
+
+    drafter = LlamaGenTransformer.from_pretrained(folder / "mulo_drafter").state_dict()
+    upsampler = TokenUpsampler.from_pretrained(folder / "mulo_upsampler").state_dict()
+    return {**{f"d.{k}": v for k, v in drafter.items()}, **{f"u.{k}": v for k, v in upsampler.items()}}
+
+
+def test_train_mulo_trains_both_parts_on_the_low_res_images_and_a_later_stage_starts_from_them(tmp_path):
+    """``train_mulo``: the drafter learns the low-res tokens (``downsample_tokens`` of the rendered images), both
+    parts are saved in fp16 under the pipeline folder; ``--init`` starts a later stage from a trained pair (a
+    zero learning rate keeps it), and a missing pair is a clear error."""
+    from safetensors.torch import load_file
+
+    from mmspec.models.mulo import downsample_tokens
+    from mmspec.models.recipes import train_mulo
+    from mmspec.models.recipes.common import DEFAULT_VQ
+    from mmspec.models.tokenizers import VQTokenizer
+
+    train_mulo.main([*MULO_TINY, "--out", str(tmp_path / "a"), "--work", str(tmp_path / "wa")])
+    data = torch.load(tmp_path / "wa" / "data.pt")
+    vq = VQTokenizer.from_pretrained(DEFAULT_VQ)
+    assert torch.equal(data["low_tokens"], downsample_tokens(vq, data["tokens"].view(-1, 8, 8), 2).flatten(1))
+    first = _mulo_weights(tmp_path / "a")
+    for part in ("mulo_drafter", "mulo_upsampler"):  # bundled in half precision
+        saved = load_file(tmp_path / "a" / part / "diffusion_pytorch_model.safetensors")
+        assert all(v.dtype == torch.float16 for v in saved.values() if v.is_floating_point())
+    train_mulo.main([*MULO_TINY, "--lr", "0", "--seed", "1", "--init", str(tmp_path / "a"), "--out", str(tmp_path / "b"),
+                     "--work", str(tmp_path / "wb")])
+    second = _mulo_weights(tmp_path / "b")
+    assert first.keys() == second.keys() and all(torch.equal(first[k], second[k]) for k in first)
+    train_mulo.main([*MULO_TINY, "--lr", "0", "--seed", "1", "--out", str(tmp_path / "c"), "--work", str(tmp_path / "wc")])
+    fresh = _mulo_weights(tmp_path / "c")
+    assert not all(torch.equal(first[k], fresh[k]) for k in first)
+    with pytest.raises(FileNotFoundError, match="no trained MuLo drafter"):
+        train_mulo.main([*MULO_TINY, "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "d"),
+                         "--work", str(tmp_path / "wd")])
+
+
+def test_train_mulo_self_distillation_adds_the_targets_own_samples_to_both_parts(tmp_path, monkeypatch):
+    """``train_mulo --self-distill N --target T``: N extra rows of the target's own guided temperature-1 samples
+    for the first N training captions (cached), with their low-res tokens, in the training sets of the drafter
+    and the up-sampler; without ``--target`` or with more rows than captions it refuses."""
+    from mmspec.models.recipes import train_mulo
+    from mmspec.models.recipes.report_t2i import generate_tokens
+    from mmspec.sampling import SamplingConfig
+
+    train_t2i.main([*TINY, "--steps", "2", "--out", str(tmp_path / "target"), "--work", str(tmp_path / "wt")])
+    sizes = []
+    real_loop = train_mulo.train_loop
+
+    def counting_loop(model, loss_fn, num_items, **kwargs):
+        sizes.append(num_items)
+        return real_loop(model, loss_fn, num_items, **kwargs)
+
+    monkeypatch.setattr(train_mulo, "train_loop", counting_loop)
+    train_mulo.main([*MULO_TINY, "--target", str(tmp_path / "target"), "--self-distill", "6",
+                     "--out", str(tmp_path / "m"), "--work", str(tmp_path / "wm")])
+    own = torch.load(tmp_path / "wm" / "self_distill.pt")
+    data = torch.load(tmp_path / "wm" / "data.pt")
+    target = LlamaGenTransformer.from_pretrained(tmp_path / "target").float().eval()
+    expected = generate_tokens(target, data["words"][:6], 3.0, SamplingConfig(), torch.Generator().manual_seed(0))
+    assert torch.equal(own["words"], data["words"][:6]) and torch.equal(own["tokens"], expected)
+    assert not torch.equal(own["tokens"], data["tokens"][:6])
+    assert sizes == [46, 46]  # 40 rendered + 6 own rows, for the drafter and for the up-sampler
+    with pytest.raises(SystemExit):
+        train_mulo.main([*MULO_TINY, "--self-distill", "6", "--out", str(tmp_path / "x"), "--work", str(tmp_path / "wx")])
+    with pytest.raises(SystemExit):
+        train_mulo.main([*MULO_TINY, "--target", str(tmp_path / "target"), "--self-distill", "41",
+                         "--out", str(tmp_path / "y"), "--work", str(tmp_path / "wy")])

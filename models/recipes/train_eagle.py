@@ -56,6 +56,12 @@ from mmspec.models.recipes.common import (
     time_left,
     train_loop,
 )
+from mmspec.models.recipes.self_distill import (
+    add_self_distill_arguments,
+    check_self_distill_arguments,
+    self_distill_data,
+    self_distilled_rows,
+)
 from mmspec.models.recipes.train_t2i import build_data
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
@@ -86,21 +92,6 @@ def eagle_batch(target: LlamaGenTransformer, words: torch.Tensor, tokens: torch.
     return ids, hidden.float(), valid
 
 
-def self_distill_data(target: LlamaGenTransformer, words: torch.Tensor, guidance_scale: float, seed: int,
-                      batch: int = 100, greedy: bool = False) -> dict[str, torch.Tensor]:
-    """The target's own guided samples for the conditions ``words`` ``[N, C]``, temperature 1 or greedy
-    (argmax), generated on the target's device: ``{"words": words, "tokens": [N, block_size]}`` on the CPU
-    (deterministic for a seed)."""
-    from mmspec.models.recipes.report_t2i import generate_tokens
-    from mmspec.sampling import SamplingConfig
-
-    generator = torch.Generator().manual_seed(seed)
-    sampling = SamplingConfig(do_sample=not greedy)
-    tokens = [generate_tokens(target, words[lo:lo + batch].to(target.device), guidance_scale, sampling, generator)
-              for lo in range(0, words.shape[0], batch)]
-    return {"words": words.cpu(), "tokens": torch.cat(tokens).cpu()}
-
-
 def init_head(head: EagleHead, folder: Path) -> None:
     """``--init``: the trained head saved in ``folder``. A plain head (``num_future`` 1) also starts a head
     with K futures: its layers are copied and the readout starts as the identity
@@ -127,13 +118,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--feature-noise", type=float, default=0.2)
     parser.add_argument("--uncond-prob", type=float, default=0.3)
-    parser.add_argument("--self-distill", type=int, default=0,
-                        help="extra rows of the target's own samples for the first N training captions")
-    parser.add_argument("--self-distill-guidance", type=float, default=3.0)
-    parser.add_argument("--self-distill-batch", type=int, default=100,
-                        help="captions per generation call of the self-distilled rows (larger on a GPU)")
-    parser.add_argument("--self-distill-greedy", action="store_true",
-                        help="the self-distilled rows are the target's greedy (argmax) images, not temperature-1 samples")
+    add_self_distill_arguments(parser)
     parser.add_argument("--rollout-steps", type=int, default=1,
                         help="drafting depths trained (EAGLE-3 training-time test); 1 = teacher forcing only")
     parser.add_argument("--init", type=Path, default=None,
@@ -153,10 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.rollout_steps < 1:
         parser.error(f"--rollout-steps must be >= 1, got {args.rollout_steps}")
-    if args.self_distill_batch < 1:
-        parser.error(f"--self-distill-batch must be >= 1, got {args.self_distill_batch}")
-    if not 0 <= args.self_distill <= args.train_images:
-        parser.error(f"--self-distill must be in [0, --train-images={args.train_images}], got {args.self_distill}")
+    check_self_distill_arguments(parser, args)
     if args.num_future < 1:
         parser.error(f"--num-future must be >= 1, got {args.num_future}")
     if args.num_future > 1 and args.rollout_steps > 1:
@@ -175,11 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, cond_len,
                                                      args.difficulty, workers=args.data_workers))
     if args.self_distill:
-        own = cached_data(args.work, lambda: self_distill_data(target, data["words"][: args.self_distill],
-                                                               args.self_distill_guidance, args.seed,
-                                                               batch=args.self_distill_batch,
-                                                               greedy=args.self_distill_greedy),
-                          name="self_distill_greedy.pt" if args.self_distill_greedy else "self_distill.pt")
+        own = self_distilled_rows(args, target, data["words"], args.work)
         data = {key: torch.cat([data[key], own[key]]) for key in ("words", "tokens")}
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,

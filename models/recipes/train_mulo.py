@@ -13,6 +13,12 @@ pipeline feeds the drafter at inference. Deterministic; resumable per part (``--
 ``--work``/upsampler).
 
     python -m mmspec.models.recipes.train_mulo --out models/zoo/shapes-t2i
+
+A later stage starts both parts from a trained pair (``--init FOLDER``, a pipeline folder with
+``mulo_drafter/`` and ``mulo_upsampler/``; fresh optimiser and schedule, ``--seed`` for a newly rendered
+set), and ``--self-distill N --target FOLDER`` adds N rows of the target's own guided samples
+(:mod:`~mmspec.models.recipes.self_distill`): at inference the drafter continues, and the up-sampler
+refines, the target's images, not rendered ones.
 """
 
 from __future__ import annotations
@@ -25,7 +31,18 @@ import torch
 
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.mulo import TokenUpsampler, downsample_tokens
-from mmspec.models.recipes.common import add_run_arguments, cached_data, start_run, train_loop
+from mmspec.models.recipes.common import (
+    add_run_arguments,
+    cached_data,
+    init_from_folder,
+    start_run,
+    train_loop,
+)
+from mmspec.models.recipes.self_distill import (
+    add_self_distill_arguments,
+    check_self_distill_arguments,
+    self_distilled_rows,
+)
 from mmspec.models.recipes.train_t2i import build_data
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import VQTokenizer
@@ -52,8 +69,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upsampler-steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--init", type=Path, default=None,
+                        help="start both parts from the trained pair in this pipeline folder (a later stage: "
+                             "fresh optimiser and schedule)")
+    parser.add_argument("--target", type=Path, default=None,
+                        help="the trained target transformer folder (needed by --self-distill)")
+    add_self_distill_arguments(parser)
     add_run_arguments(parser, "runs/train_mulo")
     args = parser.parse_args(argv)
+    check_self_distill_arguments(parser, args)
+    if args.self_distill and args.target is None:
+        parser.error("--self-distill samples the target's own images: pass --target")
     start_run(args)
 
     vq = VQTokenizer.from_pretrained(args.vq)
@@ -64,6 +90,14 @@ def main(argv: list[str] | None = None) -> None:
         return {**data, "low_tokens": low_res_tokens(vq, data["tokens"], args.ratio)}
 
     data = cached_data(args.work, build)
+    if args.self_distill:
+        target = LlamaGenTransformer.from_pretrained(args.target).float().eval().requires_grad_(False)
+        if target.config.cls_token_num != args.cond_len or target.config.vocab_size != vq.vocab_size:
+            raise ValueError(f"--target {args.target}: condition length {target.config.cls_token_num} and vocabulary "
+                             f"{target.config.vocab_size}, the recipe {args.cond_len} and {vq.vocab_size}")
+        own = self_distilled_rows(args, target, data["words"], args.work)
+        own["low_tokens"] = low_res_tokens(vq, own["tokens"], args.ratio)
+        data = {key: torch.cat([data[key], own[key]]) for key in ("words", "tokens", "low_tokens")}
     high, low, cond = data["tokens"], data["low_tokens"], data["words"]
     grid, low_grid = int(round(high.shape[1] ** 0.5)), int(round(low.shape[1] ** 0.5))
     if grid != low_grid * args.ratio:
@@ -76,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
                                       model_type="t2i", vocab_size=vq.vocab_size, block_size=low.shape[1],
                                       cls_token_num=args.cond_len, caption_dim=args.dim, text_vocab_size=len(words),
                                       class_dropout_prob=0.1, condition_rope="identity")
+        if args.init is not None:
+            init_from_folder(drafter, LlamaGenTransformer, args.init / "mulo_drafter", "MuLo drafter")
 
         def drafter_loss(index: torch.Tensor) -> torch.Tensor:
             c, t = cond[index], low[index]
@@ -91,6 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.part in ("all", "upsampler"):
         torch.manual_seed(args.seed)
         upsampler = TokenUpsampler(vocab_size=vq.vocab_size, ratio=args.ratio, dim=args.dim)
+        if args.init is not None:
+            init_from_folder(upsampler, TokenUpsampler, args.init / "mulo_upsampler", "MuLo up-sampler")
 
         def upsampler_loss(index: torch.Tensor) -> torch.Tensor:
             logits = upsampler(low[index].view(-1, low_grid, low_grid))  # [b, H, W, V]
