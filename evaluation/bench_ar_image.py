@@ -11,7 +11,9 @@ another seed ("none, seed 2") states how much GenEval and FID move by chance alo
 
 Method knobs can be overridden with ``--method-kwargs '{"lantern": {"lantern_delta": 0.3}}'``. A case may
 draft with another EAGLE head than the pipeline's by naming its folder, so two heads are compared in one
-run: ``--method-kwargs '{"eagle, other head": {"like": "eagle", "eagle_head": "runs/x/head"}}'``.
+run: ``--method-kwargs '{"eagle, other head": {"like": "eagle", "eagle_head": "runs/x/head"}}'``; likewise
+another MuLo-SD drafter and up-sampler, from a pipeline folder that holds them:
+``'{"mulo, other pair": {"like": "mulo, reverify", "mulo_models": "runs/x"}}'``.
 """
 
 from __future__ import annotations
@@ -89,7 +91,21 @@ def default_kwargs(greedy: bool, batch_size: int = 1, num_future: int = 1) -> di
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 
 
-_HEADS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline -> {folder: its bound head}
+_LOADED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline -> {(what, folder): loaded modules}
+
+
+def _loaded_once(pipe: Any, what: str, folder: str, load: Any) -> Any:
+    """``load()`` once per pipeline, ``what`` and folder: modules in the target's dtype, packed like the
+    pipeline's own (``--cpu-gemm packed``)."""
+    loaded = _LOADED.setdefault(pipe, {})
+    if (what, folder) not in loaded:
+        modules = load()
+        for module in modules if isinstance(modules, tuple) else (modules,):
+            module.to(pipe.transformer.dtype).eval()
+            if pipe.packed_cpu_gemm:
+                pack_cpu_linears(module)
+        loaded[what, folder] = modules
+    return loaded[what, folder]
 
 
 @contextmanager
@@ -100,18 +116,16 @@ def drafting_with_head(pipe: Any, folder: str | None) -> Iterator[None]:
     if folder is None:
         yield
         return
-    heads = _HEADS.setdefault(pipe, {})  # loaded once per pipeline and folder, bound to that pipeline's target
-    if folder not in heads:
+
+    def load() -> Any:
         from mmspec.models.eagle import EagleHead
 
         if not (Path(folder) / "config.json").is_file():
             raise SystemExit(f"--method-kwargs: no EAGLE head saved in eagle_head={folder!r}")
-        head = EagleHead.from_pretrained(folder).to(pipe.transformer.dtype).eval()
-        heads[folder] = head.bind_target(pipe.transformer.get_input_embeddings(),
-                                         pipe.transformer.get_output_embeddings())
-        if pipe.packed_cpu_gemm:  # drafts like the pipeline's own heads (--cpu-gemm packed)
-            pack_cpu_linears(head)
-    head, own = heads[folder], (pipe.eagle_head, pipe.eagle_block_head)
+        head = EagleHead.from_pretrained(folder)
+        return head.bind_target(pipe.transformer.get_input_embeddings(), pipe.transformer.get_output_embeddings())
+
+    head, own = _loaded_once(pipe, "eagle_head", folder, load), (pipe.eagle_head, pipe.eagle_block_head)
     if head.config.num_future > 1:
         pipe.eagle_block_head = head
     else:
@@ -120,6 +134,31 @@ def drafting_with_head(pipe: Any, folder: str | None) -> Iterator[None]:
         yield
     finally:
         pipe.eagle_head, pipe.eagle_block_head = own
+
+
+@contextmanager
+def drafting_with_mulo(pipe: Any, folder: str | None) -> Iterator[None]:
+    """Draft MuLo-SD with the low-res drafter and up-sampler saved in the pipeline folder ``folder`` (its
+    ``mulo_drafter/`` and ``mulo_upsampler/``; None: the pipeline's own) while a case runs."""
+    if folder is None:
+        yield
+        return
+
+    def load() -> tuple[Any, Any]:
+        from mmspec.models.llamagen import LlamaGenTransformer
+        from mmspec.models.mulo import TokenUpsampler
+
+        parts = [Path(folder) / part for part in ("mulo_drafter", "mulo_upsampler")]
+        if not all((part / "config.json").is_file() for part in parts):
+            raise SystemExit(f"--method-kwargs: no MuLo drafter and up-sampler saved in mulo_models={folder!r}")
+        return LlamaGenTransformer.from_pretrained(parts[0]), TokenUpsampler.from_pretrained(parts[1])
+
+    pair, own = _loaded_once(pipe, "mulo_models", folder, load), (pipe.mulo_drafter, pipe.mulo_upsampler)
+    pipe.mulo_drafter, pipe.mulo_upsampler = pair
+    try:
+        yield
+    finally:
+        pipe.mulo_drafter, pipe.mulo_upsampler = own
 
 
 _VARIANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # pipeline -> {(dtype, cpu_gemm): its copy}
@@ -161,16 +200,17 @@ def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: d
              ) -> tuple[list[np.ndarray], list[Any]]:
     """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``; the pipeline
     method is ``kwargs["method"]`` when given, else the case's name; ``kwargs["eagle_head"]``, a folder,
-    drafts with that head instead of the pipeline's; ``kwargs["dtype"]`` (``"float32"`` or ``"bfloat16"``)
+    drafts with that head instead of the pipeline's, ``kwargs["mulo_models"]``, a pipeline folder, with its
+    MuLo-SD drafter and up-sampler; ``kwargs["dtype"]`` (``"float32"`` or ``"bfloat16"``)
     and ``kwargs["cpu_gemm"]`` (``"packed"`` or ``"plain"``) run the case so instead of the run's ``--dtype``
     and ``--cpu-gemm``."""
     kwargs = dict(kwargs)
     method = kwargs.pop("method", case)
-    head_folder = kwargs.pop("eagle_head", None)
+    head_folder, mulo_folder = kwargs.pop("eagle_head", None), kwargs.pop("mulo_models", None)
     pipe = pipeline_variant(pipe, kwargs.pop("dtype", None), kwargs.pop("cpu_gemm", None))
     generator = torch.Generator().manual_seed(seed)
     images, stats = [], []
-    with drafting_with_head(pipe, head_folder):
+    with drafting_with_head(pipe, head_folder), drafting_with_mulo(pipe, mulo_folder):
         for start in range(0, len(prompts), batch):
             out = pipe(list(prompts[start:start + batch]), method=method, output_type="np", generator=generator,
                        **mode, **call_kwargs(kwargs, greedy=not mode.get("do_sample", True)))

@@ -284,3 +284,27 @@ def test_benchmark_case_heads_replace_the_head_that_drafts(folder, tmp_path):
         with bench_ar_image.drafting_with_head(pipe, str(tmp_path / "missing")):
             pass
 
+
+
+def test_benchmark_case_mulo_models_replace_the_drafter_and_up_sampler(folder, tmp_path):
+    """A case's ``mulo_models`` pipeline folder: its MuLo drafter and up-sampler draft while the case runs (the
+    pipeline's own pair is restored afterwards), and a case run with the pipeline's own pair saved elsewhere
+    gives the same images as the pipeline's; a folder without the pair is a clear error."""
+    from mmspec.pipelines import ARImagePipeline
+
+    pipe = ARImagePipeline.from_pretrained(folder)
+    own = (pipe.mulo_drafter, pipe.mulo_upsampler)
+    pipe.mulo_drafter.save_pretrained(tmp_path / "pair" / "mulo_drafter")
+    pipe.mulo_upsampler.save_pretrained(tmp_path / "pair" / "mulo_upsampler")
+    with bench_ar_image.drafting_with_mulo(pipe, str(tmp_path / "pair")):
+        assert pipe.mulo_drafter is not own[0] and pipe.mulo_upsampler is not own[1]
+        assert pipe.mulo_drafter.dtype == pipe.transformer.dtype
+    assert (pipe.mulo_drafter, pipe.mulo_upsampler) == own
+    mode = {"do_sample": True, "temperature": 1.0}
+    theirs, _ = bench_ar_image.generate(pipe, ["a red circle"], "mulo", {"mulo_models": str(tmp_path / "pair")},
+                                        mode, 1, 0)
+    mine, _ = bench_ar_image.generate(pipe, ["a red circle"], "mulo", {}, mode, 1, 0)
+    np.testing.assert_array_equal(theirs[0], mine[0])
+    with pytest.raises(SystemExit, match="no MuLo drafter and up-sampler"):
+        with bench_ar_image.drafting_with_mulo(pipe, str(tmp_path / "missing")):
+            pass
