@@ -55,34 +55,64 @@ class TokenUpsampler(ModelMixin, ConfigMixin):
         ratio: resolution ratio r (each low-res token becomes an r x r block of high-res tokens).
         dim: channel width; context_rows: low-res rows each output row sees (itself included);
         layers: row-causal conv blocks (residual, GELU).
+        high_res_context: also read the final high-res tokens of the blocks above (``forward``'s
+            ``high_tokens``): each r x r block of them is folded into one low-res cell and the result
+            moved down one low-res row, so block i sees the high-res rows of blocks < i and never its
+            own. The low-res grid says what is roughly where; the rows above say exactly how the shapes
+            they cut through continue (edges, colours, the target's own texture).
     """
 
     @register_to_config
     def __init__(self, vocab_size: int = 2048, ratio: int = 2, dim: int = 128, context_rows: int = 2,
-                 layers: int = 2) -> None:
+                 layers: int = 2, high_res_context: bool = False) -> None:
         super().__init__()
         for name, value in (("vocab_size", vocab_size), ("ratio", ratio), ("dim", dim),
                             ("context_rows", context_rows), ("layers", layers)):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self.embed = nn.Embedding(vocab_size, dim)
+        if high_res_context:
+            self.high_embed = nn.Embedding(vocab_size, dim)
+            self.high_fold = nn.Linear(dim * ratio * ratio, dim)
         self.blocks = nn.ModuleList(RowCausalConv(dim, context_rows, 3) for _ in range(layers))
         self.expand = nn.Linear(dim, dim * ratio * ratio)
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab_size)
 
-    def forward(self, low_tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, low_tokens: torch.Tensor, high_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits ``[B, h r, w r, V]`` for ``low_tokens`` ``[B, h, w]``; with ``high_res_context``,
+        ``high_tokens`` ``[B, h r, w r]`` are the high-res tokens of the same grid (only the rows above
+        each block are read: the last block's rows may hold anything, e.g. zeros)."""
         if not isinstance(low_tokens, torch.Tensor) or low_tokens.ndim != 3 or low_tokens.is_floating_point():
             raise ValueError("low_tokens must be a LongTensor [B, h, w]")
         vocab, r = self.config.vocab_size, self.config.ratio
         if low_tokens.numel() and (int(low_tokens.min()) < 0 or int(low_tokens.max()) >= vocab):
             raise ValueError(f"low_tokens must lie in [0, {vocab})")
         x = self.embed(low_tokens).permute(0, 3, 1, 2)  # [B, C, h, w]
+        if self.config.high_res_context:
+            x = x + self._rows_above(low_tokens, high_tokens)
+        elif high_tokens is not None:
+            raise ValueError("this up-sampler reads no high-res context (high_res_context=False): pass low_tokens only")
         for block in self.blocks:
             x = x + F.gelu(block(x))
         x = self.expand(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # [B, C r^2, h, w]
         x = F.pixel_shuffle(x, r).permute(0, 2, 3, 1)  # [B, h r, w r, C]
         return self.head(self.norm(x))
+
+    def _rows_above(self, low_tokens: torch.Tensor, high_tokens: torch.Tensor | None) -> torch.Tensor:
+        """``[B, C, h, w]``: cell (i, j) holds the folded high-res block of cell (i - 1, j); row 0 zeros."""
+        batch, h, w = low_tokens.shape
+        r, vocab = self.config.ratio, self.config.vocab_size
+        if not isinstance(high_tokens, torch.Tensor) or high_tokens.is_floating_point() or \
+                tuple(high_tokens.shape) != (batch, h * r, w * r):
+            raise ValueError(f"this up-sampler reads the high-res rows above each block: high_tokens must be a "
+                             f"LongTensor [{batch}, {h * r}, {w * r}], got "
+                             f"{tuple(high_tokens.shape) if isinstance(high_tokens, torch.Tensor) else high_tokens!r}")
+        if high_tokens.numel() and (int(high_tokens.min()) < 0 or int(high_tokens.max()) >= vocab):
+            raise ValueError(f"high_tokens must lie in [0, {vocab})")
+        folded = F.pixel_unshuffle(self.high_embed(high_tokens).permute(0, 3, 1, 2), r)  # [B, C r^2, h, w]
+        folded = self.high_fold(folded.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)  # [B, C, h, w]
+        return F.pad(folded[:, :, :-1], (0, 0, 1, 0))  # down one low-res row
 
 
 @torch.no_grad()
@@ -120,6 +150,7 @@ class MuLoDrafter(BlockDrafter):
         self.upsampler, self.tokenizer, self.ratio = upsampler, tokenizer, ratio
         self.sampling, self.generator = sampling, generator
         self.low_rows: list[torch.Tensor] = []  # final low-res rows [B, w]
+        self.high_blocks: list[torch.Tensor] = []  # final high-res blocks [B, r, W] (for high_res_context)
         self._next_logits: torch.Tensor | None = None
 
     @property
@@ -127,7 +158,7 @@ class MuLoDrafter(BlockDrafter):
         return self.runner.calls
 
     def prefill(self, attention_mask: torch.Tensor | None, **model_inputs: Any) -> None:
-        self.low_rows = []
+        self.low_rows, self.high_blocks = [], []
         out = self.runner.prefill(None, attention_mask, **model_inputs)
         self._next_logits = out.logits[:, -1]
 
@@ -139,8 +170,12 @@ class MuLoDrafter(BlockDrafter):
         self.runner.begin_round()
         row = draft_chain(self._next_logits, lambda token: self.runner.forward(token[:, None]).logits[:, -1],
                           self.low_grid, self.sampling, self.generator).tokens  # [B, w]
-        low = torch.stack(self.low_rows + [row], 1)  # [B, b+1, w]
-        logits = self.upsampler(low.to(self.upsampler.device))[:, -self.ratio:]  # [B, r, W, V]
+        low = torch.stack(self.low_rows + [row], 1).to(self.upsampler.device)  # [B, b+1, w]
+        high = None
+        if self.upsampler.config.high_res_context:  # the final blocks above, any tokens in the drafted block's rows
+            blank = torch.zeros(row.shape[0], self.ratio, row.shape[1] * self.ratio, dtype=torch.long, device=low.device)
+            high = torch.cat([block.to(low.device) for block in self.high_blocks] + [blank], 1)
+        logits = self.upsampler(low, high)[:, -self.ratio:]  # [B, r, W, V]
         logits = logits.flatten(1, 2).float()
         if not self.sampling.do_sample:
             return logits.argmax(-1), None
@@ -153,6 +188,7 @@ class MuLoDrafter(BlockDrafter):
         high = tokens.view(batch, self.ratio, width)
         low_row = downsample_tokens(self.tokenizer, high, self.ratio)[:, 0]  # [B, w]
         self.low_rows.append(low_row)
+        self.high_blocks.append(high)
         # drop the drafted low-res row from the drafter's cache and write the final one in its place
         self.runner.commit(torch.full((batch, 1), -1, dtype=torch.long, device=tokens.device))
         self.runner.begin_round()

@@ -20,9 +20,9 @@ def tiny_low_res(seed: int = 5) -> LlamaGenTransformer:
                                ).double().eval()
 
 
-def tiny_upsampler(seed: int = 6) -> TokenUpsampler:
+def tiny_upsampler(seed: int = 6, high_res_context: bool = False) -> TokenUpsampler:
     torch.manual_seed(seed)
-    return TokenUpsampler(vocab_size=V, ratio=2, dim=16).eval()
+    return TokenUpsampler(vocab_size=V, ratio=2, dim=16, high_res_context=high_res_context).eval()
 
 
 def mulo_pipe() -> ARImagePipeline:
@@ -47,6 +47,59 @@ def test_upsampler_is_row_causal_and_shapes():
     other = up(changed)
     assert torch.allclose(other[:, :4], logits[:, :4])  # rows from low-res rows 0-1 do not see row 2
     assert not torch.allclose(other[:, 4:], logits[:, 4:])
+
+
+def test_upsampler_high_res_context_reads_only_the_blocks_above():
+    """``high_res_context=True``: block i's logits change with the high-res rows of blocks < i and never with
+    its own rows or those below; a no-context up-sampler refuses high-res tokens, a context one needs them."""
+    up = tiny_upsampler(high_res_context=True)
+    gen = torch.Generator().manual_seed(0)
+    low = torch.randint(0, V, (2, 3, 3), generator=gen)
+    high = torch.randint(0, V, (2, 6, 6), generator=gen)
+    logits = up(low, high)
+    assert logits.shape == (2, 6, 6, V)
+    for block in range(3):
+        changed = high.clone()
+        changed[:, 2 * block:2 * block + 2] = (changed[:, 2 * block:2 * block + 2] + 1) % V
+        other = up(low, changed)
+        assert torch.allclose(other[:, :2 * block + 2], logits[:, :2 * block + 2])  # blocks <= i: unchanged
+        if block < 2:
+            assert not torch.allclose(other[:, 2 * block + 2:], logits[:, 2 * block + 2:])  # the blocks below read it
+    with pytest.raises(ValueError, match=r"high_tokens must be a LongTensor \[2, 6, 6\]"):
+        up(low)
+    with pytest.raises(ValueError, match="high_tokens must be a LongTensor"):
+        up(low, high[:, :4])
+    with pytest.raises(ValueError, match="high_tokens must lie in"):
+        up(low, high + V)
+    with pytest.raises(ValueError, match="reads no high-res context"):
+        tiny_upsampler()(low, high)
+
+
+def test_drafter_gives_a_context_upsampler_the_final_blocks_above():
+    """MuLoDrafter hands a ``high_res_context`` up-sampler the committed (final) high-res blocks above the
+    drafted one; the pipeline then runs, and reverify with the exact rule stays lossless."""
+    up = tiny_upsampler(high_res_context=True)
+    seen = []
+    forward = up.forward
+    up.forward = lambda low, high=None: seen.append(high) or forward(low, high)
+    drafter = MuLoDrafter(tiny_low_res(), up, tiny_vq())
+    words = WordTokenizer(WORDS).batch(PROMPTS, COND)
+    drafter.prefill((words >= 0).long(), condition_ids=words)
+    finals = []
+    for block in range(GRID // 2):
+        tokens, _ = drafter.propose(block)
+        assert seen[-1].shape == (3, 2 * block + 2, GRID)
+        if finals:
+            assert torch.equal(seen[-1][:, :2 * block], torch.cat(finals, 1))
+        final = torch.randint(0, V, tokens.shape, generator=torch.Generator().manual_seed(block))
+        drafter.commit(block, final)
+        finals.append(final.view(3, 2, GRID))
+    pipe = ARImagePipeline(tiny_transformer(), tiny_vq(), None, WordTokenizer(WORDS), mulo_drafter=tiny_low_res(),
+                           mulo_upsampler=tiny_upsampler(high_res_context=True))
+    pipe.set_progress_bar_config(disable=True)
+    kwargs = dict(do_sample=False, guidance_scale=3.0, output_type="tokens")
+    out = pipe(PROMPTS, method="mulo", mulo_resample="reverify", rule=GreedyRule(), **kwargs)
+    assert torch.equal(out.tokens, pipe(PROMPTS, method="none", **kwargs).tokens)
 
 
 def test_downsampler_goes_through_pixels():

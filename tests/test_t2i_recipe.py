@@ -233,7 +233,7 @@ def test_train_mulo_trains_both_parts_on_the_low_res_images_and_a_later_stage_st
     zero learning rate keeps it), and a missing pair is a clear error."""
     from safetensors.torch import load_file
 
-    from mmspec.models.mulo import downsample_tokens
+    from mmspec.models.mulo import TokenUpsampler, downsample_tokens
     from mmspec.models.recipes import train_mulo
     from mmspec.models.recipes.common import DEFAULT_VQ
     from mmspec.models.tokenizers import VQTokenizer
@@ -256,6 +256,13 @@ def test_train_mulo_trains_both_parts_on_the_low_res_images_and_a_later_stage_st
     with pytest.raises(FileNotFoundError, match="no trained MuLo drafter"):
         train_mulo.main([*MULO_TINY, "--init", str(tmp_path / "missing"), "--out", str(tmp_path / "d"),
                          "--work", str(tmp_path / "wd")])
+    # --high-res-context: an up-sampler that reads the final rows above each block (another architecture)
+    train_mulo.main([*MULO_TINY, "--part", "upsampler", "--high-res-context", "--out", str(tmp_path / "e"),
+                     "--work", str(tmp_path / "we")])
+    assert TokenUpsampler.from_pretrained(tmp_path / "e" / "mulo_upsampler").config.high_res_context
+    with pytest.raises(ValueError, match="another architecture"):
+        train_mulo.main([*MULO_TINY, "--part", "upsampler", "--high-res-context", "--init", str(tmp_path / "a"),
+                         "--out", str(tmp_path / "f"), "--work", str(tmp_path / "wf")])
 
 
 def test_train_mulo_self_distillation_adds_the_targets_own_samples_to_both_parts(tmp_path, monkeypatch):

@@ -69,6 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--upsampler-steps", type=int, default=2000)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--high-res-context", action="store_true",
+                        help="an up-sampler that also reads the final high-res rows above each block "
+                             "(TokenUpsampler(high_res_context=True))")
     parser.add_argument("--init", type=Path, default=None,
                         help="start both parts from the trained pair in this pipeline folder (a later stage: "
                              "fresh optimiser and schedule)")
@@ -126,12 +129,14 @@ def main(argv: list[str] | None = None) -> None:
 
     if args.part in ("all", "upsampler"):
         torch.manual_seed(args.seed)
-        upsampler = TokenUpsampler(vocab_size=vq.vocab_size, ratio=args.ratio, dim=args.dim)
+        upsampler = TokenUpsampler(vocab_size=vq.vocab_size, ratio=args.ratio, dim=args.dim,
+                                   high_res_context=args.high_res_context)
         if args.init is not None:
             init_from_folder(upsampler, TokenUpsampler, args.init / "mulo_upsampler", "MuLo up-sampler")
 
         def upsampler_loss(index: torch.Tensor) -> torch.Tensor:
-            logits = upsampler(low[index].view(-1, low_grid, low_grid))  # [b, H, W, V]
+            context = high[index].view(-1, grid, grid) if args.high_res_context else None
+            logits = upsampler(low[index].view(-1, low_grid, low_grid), context)  # [b, H, W, V]
             return torch.nn.functional.cross_entropy(logits.flatten(0, 2), high[index].flatten())
 
         def save_upsampler(model: TokenUpsampler) -> None:
