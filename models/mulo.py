@@ -6,7 +6,8 @@ and a down-sampler, assembled into a :class:`~mmspec.local_speculate.BlockDrafte
   conditioning, so it reads the same prompt inputs and runs under the same classifier-free guidance).
 * :class:`TokenUpsampler` maps low-res token rows to the target's grid (x r^2 tokens): token
   embeddings, a *row-causal* convolution (a low-res row sees itself and the rows above it, never the
-  rows below, which are not drafted yet), a pixel shuffle by r and a linear head over the codebook.
+  rows below, which are not drafted yet), a pixel shuffle by r and a linear head over the codebook;
+  with ``high_res_context`` it also reads the final high-res rows of the blocks above.
 * :func:`downsample_tokens` turns the final high-res rows back into a low-res row, the drafter's next
   prefix: decode with the tokenizer, average-pool by r, re-encode. It is exact for the project's pixel
   VQ tokenizer and needs no training, so it is not a learned module here (documented design choice).
