@@ -11,7 +11,6 @@ the self-distillation of Medusa-2 and EAGLE's regenerated data.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import torch
 
@@ -53,11 +52,11 @@ def self_distill_data(target: LlamaGenTransformer, words: torch.Tensor, guidance
     return {"words": words.cpu(), "tokens": torch.cat(tokens).cpu()}
 
 
-def self_distilled_rows(args: argparse.Namespace, target: LlamaGenTransformer, words: torch.Tensor,
-                        work: Path) -> dict[str, torch.Tensor]:
-    """The ``--self-distill`` rows for the first of the training conditions ``words``, cached in ``work``
-    (``self_distill.pt``, or ``self_distill_greedy.pt``)."""
-    return cached_data(work, lambda: self_distill_data(target, words[: args.self_distill], args.self_distill_guidance,
+def self_distilled_rows(args: argparse.Namespace, target: LlamaGenTransformer, words: torch.Tensor
+                        ) -> dict[str, torch.Tensor]:
+    """The ``--self-distill`` rows for the first of the training conditions ``words``, cached in the run's
+    ``--work`` folder (``self_distill.pt``, or ``self_distill_greedy.pt``)."""
+    return cached_data(args.work, lambda: self_distill_data(target, words[: args.self_distill], args.self_distill_guidance,
                                                        args.seed, batch=args.self_distill_batch,
                                                        greedy=args.self_distill_greedy),
                        name="self_distill_greedy.pt" if args.self_distill_greedy else "self_distill.pt")

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, cond_len,
                                                      args.difficulty, workers=args.data_workers))
     if args.self_distill:
-        own = self_distilled_rows(args, target, data["words"], args.work)
+        own = self_distilled_rows(args, target, data["words"])
         data = {key: torch.cat([data[key], own[key]]) for key in ("words", "tokens")}
 
     head = EagleHead(hidden_size=target.config.dim, vocab_size=target.config.vocab_size,

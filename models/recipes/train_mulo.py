@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         if target.config.cls_token_num != args.cond_len or target.config.vocab_size != vq.vocab_size:
             raise ValueError(f"--target {args.target}: condition length {target.config.cls_token_num} and vocabulary "
                              f"{target.config.vocab_size}, the recipe {args.cond_len} and {vq.vocab_size}")
-        own = self_distilled_rows(args, target, data["words"], args.work)
+        own = self_distilled_rows(args, target, data["words"])
         own["low_tokens"] = low_res_tokens(vq, own["tokens"], args.ratio)
         data = {key: torch.cat([data[key], own[key]]) for key in ("words", "tokens", "low_tokens")}
     high, low, cond = data["tokens"], data["low_tokens"], data["words"]
