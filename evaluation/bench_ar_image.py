@@ -146,12 +146,17 @@ def drafting_with_mulo(pipe: Any, folder: str | None) -> Iterator[None]:
 
     def load() -> tuple[Any, Any]:
         from mmspec.models.llamagen import LlamaGenTransformer
-        from mmspec.models.mulo import TokenUpsampler
+        from mmspec.models.mulo import TokenUpsampler, check_mulo_pair
 
         parts = [Path(folder) / part for part in ("mulo_drafter", "mulo_upsampler")]
         if not all((part / "config.json").is_file() for part in parts):
             raise SystemExit(f"--method-kwargs: no MuLo drafter and up-sampler saved in mulo_models={folder!r}")
-        return LlamaGenTransformer.from_pretrained(parts[0]), TokenUpsampler.from_pretrained(parts[1])
+        pair = LlamaGenTransformer.from_pretrained(parts[0]), TokenUpsampler.from_pretrained(parts[1])
+        try:
+            check_mulo_pair(pipe.transformer, *pair)
+        except ValueError as error:
+            raise SystemExit(f"--method-kwargs: mulo_models={folder!r} does not fit the pipeline's target: {error}") from None
+        return pair
 
     pair, own = _loaded_once(pipe, "mulo_models", folder, load), (pipe.mulo_drafter, pipe.mulo_upsampler)
     pipe.mulo_drafter, pipe.mulo_upsampler = pair

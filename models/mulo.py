@@ -33,6 +33,27 @@ from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig, logits_to_probs, sample
 
 
+def check_mulo_pair(transformer: Any, mulo_drafter: Any, mulo_upsampler: Any) -> None:
+    """Raise ValueError unless the MuLo-SD low-res drafter and up-sampler come as a pair that fits ``transformer``
+    (grid ratio, vocabulary, model type, condition tokens); both None passes (no MuLo-SD components)."""
+    if (mulo_drafter is None) != (mulo_upsampler is None):
+        raise ValueError("mulo_drafter and mulo_upsampler come together (pass both or neither)")
+    if mulo_drafter is None:
+        return
+    target, low = transformer.config, mulo_drafter.config
+    ratio = mulo_upsampler.config.ratio
+    grid, low_grid = round(target.block_size ** 0.5), round(low.block_size ** 0.5)
+    if low_grid * ratio != grid:
+        raise ValueError(f"the MuLo drafter's {low_grid}x{low_grid} grid times the up-sampler's ratio {ratio} must "
+                         f"equal the target's {grid}x{grid} grid")
+    for name, a, b in (("vocab_size", mulo_upsampler.config.vocab_size, target.vocab_size),
+                       ("vocab_size", low.vocab_size, target.vocab_size),
+                       ("model_type", low.model_type, target.model_type),
+                       ("cls_token_num", low.cls_token_num, target.cls_token_num)):
+        if a != b:
+            raise ValueError(f"the MuLo drafter/up-sampler {name}={a} does not match the target's {b}")
+
+
 class RowCausalConv(nn.Module):
     """2-D convolution over a token grid in which output row i sees input rows i - (rows - 1) .. i only."""
 

@@ -45,6 +45,7 @@ from mmspec.inference_mode import inference_call, outside_inference_mode
 from mmspec.local_speculate import local_speculative_generate
 from mmspec.lookup_tail import LookupTailDrafter
 from mmspec.models.llamagen_text import caption_features, check_text_encoder
+from mmspec.models.mulo import check_mulo_pair
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines.conditioning import (
     WordVocabularyMixin,
@@ -250,7 +251,7 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         if int(vqvae.vocab_size) != int(transformer.config.vocab_size):
             raise ValueError(f"vqvae has {vqvae.vocab_size} codebook entries but the transformer predicts "
                              f"{transformer.config.vocab_size} image tokens")
-        _check_mulo(transformer, mulo_drafter, mulo_upsampler)
+        check_mulo_pair(transformer, mulo_drafter, mulo_upsampler)
         check_text_encoder(transformer, text_encoder, tokenizer)
         if eagle_block_head is not None and int(getattr(eagle_block_head.config, "num_future", 1)) < 2:
             raise ValueError("eagle_block_head must draft several tokens per forward (an EagleHead with num_future > 1); "
@@ -614,22 +615,3 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
             images = images_for_output_type(pixels, output_type)
         return ARImagePipelineOutput(images=images, tokens=tokens, stats=out.stats, drafted=drafted)
 
-
-def _check_mulo(transformer: Any, mulo_drafter: Any, mulo_upsampler: Any) -> None:
-    """MuLo-SD components must come as a pair that fits the target (grid ratio, vocabulary, condition)."""
-    if (mulo_drafter is None) != (mulo_upsampler is None):
-        raise ValueError("mulo_drafter and mulo_upsampler come together (pass both or neither)")
-    if mulo_drafter is None:
-        return
-    target, low = transformer.config, mulo_drafter.config
-    ratio = mulo_upsampler.config.ratio
-    grid, low_grid = round(target.block_size ** 0.5), round(low.block_size ** 0.5)
-    if low_grid * ratio != grid:
-        raise ValueError(f"the MuLo drafter's {low_grid}x{low_grid} grid times the up-sampler's ratio {ratio} must "
-                         f"equal the target's {grid}x{grid} grid")
-    for name, a, b in (("vocab_size", mulo_upsampler.config.vocab_size, target.vocab_size),
-                       ("vocab_size", low.vocab_size, target.vocab_size),
-                       ("model_type", low.model_type, target.model_type),
-                       ("cls_token_num", low.cls_token_num, target.cls_token_num)):
-        if a != b:
-            raise ValueError(f"the MuLo drafter/up-sampler {name}={a} does not match the target's {b}")

@@ -289,7 +289,7 @@ def test_benchmark_case_heads_replace_the_head_that_drafts(folder, tmp_path):
 def test_benchmark_case_mulo_models_replace_the_drafter_and_up_sampler(folder, tmp_path):
     """A case's ``mulo_models`` pipeline folder: its MuLo drafter and up-sampler draft while the case runs (the
     pipeline's own pair is restored afterwards), and a case run with the pipeline's own pair saved elsewhere
-    gives the same images as the pipeline's; a folder without the pair is a clear error."""
+    gives the same images as the pipeline's; a folder without the pair, or with a pair that does not fit the target, is a clear error."""
     from mmspec.pipelines import ARImagePipeline
 
     pipe = ARImagePipeline.from_pretrained(folder)
@@ -308,3 +308,11 @@ def test_benchmark_case_mulo_models_replace_the_drafter_and_up_sampler(folder, t
     with pytest.raises(SystemExit, match="no MuLo drafter and up-sampler"):
         with bench_ar_image.drafting_with_mulo(pipe, str(tmp_path / "missing")):
             pass
+    upsampler = pipe.mulo_upsampler
+    pipe.mulo_drafter.save_pretrained(tmp_path / "misfit" / "mulo_drafter")
+    type(upsampler)(**{**upsampler.config, "vocab_size": upsampler.config.vocab_size + 1}).save_pretrained(
+        tmp_path / "misfit" / "mulo_upsampler")
+    with pytest.raises(SystemExit, match="does not fit the pipeline's target: .*vocab_size"):
+        with bench_ar_image.drafting_with_mulo(pipe, str(tmp_path / "misfit")):
+            pass
+    assert (pipe.mulo_drafter, pipe.mulo_upsampler) == own
