@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmspec.reward import aggregate_frame_rewards
 from mmspec.world import evaluate_videos, make_video_prompt_set
 
 from .bench_cli import (
@@ -76,6 +77,20 @@ def routing_summary(stats: Sequence[Any]) -> dict[str, float]:
     }
 
 
+def own_block_pass_rate(reward: Any, tau: float, videos: np.ndarray, prompts: Sequence[Any],
+                        frames_per_block: int) -> float:
+    """Share of the blocks after the first in ``videos`` (uint8 ``[N, F, H, W, 3]``) whose worst frame scores
+    ``>= tau`` under ``reward``: for target-only videos, how often SDVG's router would keep a block that the
+    target drew itself, the acceptance a drafter as good as the target would get (the ceiling for this
+    target, reward and tau); for draft-only videos, the drafter's blocks in its own context."""
+    passed = []
+    for video, prompt in zip(videos, prompts):
+        rewards = torch.as_tensor(reward(video[frames_per_block:], prompt.text), dtype=torch.float64)
+        blocks = rewards.reshape(-1, frames_per_block)
+        passed.append(aggregate_frame_rewards(blocks, "min") >= tau)
+    return float(torch.cat(passed).double().mean())
+
+
 def imagereward_of(scorer: Any, videos: np.ndarray, prompts: Sequence[Any]) -> float:
     """Mean per-frame ImageReward (frames upscaled to 224 by nearest neighbour)."""
     import PIL.Image
@@ -91,12 +106,20 @@ def run(pipe: Any, cases: dict[str, dict], quality_prompts: Sequence[Any], speed
         repeats: int, seed: int, imagereward: Any = None, log=print) -> dict:
     """Every measurement of the table; returns a JSON-able dict."""
     quality: dict[str, dict[str, float]] = {}
+    own_videos: dict[str, np.ndarray] = {}  # target-only and draft-only videos, for the routers' pass rates
     for name, kwargs in cases.items():
         start = time.perf_counter()
         videos, stats = generate(pipe, quality_prompts, kwargs, seed)
         result = evaluate_videos(list(videos), list(quality_prompts))
         q = {"frame_score": result.frame_score, "accuracy": result.accuracy, "identity": result.identity,
-             "motion": result.motion, **routing_summary(stats), "seconds": time.perf_counter() - start}
+             "motion": result.motion, **routing_summary(stats)}
+        if kwargs["method"] in ("none", "draft"):
+            own_videos[kwargs["method"]] = videos
+        elif set(own_videos) == {"none", "draft"}:
+            for method, key in (("none", "target_blocks_pass"), ("draft", "draft_blocks_pass")):
+                q[key] = own_block_pass_rate(kwargs["reward"], kwargs["tau"], own_videos[method], quality_prompts,
+                                             pipe.frames_per_block)
+        q["seconds"] = time.perf_counter() - start
         if imagereward is not None:
             q["imagereward"] = imagereward_of(imagereward, videos, quality_prompts)
         quality[name] = q
@@ -157,16 +180,19 @@ def to_markdown(results: dict, command: str) -> str:
              f"{results['drafter_layers']}. SDVG: worst frame, first block forced to the target; rewards: "
              "`fraction` = the exact per-frame score (fraction of the prompted objects found), `match` = the same "
              "with each found object weighted by its template-match quality (0.6-1).", "",
-             "| method | reward | tau | speedup | accepted (routed blocks) | draft blocks | target passes / video | "
+             "| method | reward | tau | speedup | accepted (routed blocks) | target's own blocks pass | "
+             "draft-only blocks pass | draft blocks | target passes / video | "
              "drafter passes / video | per-frame score | vs target | vs draft | clip accuracy |"
              + (" ImageReward |" if has_ir else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if has_ir else "")]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if has_ir else "")]
     for name, q in results["quality"].items():
         s = results["speed"][name]
         parts = name.split(" ")
         reward, tau = (parts[1], parts[2].split("=", 1)[1]) if len(parts) == 3 else ("-", "-")
         acc = "-" if math.isnan(q["acceptance"]) else f"{q['acceptance']:.2f}"
-        row = (f"| {parts[0]} | {reward} | {tau} | {s['speedup']:.2f}x | {acc} | {q['draft_fraction']:.2f} | "
+        own = [f"{q[key]:.2f}" if key in q else "-" for key in ("target_blocks_pass", "draft_blocks_pass")]
+        row = (f"| {parts[0]} | {reward} | {tau} | {s['speedup']:.2f}x | {acc} | {own[0]} | {own[1]} | "
+               f"{q['draft_fraction']:.2f} | "
                f"{q['target_calls']:.1f} | {q['draft_calls']:.1f} | {q['frame_score']:.3f} | "
                f"{_ratio(q['frame_score'], none_q['frame_score']):.1%} | {q['frame_score'] - draft_q['frame_score']:+.3f} | "
                f"{q['accuracy']:.3f} |")
@@ -174,6 +200,10 @@ def to_markdown(results: dict, command: str) -> str:
             row += f" {q['imagereward']:.3f} |"
         lines.append(row)
     lines += ["", best_tau(results)[1], "",
+              "`target's own blocks pass` / `draft-only blocks pass`: the share of the target-only / draft-only "
+              "videos' blocks after the first that the row's router (same reward, tau, worst frame) would keep; the "
+              "first is the acceptance a drafter exactly as good as the target would get, the ceiling of this "
+              "target for the row's reward and tau.", "",
               "Passes count denoising steps and KV-cache writes (one pass at t=0 per cache update; the target's "
               "cache is updated lazily, so a run of accepted blocks costs it one pass). `vs draft` is the "
               "per-frame score minus draft-only's. CPU caveat (DESIGN.md section 4): at these sizes a forward "

@@ -77,5 +77,12 @@ class RewardRouter:
                              f"[{batch_size}, {num_frames}]" + (f" or [{num_frames}]" if batch_size == 1 else ""))
         if torch.isnan(rewards).any():
             raise ValueError("reward_fn returned NaN scores")
-        score = rewards.min(-1).values if self.aggregate == "min" else rewards.mean(-1)
+        score = aggregate_frame_rewards(rewards, self.aggregate)
         return RouteDecision(score >= self.tau, score, rewards)
+
+
+def aggregate_frame_rewards(frame_rewards: torch.Tensor, aggregate: str) -> torch.Tensor:
+    """A block's score from its frames' rewards ``[..., F]``: the worst frame (``"min"``) or the mean."""
+    if aggregate not in ("min", "mean"):
+        raise ValueError(f"aggregate must be 'min' or 'mean', got {aggregate!r}")
+    return frame_rewards.min(-1).values if aggregate == "min" else frame_rewards.mean(-1)

@@ -369,6 +369,22 @@ def test_imagereward_from_local_random_weights(pipe, tmp_path):
     assert out.stats.reward_calls == 3 and not torch.isnan(out.stats.block_scores[0, 1:]).any()
 
 
+def test_benchmark_pass_rate_of_own_blocks_skips_the_first_and_takes_the_worst_frame():
+    """``own_block_pass_rate``: the share of blocks after the first whose worst frame reaches tau."""
+    from mmspec.evaluation.bench_video import own_block_pass_rate
+
+    def brightness(frames, prompt):  # one score per frame: its mean pixel value in [0, 1]
+        return [float(frame.mean()) / 255.0 for frame in frames]
+
+    levels = [[0, 0, 200, 200, 200, 50], [0, 0, 120, 200, 255, 255]]  # per frame; blocks of two frames
+    videos = np.stack([np.stack([np.full((4, 4, 3), v, np.uint8) for v in video]) for video in levels])
+    prompts = [make_video_prompt_set(1)[0]] * 2
+    # blocks after the first: (200, 200) (200, 50) | (120, 200) (255, 255); the first blocks (0, 0) never count
+    assert own_block_pass_rate(brightness, 0.5, videos, prompts, 2) == 0.5
+    assert own_block_pass_rate(brightness, 0.4, videos, prompts, 2) == 0.75
+    assert own_block_pass_rate(brightness, 0.1, videos, prompts, 2) == 1.0
+
+
 @pytest.mark.slow
 def test_benchmark_script_writes_its_table(pipe, tmp_path):
     from mmspec.evaluation import bench_video
@@ -382,6 +398,9 @@ def test_benchmark_script_writes_its_table(pipe, tmp_path):
     data = json.loads(out.with_suffix(".json").read_text())
     assert set(data["quality"]) == {"none", "draft", "sdvg match tau=0.5"}
     assert data["quality"]["none"]["target_calls"] == 1 + 4 * 4 + 3 and data["quality"]["draft"]["target_calls"] == 0
+    sdvg = data["quality"]["sdvg match tau=0.5"]
+    assert 0.0 <= sdvg["target_blocks_pass"] <= 1.0 and 0.0 <= sdvg["draft_blocks_pass"] <= 1.0
+    assert "target_blocks_pass" not in data["quality"]["none"]
     assert out.with_suffix(".png").stat().st_size > 0
 
 
