@@ -26,7 +26,10 @@
 #                (stage 4): batch 48 plus 64 first blocks per step on fresh clips (--seed 9), for all of
 #                SECONDS. Three drafters retrained from newer targets' blocks scored 0.170-0.207 against the
 #                zoo's 0.214 and a CPU stage of 1500 steps did not move acceptance (docs/pipeline_video.md);
-#                this is that stage at GPU scale (tens of thousands of steps), not yet run
+#                this is that stage at GPU scale (tens of thousands of steps), not yet run. Since measured:
+#                the target's own blocks pass SDVG's router only 48 % of the time (bench_video's ceiling
+#                columns), so a drafter stage can lift acceptance from 35 % towards 48 % at most; the
+#                target's stages (`video`) matter more
 #   vlm_control  issue 5: a further stage of the zoo's captioner, stage 9's mix on a fresh set (--seed 16;
 #                seeds 12, 13 and 14 ran in the 2026-11-27 leases: questions 86.5 % to 96.5 %, descriptions
 #                unchanged at 92 %)
