@@ -233,6 +233,22 @@ class GuidedRunner:
         True for the B unconditional ones after them, on ``device`` (the conditions' device)."""
         return torch.arange(2 * batch, device=device) >= batch
 
+    @staticmethod
+    def conditional_half(attention_mask: torch.Tensor | None, model_inputs: dict[str, Any]
+                         ) -> tuple[torch.Tensor | None, dict[str, Any]]:
+        """The B conditional rows of a guided prompt batch: the first half of the ``[2B, ...]`` attention mask
+        and of every tensor input with 2B rows (e.g. ``condition_drop``); other inputs pass unchanged. For
+        a model that reads the same prompt unguided beside a guided target."""
+        rows = attention_mask.shape[0] if attention_mask is not None else None
+        if rows is None:
+            rows = next((v.shape[0] for v in model_inputs.values() if isinstance(v, torch.Tensor) and v.ndim), None)
+        if rows is None or rows % 2:
+            raise ValueError(f"a guided prompt batch has 2B rows [cond; uncond], got {rows}")
+        half = rows // 2
+        inputs = {k: v[:half] if isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == rows else v
+                  for k, v in model_inputs.items()}
+        return (attention_mask[:half] if attention_mask is not None else None), inputs
+
     @property
     def vocab_size(self) -> int:
         return self.runner.vocab_size

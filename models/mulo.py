@@ -157,11 +157,15 @@ class MuLoDrafter(BlockDrafter):
         guidance_scale: classifier-free guidance of the low-res drafter (1.0: none; otherwise its prefill
             takes the doubled ``[cond; uncond]`` condition rows, as the target's).
         generator: random draws of the drafts.
+        guided_prompt: the prefill gets a guided target's doubled ``[cond; uncond]`` rows (default: when
+            ``guidance_scale`` != 1). With ``guidance_scale`` 1 the drafter then reads the conditional half
+            alone and drafts unguided beside the guided target (e.g. a drafter trained on the target's
+            guided samples, whose own rows already carry the guidance).
     """
 
     def __init__(self, low_res_model: Any, upsampler: TokenUpsampler, tokenizer: Any,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), guidance_scale: float = 1.0,
-                 generator: torch.Generator | None = None) -> None:
+                 generator: torch.Generator | None = None, guided_prompt: bool | None = None) -> None:
         ratio = upsampler.config.ratio
         if upsampler.config.vocab_size != low_res_model.config.vocab_size:
             raise ValueError(f"the up-sampler predicts {upsampler.config.vocab_size} tokens but the low-res drafter "
@@ -169,6 +173,11 @@ class MuLoDrafter(BlockDrafter):
         self.low_grid = int(round(low_res_model.config.block_size ** 0.5))
         runner = CausalLMRunner(low_res_model)
         self.runner: Any = runner if guidance_scale == 1.0 else GuidedRunner(runner, guidance_scale)
+        guided_prompt = guidance_scale != 1.0 if guided_prompt is None else guided_prompt
+        if guidance_scale != 1.0 and not guided_prompt:
+            raise ValueError(f"guidance_scale={guidance_scale} needs the guided prompt rows [cond; uncond] "
+                             "(guided_prompt=True)")
+        self.reads_conditional_half = guided_prompt and guidance_scale == 1.0
         self.upsampler, self.tokenizer, self.ratio = upsampler, tokenizer, ratio
         self.sampling, self.generator = sampling, generator
         self.low_rows: list[torch.Tensor] = []  # final low-res rows [B, w]
@@ -181,6 +190,8 @@ class MuLoDrafter(BlockDrafter):
 
     def prefill(self, attention_mask: torch.Tensor | None, **model_inputs: Any) -> None:
         self.low_rows, self.high_blocks = [], []
+        if self.reads_conditional_half:
+            attention_mask, model_inputs = GuidedRunner.conditional_half(attention_mask, model_inputs)
         out = self.runner.prefill(None, attention_mask, **model_inputs)
         self._next_logits = out.logits[:, -1]
 

@@ -27,6 +27,7 @@ Classifier-free guidance runs the target on a doubled batch ``[cond; uncond]`` t
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -403,14 +404,16 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                       gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
                       guidance_scale: float, eagle_guided: bool | str | None, draft_confidence_threshold: float,
                       eagle_blocks: bool | None = None, rows: int = 1, argmax_drafts: bool = False,
-                      lookup_tail: int = 0, lookup_only_from: int | None = None
-                      ) -> tuple[Any, AcceptanceRule | None]:
+                      lookup_tail: int = 0, lookup_only_from: int | None = None,
+                      mulo_guidance_scale: float | None = None) -> tuple[Any, AcceptanceRule | None]:
         """The drafter and (when the method has its own) the acceptance rule of ``method``."""
         greedy = not sampling.do_sample
         vocab = self.transformer.config.vocab_size
         if draft_confidence_threshold and method not in ("none", "eagle", "lantern"):  # "none" ignores drafting options
             raise ValueError(f"draft_confidence_threshold sets EAGLE chain lengths ('eagle', 'lantern'); "
                              f"method={method!r} drafts no chain")
+        if mulo_guidance_scale is not None and method not in ("none", "mulo"):
+            raise ValueError(f"mulo_guidance_scale guides MuLo-SD's low-res drafter; method={method!r} has none")
         if argmax_drafts and method not in ("eagle", "lantern"):
             raise ValueError(f"argmax_drafts chooses EAGLE chain drafts ('eagle', 'lantern'); method={method!r} "
                              f"drafts no EAGLE chain")
@@ -461,8 +464,17 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
 
         if not isinstance(mulo_k, int) or not 1 <= mulo_k <= vocab - 1:
             raise ValueError(f"mulo_k must be an integer in [1, {vocab - 1}], got {mulo_k!r}")
+        if mulo_guidance_scale is None:
+            mulo_guidance_scale = guidance_scale
+        if isinstance(mulo_guidance_scale, bool) or not isinstance(mulo_guidance_scale, (int, float)) \
+                or not math.isfinite(mulo_guidance_scale) or mulo_guidance_scale < 0:
+            raise ValueError(f"mulo_guidance_scale must be a finite number >= 0, got {mulo_guidance_scale!r}")
+        if guidance_scale == 1.0 and mulo_guidance_scale != 1.0:
+            raise ValueError(f"mulo_guidance_scale={mulo_guidance_scale} needs a guided target (guidance_scale != 1): "
+                             "the drafter's unconditional rows come from the target's guided prompt batch")
         drafter = MuLoDrafter(self.mulo_drafter, self.mulo_upsampler, self.vqvae, sampling=sampling,
-                              guidance_scale=guidance_scale, generator=generator)
+                              guidance_scale=float(mulo_guidance_scale), generator=generator,
+                              guided_prompt=guidance_scale != 1.0)
         return drafter, PoolingThresholdRule(self.codebook_neighbors(mulo_k), k=mulo_k, tau=mulo_tau, greedy=greedy)
 
     # -- generation -----------------------------------------------------------------------------------
@@ -475,7 +487,8 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                  lantern_lam: float | None = None, sjd_window: int = 16, sjd_init: str = "random",
                  gsd_group_size: int = 10, gsd_prob_threshold: float = 0.15,
                  gsd_distance_threshold: float = float("inf"), mulo_k: int = 16, mulo_tau: float = 0.3,
-                 mulo_radius: int = 1, mulo_resample: str = "parallel", eagle_guided: bool | str | None = None,
+                 mulo_radius: int = 1, mulo_resample: str = "parallel", mulo_guidance_scale: float | None = None,
+                 eagle_guided: bool | str | None = None,
                  draft_confidence_threshold: float = 0.0, eagle_blocks: bool | None = None,
                  argmax_drafts: bool = False, lookup_tail: int = 0, lookup_only_from: int | None = None,
                  rule: AcceptanceRule | None = None,
@@ -537,6 +550,9 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                 redrawn; the rest of the block is refined and verified again by Jacobi passes; lossless
                 with an exact ``rule``),
                 see :func:`~mmspec.local_speculate.local_speculative_generate`.
+            mulo_guidance_scale: classifier-free guidance of MuLo-SD's low-res drafter (None: the target's
+                ``guidance_scale``; 1.0 under a guided target: the drafter reads the conditional prompt rows
+                and drafts unguided, at half the rows). Drafts only: the target's guidance decides acceptance.
             rule: an :class:`~mmspec.rules.AcceptanceRule` replacing the method's (e.g. ``GroupedRule`` on
                 EAGLE drafts); its ``greedy`` flag must equal ``not do_sample``.
             callback_on_step_end: called after every verification round as ``fn(pipeline, round_index,
@@ -564,7 +580,8 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                                                   lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
                                                   gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
                                                   guidance_scale, eagle_guided, draft_confidence_threshold,
-                                                  eagle_blocks, batch, argmax_drafts, lookup_tail, lookup_only_from)
+                                                  eagle_blocks, batch, argmax_drafts, lookup_tail, lookup_only_from,
+                                                  mulo_guidance_scale)
         rule = rule if rule is not None else method_rule
 
         # 2. Target: the transformer, with a doubled [cond; uncond] batch under guidance.

@@ -72,6 +72,20 @@ def test_bad_sampling_options():
 
 # -------------------------------------------------------------------------------------- reward router
 
+def test_guided_runner_conditional_half_of_a_prompt_batch():
+    """The first B rows of the 2B-row mask and of every 2B-row tensor input; other inputs pass unchanged."""
+    from mmspec.runner import GuidedRunner
+
+    mask, ids, scale = torch.arange(8).view(4, 2), torch.arange(12).view(4, 3), torch.tensor(2.0)
+    half_mask, inputs = GuidedRunner.conditional_half(mask, {"ids": ids, "scale": scale, "name": "x",
+                                                             "table": torch.zeros(3, 4)})
+    assert torch.equal(half_mask, mask[:2]) and torch.equal(inputs["ids"], ids[:2])
+    assert inputs["scale"] is scale and inputs["name"] == "x" and inputs["table"].shape == (3, 4)
+    assert torch.equal(GuidedRunner.conditional_half(None, {"ids": ids})[1]["ids"], ids[:2])
+    with pytest.raises(ValueError, match="2B rows"):
+        GuidedRunner.conditional_half(torch.zeros(3, 2), {})
+
+
 def test_reward_router_min_mean_and_first_block():
     scores = torch.tensor([[0.9, 0.2, 0.8], [0.7, 0.6, 0.65]])
     router = RewardRouter(lambda frames, prompt: scores, tau=0.5)

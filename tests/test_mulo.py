@@ -11,6 +11,7 @@ from mmspec.models.mulo import MuLoDrafter, TokenUpsampler, downsample_tokens
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines import ARImagePipeline
 from mmspec.rules import GreedyRule, LanternRule
+from mmspec.runner import GuidedRunner
 
 
 def tiny_low_res(seed: int = 5) -> LlamaGenTransformer:
@@ -100,6 +101,35 @@ def test_drafter_gives_a_context_upsampler_the_final_blocks_above():
     kwargs = dict(do_sample=False, guidance_scale=3.0, output_type="tokens")
     out = pipe(PROMPTS, method="mulo", mulo_resample="reverify", rule=GreedyRule(), **kwargs)
     assert torch.equal(out.tokens, pipe(PROMPTS, method="none", **kwargs).tokens)
+
+
+def test_drafter_unguided_beside_a_guided_target_reads_the_conditional_rows(pipe):
+    """``guided_prompt=True`` with guidance 1: the drafter reads the conditional half of a guided prompt batch
+    and drafts what it drafts from the conditional rows alone (guided, it drafts otherwise); the pipeline's
+    ``mulo_guidance_scale=1`` under guidance stays lossless with reverify and the exact rule."""
+    words = WordTokenizer(WORDS).batch(PROMPTS, COND)
+    mask, drop = (words >= 0).long(), GuidedRunner.condition_drop(len(PROMPTS), "cpu")
+    doubled = dict(attention_mask=torch.cat([mask, mask]), condition_ids=torch.cat([words, words]), condition_drop=drop)
+
+    def first_block(drafter: MuLoDrafter, attention_mask: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
+        drafter.prefill(attention_mask, **inputs)
+        return drafter.propose(0)[0]
+
+    alone = first_block(MuLoDrafter(tiny_low_res(), tiny_upsampler(), tiny_vq()), mask, condition_ids=words)
+    half = first_block(MuLoDrafter(tiny_low_res(), tiny_upsampler(), tiny_vq(), guided_prompt=True), **doubled)
+    guided = first_block(MuLoDrafter(tiny_low_res(), tiny_upsampler(), tiny_vq(), guidance_scale=3.0), **doubled)
+    assert torch.equal(half, alone) and not torch.equal(guided, alone)
+    kwargs = dict(do_sample=False, guidance_scale=3.0, output_type="tokens")
+    out = pipe(PROMPTS, method="mulo", mulo_resample="reverify", mulo_guidance_scale=1.0, rule=GreedyRule(), **kwargs)
+    assert torch.equal(out.tokens, pipe(PROMPTS, method="none", **kwargs).tokens)
+    with pytest.raises(ValueError, match="guided prompt rows"):
+        MuLoDrafter(tiny_low_res(), tiny_upsampler(), tiny_vq(), guidance_scale=3.0, guided_prompt=False)
+    with pytest.raises(ValueError, match="needs a guided target"):
+        pipe(PROMPTS, method="mulo", mulo_guidance_scale=3.0, guidance_scale=1.0)
+    with pytest.raises(ValueError, match="has none"):
+        pipe(PROMPTS, method="eagle", mulo_guidance_scale=1.0)
+    with pytest.raises(ValueError, match="finite number"):
+        pipe(PROMPTS, method="mulo", mulo_guidance_scale=-1.0)
 
 
 def test_downsampler_goes_through_pixels():
