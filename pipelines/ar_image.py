@@ -67,6 +67,52 @@ from mmspec.validation import check_callable
 METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
 OUTPUT_TYPES = ("pil", "np", "pt", "tokens")
 
+@dataclass(frozen=True)
+class MethodOptions:
+    """The drafting and acceptance keywords of :meth:`ARImagePipeline.__call__` (documented there), handed
+    to the method builders as one value."""
+
+    num_draft_tokens: int
+    tree: TreeConfig | None
+    eagle_guided: bool | str | None
+    eagle_blocks: bool | None
+    draft_confidence_threshold: float
+    argmax_drafts: bool
+    lookup_tail: int
+    lookup_only_from: int | None
+    lantern_k: int | None
+    lantern_delta: float
+    lantern_lam: float | None
+    sjd_window: int
+    sjd_init: str
+    gsd_group_size: int
+    gsd_prob_threshold: float
+    gsd_distance_threshold: float
+    mulo_k: int
+    mulo_tau: float
+    mulo_guidance_scale: float | None
+
+    def check_applies_to(self, method: str) -> None:
+        """Refuse options that set something ``method`` does not have ("none" ignores drafting options)."""
+        eagle = ("none", "eagle", "lantern")
+        if self.draft_confidence_threshold and method not in eagle:
+            raise ValueError(f"draft_confidence_threshold sets EAGLE chain lengths ('eagle', 'lantern'); "
+                             f"method={method!r} drafts no chain")
+        if self.mulo_guidance_scale is not None and method not in ("none", "mulo"):
+            raise ValueError(f"mulo_guidance_scale guides MuLo-SD's low-res drafter; method={method!r} has none")
+        if self.argmax_drafts and method not in ("eagle", "lantern"):
+            raise ValueError(f"argmax_drafts chooses EAGLE chain drafts ('eagle', 'lantern'); method={method!r} "
+                             f"drafts no EAGLE chain")
+        tail = self.lookup_tail
+        if not isinstance(tail, int) or isinstance(tail, bool) or tail < 0:
+            raise ValueError(f"lookup_tail must be a non-negative integer (0: no tail), got {tail!r}")
+        if self.lookup_only_from is not None and not tail:
+            raise ValueError("lookup_only_from skips the head in rounds with a long lookup tail: set lookup_tail too")
+        if tail and method not in eagle:
+            raise ValueError(f"lookup_tail extends EAGLE chains ('eagle', 'lantern'); method={method!r} drafts no "
+                             "EAGLE chain")
+
+
 @dataclass
 class ARImagePipelineOutput(BaseOutput):
     """Output of :class:`ARImagePipeline`.
@@ -399,83 +445,82 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         return eagle_guided
 
     def _build_method(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
-                      num_draft_tokens: int, tree: TreeConfig | None, lantern_k: int | None, lantern_delta: float,
-                      lantern_lam: float | None, sjd_window: int, sjd_init: str, gsd_group_size: int,
-                      gsd_prob_threshold: float, gsd_distance_threshold: float, mulo_k: int, mulo_tau: float,
-                      guidance_scale: float, eagle_guided: bool | str | None, draft_confidence_threshold: float,
-                      eagle_blocks: bool | None = None, rows: int = 1, argmax_drafts: bool = False,
-                      lookup_tail: int = 0, lookup_only_from: int | None = None,
-                      mulo_guidance_scale: float | None = None) -> tuple[Any, AcceptanceRule | None]:
-        """The drafter and (when the method has its own) the acceptance rule of ``method``."""
-        greedy = not sampling.do_sample
-        vocab = self.transformer.config.vocab_size
-        if draft_confidence_threshold and method not in ("none", "eagle", "lantern"):  # "none" ignores drafting options
-            raise ValueError(f"draft_confidence_threshold sets EAGLE chain lengths ('eagle', 'lantern'); "
-                             f"method={method!r} drafts no chain")
-        if mulo_guidance_scale is not None and method not in ("none", "mulo"):
-            raise ValueError(f"mulo_guidance_scale guides MuLo-SD's low-res drafter; method={method!r} has none")
-        if argmax_drafts and method not in ("eagle", "lantern"):
-            raise ValueError(f"argmax_drafts chooses EAGLE chain drafts ('eagle', 'lantern'); method={method!r} "
-                             f"drafts no EAGLE chain")
-        if not isinstance(lookup_tail, int) or isinstance(lookup_tail, bool) or lookup_tail < 0:
-            raise ValueError(f"lookup_tail must be a non-negative integer (0: no tail), got {lookup_tail!r}")
-        if lookup_only_from is not None and not lookup_tail:
-            raise ValueError("lookup_only_from skips the head in rounds with a long lookup tail: set lookup_tail too")
-        if lookup_tail and method not in ("none", "eagle", "lantern"):  # "none" ignores drafting options
-            raise ValueError(f"lookup_tail extends EAGLE chains ('eagle', 'lantern'); method={method!r} drafts no "
-                             "EAGLE chain")
+                      guidance_scale: float, rows: int, options: MethodOptions) -> tuple[Any, AcceptanceRule | None]:
+        """The drafter and (when the method has its own) the acceptance rule of ``method`` for ``rows``
+        images per call."""
+        options.check_applies_to(method)
         if method == "none":
             return None, None
         if method in ("eagle", "lantern"):
-            from mmspec.models.eagle import EagleDrafter
-
-            if eagle_blocks is not None and not isinstance(eagle_blocks, bool):
-                raise ValueError(f"eagle_blocks must be None, True or False, got {eagle_blocks!r}")
-            deterministic = greedy or argmax_drafts
-            blocks = (deterministic and tree is None and rows == 1) if eagle_blocks is None else eagle_blocks
-            head = self._drafting_head(blocks)
-            mode = self._eagle_mode(head, eagle_guided, guidance_scale, deterministic)
-            drafter = EagleDrafter(head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
-                                   guidance_scale=guidance_scale if mode is True else 1.0,
-                                   confidence_threshold=draft_confidence_threshold,
-                                   guided_features=mode == "features", blocks=blocks, argmax_drafts=argmax_drafts)
-            if lookup_tail:
-                if tree is not None:
-                    raise ValueError("lookup_tail extends draft chains: pass tree=None (an EAGLE-2 tree has no tail)")
-                drafter = LookupTailDrafter(drafter, lookup_tail, offset=self.grid_size, vocab_size=vocab,
-                                            lookup_only_from=lookup_only_from,
-                                            max_length=self.transformer.config.block_size)
-            if method == "eagle":
-                return drafter, None
-            k = min(1000, vocab - 1) if lantern_k is None else lantern_k
-            if not isinstance(k, int) or not 1 <= k <= vocab - 1:
-                raise ValueError(f"lantern_k must be an integer in [1, {vocab - 1}], got {lantern_k!r}")
-            rule = LanternRule(self.codebook_neighbors(k), k=k, delta=lantern_delta, lam=lantern_lam, greedy=greedy)
-            return drafter, rule
+            return self._eagle_method(method, sampling, generator, guidance_scale, rows, options)
         if method in ("sjd", "gsd"):
-            drafter = JacobiDrafter(vocab, window=sjd_window, sampling=sampling, init=sjd_init, generator=generator)
-            if method == "sjd":
-                return drafter, None
-            rule = GroupedRule(G=gsd_group_size, prob_threshold=gsd_prob_threshold,
-                               embeddings=self.codebook_embeddings(), distance_threshold=gsd_distance_threshold,
-                               greedy=greedy)
-            return drafter, rule
+            return self._jacobi_method(method, sampling, generator, options)
+        return self._mulo_method(sampling, generator, guidance_scale, options)
+
+    def _eagle_method(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
+                      guidance_scale: float, rows: int, o: MethodOptions) -> tuple[Any, AcceptanceRule | None]:
+        """EAGLE drafts (chain, tree or blocks, with a lookup tail); LANTERN's relaxed rule for "lantern"."""
+        from mmspec.models.eagle import EagleDrafter
+
+        greedy = not sampling.do_sample
+        vocab = self.transformer.config.vocab_size
+        if o.eagle_blocks is not None and not isinstance(o.eagle_blocks, bool):
+            raise ValueError(f"eagle_blocks must be None, True or False, got {o.eagle_blocks!r}")
+        deterministic = greedy or o.argmax_drafts
+        blocks = (deterministic and o.tree is None and rows == 1) if o.eagle_blocks is None else o.eagle_blocks
+        head = self._drafting_head(blocks)
+        mode = self._eagle_mode(head, o.eagle_guided, guidance_scale, deterministic)
+        drafter = EagleDrafter(head, o.num_draft_tokens, sampling=sampling, tree=o.tree, generator=generator,
+                               guidance_scale=guidance_scale if mode is True else 1.0,
+                               confidence_threshold=o.draft_confidence_threshold,
+                               guided_features=mode == "features", blocks=blocks, argmax_drafts=o.argmax_drafts)
+        if o.lookup_tail:
+            if o.tree is not None:
+                raise ValueError("lookup_tail extends draft chains: pass tree=None (an EAGLE-2 tree has no tail)")
+            drafter = LookupTailDrafter(drafter, o.lookup_tail, offset=self.grid_size, vocab_size=vocab,
+                                        lookup_only_from=o.lookup_only_from,
+                                        max_length=self.transformer.config.block_size)
+        if method == "eagle":
+            return drafter, None
+        k = min(1000, vocab - 1) if o.lantern_k is None else o.lantern_k
+        if not isinstance(k, int) or not 1 <= k <= vocab - 1:
+            raise ValueError(f"lantern_k must be an integer in [1, {vocab - 1}], got {o.lantern_k!r}")
+        rule = LanternRule(self.codebook_neighbors(k), k=k, delta=o.lantern_delta, lam=o.lantern_lam, greedy=greedy)
+        return drafter, rule
+
+    def _jacobi_method(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
+                       o: MethodOptions) -> tuple[Any, AcceptanceRule | None]:
+        """Speculative Jacobi decoding; GSD's grouped rule for "gsd"."""
+        drafter = JacobiDrafter(self.transformer.config.vocab_size, window=o.sjd_window, sampling=sampling,
+                                init=o.sjd_init, generator=generator)
+        if method == "sjd":
+            return drafter, None
+        rule = GroupedRule(G=o.gsd_group_size, prob_threshold=o.gsd_prob_threshold,
+                           embeddings=self.codebook_embeddings(), distance_threshold=o.gsd_distance_threshold,
+                           greedy=not sampling.do_sample)
+        return drafter, rule
+
+    def _mulo_method(self, sampling: SamplingConfig, generator: torch.Generator | None, guidance_scale: float,
+                     o: MethodOptions) -> tuple[Any, AcceptanceRule]:
+        """MuLo-SD's low-res drafter and up-sampler with the pooled threshold rule."""
         from mmspec.models.mulo import MuLoDrafter
 
-        if not isinstance(mulo_k, int) or not 1 <= mulo_k <= vocab - 1:
-            raise ValueError(f"mulo_k must be an integer in [1, {vocab - 1}], got {mulo_k!r}")
-        if mulo_guidance_scale is None:
-            mulo_guidance_scale = guidance_scale
-        if isinstance(mulo_guidance_scale, bool) or not isinstance(mulo_guidance_scale, (int, float)) \
-                or not math.isfinite(mulo_guidance_scale) or mulo_guidance_scale < 0:
-            raise ValueError(f"mulo_guidance_scale must be a finite number >= 0, got {mulo_guidance_scale!r}")
-        if guidance_scale == 1.0 and mulo_guidance_scale != 1.0:
-            raise ValueError(f"mulo_guidance_scale={mulo_guidance_scale} needs a guided target (guidance_scale != 1): "
+        vocab = self.transformer.config.vocab_size
+        if not isinstance(o.mulo_k, int) or not 1 <= o.mulo_k <= vocab - 1:
+            raise ValueError(f"mulo_k must be an integer in [1, {vocab - 1}], got {o.mulo_k!r}")
+        draft_scale = guidance_scale if o.mulo_guidance_scale is None else o.mulo_guidance_scale
+        if isinstance(draft_scale, bool) or not isinstance(draft_scale, (int, float)) \
+                or not math.isfinite(draft_scale) or draft_scale < 0:
+            raise ValueError(f"mulo_guidance_scale must be a finite number >= 0, got {draft_scale!r}")
+        if guidance_scale == 1.0 and draft_scale != 1.0:
+            raise ValueError(f"mulo_guidance_scale={draft_scale} needs a guided target (guidance_scale != 1): "
                              "the drafter's unconditional rows come from the target's guided prompt batch")
         drafter = MuLoDrafter(self.mulo_drafter, self.mulo_upsampler, self.vqvae, sampling=sampling,
-                              guidance_scale=float(mulo_guidance_scale), generator=generator,
+                              guidance_scale=float(draft_scale), generator=generator,
                               guided_prompt=guidance_scale != 1.0)
-        return drafter, PoolingThresholdRule(self.codebook_neighbors(mulo_k), k=mulo_k, tau=mulo_tau, greedy=greedy)
+        rule = PoolingThresholdRule(self.codebook_neighbors(o.mulo_k), k=o.mulo_k, tau=o.mulo_tau,
+                                    greedy=not sampling.do_sample)
+        return drafter, rule
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
@@ -576,12 +621,15 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         values = values.repeat_interleave(num_images_per_prompt, 0)
         mask = mask.repeat_interleave(num_images_per_prompt, 0)
         batch = values.shape[0]
-        drafter, method_rule = self._build_method(method, sampling, generator, num_draft_tokens, tree, lantern_k,
-                                                  lantern_delta, lantern_lam, sjd_window, sjd_init, gsd_group_size,
-                                                  gsd_prob_threshold, gsd_distance_threshold, mulo_k, mulo_tau,
-                                                  guidance_scale, eagle_guided, draft_confidence_threshold,
-                                                  eagle_blocks, batch, argmax_drafts, lookup_tail, lookup_only_from,
-                                                  mulo_guidance_scale)
+        options = MethodOptions(
+            num_draft_tokens=num_draft_tokens, tree=tree, eagle_guided=eagle_guided, eagle_blocks=eagle_blocks,
+            draft_confidence_threshold=draft_confidence_threshold, argmax_drafts=argmax_drafts,
+            lookup_tail=lookup_tail, lookup_only_from=lookup_only_from, lantern_k=lantern_k,
+            lantern_delta=lantern_delta, lantern_lam=lantern_lam, sjd_window=sjd_window, sjd_init=sjd_init,
+            gsd_group_size=gsd_group_size, gsd_prob_threshold=gsd_prob_threshold,
+            gsd_distance_threshold=gsd_distance_threshold, mulo_k=mulo_k, mulo_tau=mulo_tau,
+            mulo_guidance_scale=mulo_guidance_scale)
+        drafter, method_rule = self._build_method(method, sampling, generator, guidance_scale, batch, options)
         rule = rule if rule is not None else method_rule
 
         # 2. Target: the transformer, with a doubled [cond; uncond] batch under guidance.
