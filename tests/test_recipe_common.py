@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -113,6 +114,27 @@ def test_cached_data_builds_once_then_loads(tmp_path):
     second = common.cached_data(tmp_path, build)
     assert len(calls) == 1 and torch.equal(first["tokens"], second["tokens"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.pt"]  # no partial file left behind
+
+
+def test_cached_data_refuses_a_cache_built_for_other_arguments(tmp_path):
+    """With a key the cache is reused for the same arguments and refused, naming what changed, for others;
+    a cache without a key file (older runs, or copied without it) is used as it is."""
+    calls = []
+
+    def build() -> dict:
+        calls.append(1)
+        return {"tokens": torch.arange(len(calls) + 5)}
+
+    key = {"train_images": 6, "seed": 0, "vq": Path("models/vq")}
+    first = common.cached_data(tmp_path, build, key=key)
+    again = common.cached_data(tmp_path, build, key=dict(key))
+    assert len(calls) == 1 and torch.equal(first["tokens"], again["tokens"])
+    assert json.loads((tmp_path / "data.pt.key.json").read_text())["vq"] == "models/vq"
+    with pytest.raises(SystemExit, match=r"train_images: 6 there, 8 now\); use another --work"):
+        common.cached_data(tmp_path, build, key={**key, "train_images": 8})
+    (tmp_path / "data.pt.key.json").unlink()
+    assert torch.equal(common.cached_data(tmp_path, build, key={**key, "train_images": 8})["tokens"], first["tokens"])
+    assert len(calls) == 1
 
 
 def test_save_atomically_keeps_the_previous_file_when_writing_fails(tmp_path, monkeypatch):

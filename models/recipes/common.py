@@ -124,14 +124,36 @@ def _encoded_images(first: int, count: int, *, num: int, seed: int, encode: Call
     return {"codes": torch.cat(codes), "captions": captions}
 
 
-def cached_data(work: Path, build: Callable[[], dict], name: str = "data.pt") -> dict:
-    """The run's training set: ``work/<name>`` when a previous run saved it, else ``build()`` saved there."""
+def cached_data(work: Path, build: Callable[[], dict], name: str = "data.pt", key: Mapping[str, Any] | None = None
+                ) -> dict:
+    """The run's training set: ``work/<name>`` when a previous run saved it, else ``build()`` saved there.
+
+    ``key``: the arguments that determine the data (sizes, seed, tokenizer path, ...), kept beside it in
+    ``<name>.key.json``. A cache whose saved key differs is refused with a clear error instead of being
+    trained on silently (a rerun in the same ``--work`` with, e.g., another ``--train-images``); a cache
+    without a key file (made before keys, or copied without it) is used as it is."""
     path = work / name
+    key_path = path.with_name(path.name + ".key.json")
+    wanted = None if key is None else json.loads(json.dumps(dict(key), default=str))  # as it reads back
     if path.is_file():
+        if wanted is not None and key_path.is_file():
+            saved = json.loads(key_path.read_text())
+            if saved != wanted:
+                differ = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+                changes = ", ".join(f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in differ)
+                raise SystemExit(f"{path} was built for other arguments ({changes}); use another --work or delete it")
         return torch.load(path)
     data = build()
     save_atomically(data, path)
+    if wanted is not None:
+        key_path.write_text(json.dumps(wanted, indent=1, sort_keys=True))
     return data
+
+
+def args_key(args: argparse.Namespace, *names: str, **extra: Any) -> dict[str, Any]:
+    """The run arguments ``names`` (and ``extra`` entries) that determine a data cache: a :func:`cached_data`
+    key."""
+    return {**{name: getattr(args, name) for name in names}, **extra}
 
 
 def save_atomically(obj: Any, path: Path) -> None:

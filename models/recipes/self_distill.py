@@ -15,7 +15,7 @@ import argparse
 import torch
 
 from mmspec.models.llamagen import LlamaGenTransformer
-from mmspec.models.recipes.common import cached_data
+from mmspec.models.recipes.common import args_key, cached_data
 
 
 def add_self_distill_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,4 +59,5 @@ def self_distilled_rows(args: argparse.Namespace, target: LlamaGenTransformer, w
     return cached_data(args.work, lambda: self_distill_data(target, words[: args.self_distill], args.self_distill_guidance,
                                                        args.seed, batch=args.self_distill_batch,
                                                        greedy=args.self_distill_greedy),
-                       name="self_distill_greedy.pt" if args.self_distill_greedy else "self_distill.pt")
+                       name="self_distill_greedy.pt" if args.self_distill_greedy else "self_distill.pt",
+                       key=args_key(args, "self_distill", "self_distill_guidance", "seed", "target"))

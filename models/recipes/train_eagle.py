@@ -49,6 +49,7 @@ from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.recipes.common import (
     add_device_argument,
     add_run_arguments,
+    args_key,
     cached_data,
     init_from_folder,
     start_run,
@@ -155,7 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     words = WordTokenizer(vocabulary())
     cond_len = target.config.cls_token_num
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, cond_len,
-                                                     args.difficulty, workers=args.data_workers))
+                                                     args.difficulty, workers=args.data_workers),
+                       key=args_key(args, "train_images", "seed", "difficulty", "vq", cond_len=cond_len))
     if args.self_distill:
         own = self_distilled_rows(args, target, data["words"])
         data = {key: torch.cat([data[key], own[key]]) for key in ("words", "tokens")}

@@ -34,6 +34,7 @@ from mmspec.models.mar import MARModel
 from mmspec.models.recipes.common import (
     add_device_argument,
     add_run_arguments,
+    args_key,
     cached_data,
     encode_image_set,
     init_from_folder,
@@ -139,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = ContinuousTokenizer.from_pretrained(args.tokenizer)
     words = WordTokenizer(vocabulary())
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, tokenizer, words, args.cond_len,
-                                                     args.difficulty, workers=args.data_workers))
+                                                     args.difficulty, workers=args.data_workers),
+                       key=args_key(args, "train_images", "seed", "cond_len", "difficulty", "tokenizer"))
     grid = int(round(data["tokens"].shape[1] ** 0.5))
     model = MARModel(grid_size=grid, token_dim=data["tokens"].shape[2], encoder_embed_dim=size["dim"],
                      encoder_depth=size["encoder_depth"], encoder_num_heads=size["heads"],

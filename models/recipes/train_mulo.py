@@ -33,6 +33,7 @@ from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.mulo import TokenUpsampler, downsample_tokens
 from mmspec.models.recipes.common import (
     add_run_arguments,
+    args_key,
     cached_data,
     init_from_folder,
     start_run,
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
                           workers=args.data_workers)
         return {**data, "low_tokens": low_res_tokens(vq, data["tokens"], args.ratio)}
 
-    data = cached_data(args.work, build)
+    data = cached_data(args.work, build,
+                       key=args_key(args, "train_images", "seed", "cond_len", "difficulty", "ratio", "vq"))
     if args.self_distill:
         target = LlamaGenTransformer.from_pretrained(args.target).float().eval().requires_grad_(False)
         if target.config.cls_token_num != args.cond_len or target.config.vocab_size != vq.vocab_size:

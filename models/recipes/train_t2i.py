@@ -28,6 +28,7 @@ from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.recipes.common import (
     add_device_argument,
     add_run_arguments,
+    args_key,
     cached_data,
     encode_image_set,
     init_from_folder,
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> None:
     vq = VQTokenizer.from_pretrained(args.vq)
     words = WordTokenizer(vocabulary())
     data = cached_data(args.work, lambda: build_data(args.train_images, args.seed, vq, words, args.cond_len,
-                                                     args.difficulty, workers=args.data_workers))
+                                                     args.difficulty, workers=args.data_workers),
+                       key=args_key(args, "train_images", "seed", "cond_len", "difficulty", "vq"))
     grid_tokens = data["tokens"].shape[1]
 
     model = LlamaGenTransformer(dim=args.dim, n_layer=args.layers, n_head=args.heads, multiple_of=32,

@@ -44,6 +44,7 @@ import torch
 from mmspec.models.recipes.common import (
     add_data_workers_argument,
     add_device_argument,
+    args_key,
     cached_data,
     start_run,
     time_left,
@@ -187,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
             raise FileNotFoundError(f"--data: no such file {args.data}")
         data = torch.load(args.data)
     else:
-        data = cached_data(args.work, build)
+        data = cached_data(args.work, build, key=args_key(args, "train_clips", "seed", "text_length", "num_frames",
+                                                          "difficulty", "tokenizer"))
     num_clips = data["latents"].shape[0]
     if tuple(data["latents"].shape[1:3]) != (args.num_frames, tokenizer.config.latent_dim):
         raise ValueError(f"cached data has latents {tuple(data['latents'].shape)}; delete {args.work}/data.pt or "
@@ -210,7 +212,8 @@ def main(argv: list[str] | None = None) -> None:
             args.first_block_clips, args.seed, tokenizer, words, args.text_length, args.num_frames,
             args.difficulty, first_index=FIRST_BLOCK_INDEX, render_frames=args.frames_per_block,
             workers=args.data_workers),
-            name="first_blocks.pt")
+            name="first_blocks.pt", key=args_key(args, "first_block_clips", "seed", "text_length", "num_frames",
+                                                 "difficulty", "frames_per_block", "tokenizer"))
     out = Path(args.out)
 
     def save(trained: BlockCausalVideoTransformer) -> None:

@@ -55,6 +55,7 @@ from mmspec.models import shapes_vlm as sv
 from mmspec.models.recipes.common import (
     add_device_argument,
     add_run_arguments,
+    args_key,
     cached_data,
     grow_layer_stack,
     load_trained_weights,
@@ -587,7 +588,9 @@ def main(argv: list[str] | None = None) -> None:
                                                                 "train", difficulty=args.difficulty,
                                                                 tokenizer=processor.tokenizer,
                                                                 duplicate_fraction=args.duplicate_fraction,
-                                                                workers=args.data_workers))
+                                                                workers=args.data_workers),
+                       key=args_key(args, "train_images", "train_videos", "seed", "difficulty",
+                                    "duplicate_fraction"))
     vlm = sv.build_model(args.size, seed=args.seed, **overrides)
     middle = vlm.config.text_config.num_hidden_layers // 2
     probe_layers = [(middle if layer is None else layer) if weight else None

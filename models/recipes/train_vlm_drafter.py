@@ -122,7 +122,8 @@ class ShapesData:
         from mmspec.models import shapes_vlm as sv
 
         self.sv = sv
-        self.data = cached_data(work, lambda: sv.build_training_set(num_images, num_videos, seed, "train"))
+        self.data = cached_data(work, lambda: sv.build_training_set(num_images, num_videos, seed, "train"),
+                                key={"train_images": num_images, "train_videos": num_videos, "seed": seed})
         self.seed = seed
 
     def __len__(self) -> int:
