@@ -185,15 +185,20 @@ FAST_LANTERN_ARGMAX_BLOCK_CHAIN: dict[str, Any] = {"argmax_drafts": True, **FAST
 #: Chains for several images per call, sampling and greedy: there the CPU forward is compute-bound, every
 #: drafted position costs verification time, and shorter chains are faster (batch 4 on the zoo: EAGLE at
 #: temperature 1 0.80x / 0.89x / 1.01x / 1.06x of target-only with chains of up to 8 / 6 / 5 / 4, greedy
-#: 1.22x / 1.32x / 1.31-1.37x / 1.33x; docs/benchmarks/ar_image_chain_b4_cpu.md).
-FAST_EAGLE_BATCHED_CHAIN: dict[str, Any] = {"num_draft_tokens": 4, "draft_confidence_threshold": 0.5}
+#: 1.22x / 1.32x / 1.31-1.37x / 1.33x; docs/benchmarks/ar_image_chain_b4_cpu.md). After the round loop got
+#: leaner the baseline sped up more than EAGLE, and sampled chains of up to 4 fell to 0.93-0.94x while chains
+#: of up to 2 ran at 1.06-1.08x in two screens (docs/benchmarks/ar_image_chain_b4_t1_screen1_cpu.md, _screen2).
+FAST_EAGLE_BATCHED_CHAIN: dict[str, Any] = {"num_draft_tokens": 2, "draft_confidence_threshold": 0.5}
 FAST_EAGLE_BATCHED_GREEDY_CHAIN: dict[str, Any] = {"num_draft_tokens": 5, "draft_confidence_threshold": 0.5}
 
 #: LANTERN sampling several images per call: the batched chain with argmax drafts, token by token (with
 #: several rows the verification, not the head, is the cost; blocks of up to 8 were slower in a screen),
 #: from the conditional features (half the head's rows of guided drafts; at batch 4 on the zoo LANTERN++
-#: runs at 1.13x of EAGLE's speed, docs/benchmarks/ar_image_lantern_argmax_cpu.md).
-FAST_LANTERN_BATCHED_CHAIN: dict[str, Any] = {"argmax_drafts": True, **FAST_EAGLE_BATCHED_CHAIN}
+#: runs at 1.13x of EAGLE's speed, docs/benchmarks/ar_image_lantern_argmax_cpu.md). Chains of up to 4: its
+#: relaxed rule keeps long chains (1.23x of target-only against 1.11x with chains of up to 2 at batch 4,
+#: docs/benchmarks/ar_image_chain_b4_t1_screen2_cpu.md).
+FAST_LANTERN_BATCHED_CHAIN: dict[str, Any] = {"argmax_drafts": True, "num_draft_tokens": 4,
+                                              "draft_confidence_threshold": 0.5}
 
 #: The fastest Jacobi window measured on the shapes zoo: 8 slots refilled with copies of the left
 #: neighbour. With sampling a copied token is accepted with its target probability, far more often than a

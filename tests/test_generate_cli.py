@@ -145,6 +145,7 @@ def test_fast_settings_depend_on_the_decoding_mode():
         FAST_EAGLE_CHAIN,
         FAST_EAGLE_GREEDY_CHAIN,
         FAST_LANTERN_ARGMAX_BLOCK_CHAIN,
+        FAST_LANTERN_BATCHED_CHAIN,
         FAST_LANTERN_RULE,
         fast_method_kwargs,
     )
@@ -159,9 +160,11 @@ def test_fast_settings_depend_on_the_decoding_mode():
     assert FAST_LANTERN_RULE == {"lantern_k": 512, "lantern_lam": 10.0}
     assert fast_method_kwargs("lantern", greedy=False, vocab_size=64)["lantern_k"] == 63
     assert fast_method_kwargs("lantern", greedy=False, vocab_size=4096)["lantern_k"] == 512
-    for num_future in (1, 4):  # several images: argmax drafts token by token
+    for num_future in (1, 4):  # several images: argmax drafts token by token, longer chains than EAGLE's
         assert fast_method_kwargs("lantern", greedy=False, batch_size=4, num_future=num_future) == \
-            {"argmax_drafts": True, **FAST_EAGLE_BATCHED_CHAIN, **FAST_LANTERN_RULE}
+            {**FAST_LANTERN_BATCHED_CHAIN, **FAST_LANTERN_RULE}
+    assert FAST_LANTERN_BATCHED_CHAIN["argmax_drafts"] is True
+    assert FAST_LANTERN_BATCHED_CHAIN["num_draft_tokens"] > FAST_EAGLE_BATCHED_CHAIN["num_draft_tokens"]
     for method in ("eagle", "lantern"):  # greedy LANTERN keeps the pipeline's rule (its relaxed greedy is lossy)
         assert fast_method_kwargs(method, greedy=True, num_future=4) == FAST_EAGLE_BLOCK_GREEDY_CHAIN
         assert fast_method_kwargs(method, greedy=True) == FAST_EAGLE_GREEDY_CHAIN
