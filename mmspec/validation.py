@@ -8,6 +8,7 @@ reductions) and can be switched off for hot loops that already validated their i
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from contextlib import contextmanager
 
@@ -61,6 +62,13 @@ def check_callable(value: object, name: str) -> None:
     """``value`` is None or callable (a pipeline's ``callback_on_step_end``), checked before any work."""
     if value is not None and not callable(value):
         raise ValueError(f"{name} must be callable or None, got {type(value).__name__}")
+
+
+def check_guidance_scale(value: float, name: str) -> None:
+    """``value`` is a classifier-free guidance scale: a finite real number >= 0 (NaN, inf, booleans and
+    strings rejected)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise ValueError(f"{name} must be a number >= 0 (a finite number), got {value!r}")
 
 
 def check_unit_interval(value: float, name: str) -> None:

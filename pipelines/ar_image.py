@@ -27,7 +27,6 @@ Classifier-free guidance runs the target on a doubled batch ``[cond; uncond]`` t
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -62,10 +61,11 @@ from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
-from mmspec.validation import check_callable
+from mmspec.validation import check_callable, check_guidance_scale
 
 METHODS = ("none", "eagle", "lantern", "sjd", "gsd", "mulo")
 OUTPUT_TYPES = ("pil", "np", "pt", "tokens")
+
 
 @dataclass(frozen=True)
 class MethodOptions:
@@ -514,9 +514,7 @@ class ARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         if not isinstance(o.mulo_k, int) or not 1 <= o.mulo_k <= vocab - 1:
             raise ValueError(f"mulo_k must be an integer in [1, {vocab - 1}], got {o.mulo_k!r}")
         draft_scale = guidance_scale if o.mulo_guidance_scale is None else o.mulo_guidance_scale
-        if isinstance(draft_scale, bool) or not isinstance(draft_scale, (int, float)) \
-                or not math.isfinite(draft_scale) or draft_scale < 0:
-            raise ValueError(f"mulo_guidance_scale must be a finite number >= 0, got {draft_scale!r}")
+        check_guidance_scale(draft_scale, "mulo_guidance_scale")
         if guidance_scale == 1.0 and draft_scale != 1.0:
             raise ValueError(f"mulo_guidance_scale={draft_scale} needs a guided target (guidance_scale != 1): "
                              "the drafter's unconditional rows come from the target's guided prompt batch")

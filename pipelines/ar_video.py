@@ -58,6 +58,7 @@ from mmspec.pipelines.conditioning import WordVocabularyMixin, as_prompt_list
 from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.reward import RewardRouter
 from mmspec.stats import SpecStats
+from mmspec.validation import check_guidance_scale
 from mmspec.world.video import VideoPrompt
 
 METHODS = ("none", "draft", "sdvg")
@@ -374,8 +375,7 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         if draft_guidance_scale is not None:
             scales["draft_guidance_scale"] = draft_guidance_scale
         for name, scale in scales.items():
-            if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0:
-                raise ValueError(f"{name} must be a number >= 0, got {scale!r}")
+            check_guidance_scale(scale, name)
         if isinstance(num_videos_per_prompt, bool) or not isinstance(num_videos_per_prompt, int) \
                 or num_videos_per_prompt < 1:
             raise ValueError(f"num_videos_per_prompt must be a positive integer, got {num_videos_per_prompt!r}")
