@@ -15,6 +15,7 @@ from mmspec.models.video import (
     check_timesteps,
     denoise_block,
     flow_matching_loss,
+    predicted_context,
     rope_angles,
 )
 
@@ -216,6 +217,38 @@ def test_flow_matching_loss_trains():
     assert held_out_loss() < 0.7 * before
 
 
+def test_predicted_context_is_the_models_one_shot_prediction_of_each_block():
+    model = tiny()
+    clean = latents(seed=1)
+    g = torch.Generator().manual_seed(7)
+    context = predicted_context(model, clean, IDS, [500.0], g)
+    # by hand: the same noise, every block at t = 500, x0 = x_t - t v from one teacher-forced pass
+    g = torch.Generator().manual_seed(7)
+    torch.randint(0, 1, (2, 4), generator=g)  # the timestep draw (one choice)
+    noisy = 0.5 * clean + 0.5 * torch.randn(clean.shape, generator=g).double()
+    with torch.no_grad():
+        v = model.forward_train(clean, noisy, torch.full((2, 4), 500.0, dtype=torch.float64), IDS)
+    assert torch.allclose(context, noisy - 0.5 * v, atol=1e-12)
+    assert not context.requires_grad and not torch.allclose(context, clean, atol=1e-3)
+
+
+def test_self_context_replaces_the_context_but_not_the_target():
+    model = tiny()
+    clean = latents(seed=1)
+    loss = lambda share, seed=3: flow_matching_loss(  # noqa: E731
+        model, clean, IDS, generator=torch.Generator().manual_seed(seed), self_context=share).item()
+    # the context changes the prediction, so the loss changes; a share of 0 is the plain loss
+    assert loss(1.0) != pytest.approx(loss(0.0), rel=1e-6)
+    assert loss(0.0) == flow_matching_loss(model, clean, IDS, generator=torch.Generator().manual_seed(3)).item()
+    # a single block has no context: nothing to replace, the same loss
+    one_block = clean[:, :2]
+    assert flow_matching_loss(model, one_block, IDS, generator=torch.Generator().manual_seed(3),
+                              self_context=1.0).item() == \
+        flow_matching_loss(model, one_block, IDS, generator=torch.Generator().manual_seed(3)).item()
+    with pytest.raises(ValueError, match="self_context"):
+        flow_matching_loss(model, clean, IDS, self_context=1.5)
+
+
 def test_recipe_runs_saves_and_resumes(tmp_path):
     from mmspec.models.recipes import train_video
 
@@ -265,6 +298,14 @@ def test_recipe_second_stage_starts_from_init_and_adds_first_blocks(tmp_path):
                           "--init", str(tmp_path / "missing"), *small])
     with pytest.raises(SystemExit):
         train_video.main(["--out", str(tmp_path / "f"), "--first-block-batch", "-1", *small])
+    # a third stage on the model's own predicted context (exposure bias): trains, and checks its options
+    train_video.main(["--out", str(tmp_path / "g"), "--work", str(tmp_path / "wg"), "--steps", "2",
+                      "--init", str(tmp_path / "a"), "--self-context", "1", "--context-timesteps", "250,750", *small])
+    third = BlockCausalVideoTransformer.from_pretrained(tmp_path / "g")
+    assert not all(torch.equal(p, q) for p, q in zip(stage1.state_dict().values(), third.state_dict().values()))
+    for bad in (["--self-context", "1.5"], ["--context-timesteps", "0,500"], ["--context-timesteps", "x"]):
+        with pytest.raises(SystemExit):
+            train_video.main(["--out", str(tmp_path / "h"), "--work", str(tmp_path / "wh"), *bad, *small])
 
 
 def test_init_layers_builds_a_layer_skip_drafter_from_a_deeper_model(tmp_path):

@@ -52,7 +52,7 @@ from mmspec.models.recipes.common import (
 )
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
-from mmspec.models.video import BlockCausalVideoTransformer, flow_matching_loss
+from mmspec.models.video import BlockCausalVideoTransformer, check_timesteps, flow_matching_loss
 from mmspec.world import render_scene, rng_for, sample_video, vocabulary
 from mmspec.world.parallel import build_in_parts, concat_parts
 from mmspec.world.video import MotionSpec, VideoClip, video_prompt_text
@@ -164,6 +164,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--first-block-batch", type=int, default=0,
                         help="extra first blocks (no context) per step, from --first-block-clips fresh clips")
     parser.add_argument("--first-block-clips", type=int, default=50000)
+    parser.add_argument("--self-context", type=float, default=0.0,
+                        help="share of clips whose context is the model's own one-shot prediction of it (from a "
+                             "--context-timesteps timestep) instead of the ground truth: teaches it to continue "
+                             "from its own imperfect blocks (exposure bias); one extra forward per step")
+    parser.add_argument("--context-timesteps", default="250,500,750",
+                        help="comma-separated timesteps the predicted context is made from (larger: blurrier)")
     parser.add_argument("--work", type=Path, default=None, help="default: runs/train_video_<role>")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -174,6 +180,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--init-layers needs --init")
     if args.first_block_batch < 0 or args.first_block_clips < 1:
         parser.error("--first-block-batch must be >= 0 and --first-block-clips >= 1")
+    if not 0.0 <= args.self_context <= 1.0:
+        parser.error(f"--self-context must be in [0, 1], got {args.self_context}")
+    try:
+        context_timesteps = check_timesteps(sorted({float(t) for t in args.context_timesteps.split(",")},
+                                                   reverse=True))
+    except ValueError as error:
+        parser.error(f"--context-timesteps: {error}")
     preset = ROLES[args.role]
     dim, layers, heads = (args.dim or preset["dim"], args.layers or preset["layers"], args.heads or preset["heads"])
     args.work = args.work or Path(f"runs/train_video_{args.role}")
@@ -225,7 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     def batch_loss(clips: dict, index: torch.Tensor) -> torch.Tensor:
         ids = clips["words"][index].clone()
         ids[torch.rand(ids.shape[0]) < args.condition_dropout] = -1  # all padding -> the model's null prompt
-        return flow_matching_loss(model, clips["latents"][index].to(device).float(), ids.to(device))
+        return flow_matching_loss(model, clips["latents"][index].to(device).float(), ids.to(device),
+                                  self_context=args.self_context, context_timesteps=context_timesteps)
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         loss = batch_loss(data, index)
