@@ -430,6 +430,29 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         model.encode_prompt(cache, ids.to(model.device))
         return cache
 
+    def _encode_context(self, frames: Any, batch: int, num_prompts: int, num_blocks: int) -> torch.Tensor:
+        """Checked ``context_frames`` -> latents ``[B, K, C, h, w]`` (one row per video; a row per prompt is
+        repeated for ``num_videos_per_prompt``)."""
+        size = getattr(self.vae.config, "image_size", None)
+        if not isinstance(frames, torch.Tensor) or frames.ndim != 5 or frames.shape[2] != 3 \
+                or (size is not None and tuple(frames.shape[3:]) != (size, size)):
+            shape = tuple(frames.shape) if isinstance(frames, torch.Tensor) else type(frames).__name__
+            raise ValueError(f"context_frames must be a float tensor [B, K, 3, H, W] (H = W = "
+                             f"{size or 'the vae image size'}) in [0, 1], got {shape}")
+        if not frames.is_floating_point() or not torch.isfinite(frames).all() or frames.min() < 0 or frames.max() > 1:
+            raise ValueError("context_frames must be finite floats in [0, 1]")
+        rows, k, fb = frames.shape[0], frames.shape[1], self.frames_per_block
+        if rows not in (batch, num_prompts):
+            raise ValueError(f"context_frames has {rows} rows: give one per video ({batch}) or per prompt "
+                             f"({num_prompts})")
+        if k == 0 or k % fb or k // fb >= num_blocks:
+            raise ValueError(f"context_frames must hold whole blocks of {fb} frames, fewer than num_blocks="
+                             f"{num_blocks} blocks, got {k} frames")
+        if rows != batch:
+            frames = frames.repeat_interleave(batch // rows, 0)
+        latents = self.vae.encode(frames.flatten(0, 1).float().to(self.vae.device))  # [B K, h, w, C]
+        return latents.permute(0, 3, 1, 2).unflatten(0, (batch, k)).cpu()
+
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
     def __call__(self, prompt: str | VideoPrompt | list[str | VideoPrompt], method: str = "none", *,
@@ -439,6 +462,7 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                  force_reject_first: bool = True, guidance_scale: float = 1.0,
                  draft_guidance_scale: float | None = None, num_videos_per_prompt: int = 1,
                  generator: torch.Generator | None = None, output_type: str = "pil", lazy_target_cache: bool = True,
+                 context_frames: torch.Tensor | None = None,
                  callback_on_block_end: Callable[[ARVideoPipeline, int, dict[str, Any]], Any] | None = None,
                  ) -> ARVideoPipelineOutput:
         """Generate videos block by block.
@@ -466,6 +490,11 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
             output_type: "pil", "np", "pt" or "latent" (no decoding).
             lazy_target_cache: write accepted blocks into the target's cache only when the target next needs it
                 (one pass for all of them); False: right after each block.
+            context_frames: video extension: float frames ``[B or len(prompts), K, 3, H, W]`` in [0, 1], K a
+                multiple of the block length and fewer than ``num_blocks`` blocks, that the videos start from
+                (encoded by the vae, cached by both models like generated blocks); generation continues after
+                them and the output holds them first. Their blocks count as ``source="context"``; with a context
+                no block is forced to the target (the context anchors the scene).
             callback_on_block_end: ``fn(pipeline, block_index, {"latents": [B, F, C, h, w] so far,
                 "accepted": bool [B], "target_cache", "draft_cache"})`` after every block (the caches are
                 :class:`~mmspec.models.video.VideoCache` objects or None, for inspection); its return value is
@@ -505,6 +534,12 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         video = torch.zeros(batch, num_frames, c, h, w, dtype=torch.float64 if self.transformer.dtype == torch.float64
                             else torch.float32)  # final latents
 
+        start_block = 0
+        if context_frames is not None:
+            context = self._encode_context(context_frames, batch, len(prompts), num_blocks)
+            start_block = context.shape[1] // fb
+            video[:, :context.shape[1]] = context.to(video.dtype)
+
         caches: dict[str, Any] = {}  # built on first use: a method that never needs a model never runs it
 
         def cache_of(role: str) -> Any:
@@ -518,14 +553,15 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                     stats.draft_calls += 1
             return caches[role]
 
-        progress = self.progress_bar(total=num_blocks)
-        for n in range(num_blocks):
+        progress = self.progress_bar(total=num_blocks - start_block)
+        for n in range(start_block, num_blocks):
             frame, last = n * fb, n + 1 == num_blocks
             # the block's noise: drawn in every method in the same order, shared by drafter and target
             noise = torch.randn((len(timesteps), batch, fb, c, h, w), generator=generator)
             final = None
             # 1. the drafter's block, unless the router's decision is known to be "reject" without it
-            forced = method == "sdvg" and ((force_reject_first and n == 0) or router.tau == math.inf)
+            forced = method == "sdvg" and ((force_reject_first and n == 0 and not start_block)
+                                           or router.tau == math.inf)
             if method == "draft" or (method == "sdvg" and not forced):
                 cache = cache_of("draft")
                 with stats.phase("cache"):
@@ -578,7 +614,8 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         progress.close()
 
         stats.tokens = batch * num_frames
-        stats.source = [["draft" if a else "target" for a in row] for row in accepted.tolist()]
+        stats.source = [["context" if k < start_block else "draft" if a else "target" for k, a in enumerate(row)]
+                        for row in accepted.tolist()]
         stats.accepted, stats.routed, stats.scored = accepted, routed, scored
         stats.block_scores, stats.frame_rewards = block_scores, frame_rewards
         stats.reward_calls = batch_reward.calls if router is not None else 0

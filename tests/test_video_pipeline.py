@@ -133,6 +133,46 @@ def test_accepted_blocks_enter_the_target_cache(pipe):
     assert eager == {0: 2, 1: 4, 2: 6, 3: 6}
 
 
+def test_context_frames_extend_a_video(pipe):
+    context = torch.rand(2, 2, 3, 32, 32, generator=gen(5), dtype=torch.float64)  # one block per video
+    base = pipe(PROMPTS, "none", context_frames=context, generator=gen(), output_type="pt")
+    assert base.stats.source == [["context", "target", "target", "target"]] * 2
+    latents = pipe.vae.encode(context.flatten(0, 1).float()).permute(0, 3, 1, 2).unflatten(0, (2, 2))
+    assert torch.allclose(base.latents[:, :2], latents.double())  # the context's latents come first
+    # block 1 is the target's continuation of the context, from the first noise drawn
+    from mmspec.models.video import denoise_block
+
+    target = pipe.transformer
+    with torch.no_grad():
+        cache = target.new_cache(2)
+        target.encode_prompt(cache, pipe.encode_prompt(PROMPTS))
+        target.write_cache(base.latents[:, :2], cache, 0)
+    noise = torch.randn((4, 2, 2, 16, 8, 8), generator=gen())
+    expected = denoise_block(target, cache, 2, noise.double(), [1000, 750, 500, 250])
+    assert torch.allclose(base.latents[:, 2:4], expected, atol=1e-10)
+    fresh_start = pipe(PROMPTS, "none", generator=gen(), output_type="pt")
+    assert not torch.allclose(base.latents[:, 2:4], fresh_start.latents[:, 2:4])
+    # the exactness of tau = +-inf holds with a context; no block is forced to the target after one
+    spec = pipe(PROMPTS, "sdvg", tau=math.inf, context_frames=context, generator=gen(), output_type="pt")
+    assert torch.equal(spec.latents, base.latents)
+    draft = pipe(PROMPTS, "draft", context_frames=context, generator=gen(), output_type="pt")
+    accept_all = pipe(PROMPTS, "sdvg", tau=-math.inf, context_frames=context, generator=gen(), output_type="pt")
+    assert torch.equal(accept_all.latents, draft.latents) and accept_all.stats.target_calls == 0
+    assert accept_all.stats.source == [["context", "draft", "draft", "draft"]] * 2
+    assert not accept_all.stats.routed[:, 0].any() and accept_all.stats.routed[:, 1:].all()
+    # one context per prompt is shared by that prompt's videos
+    shared = pipe(PROMPTS, "none", num_videos_per_prompt=2, context_frames=context, generator=gen(), output_type="pt")
+    assert torch.allclose(shared.latents[[0, 1, 2, 3], :2], latents.double()[[0, 0, 1, 1]])
+    bad = {"channels": context[:, :, :2], "size": context[..., :16], "not a whole block": context[:, :1],
+           "no block left": torch.rand(2, 8, 3, 32, 32, dtype=torch.float64), "range": context * 2,
+           "rows": context[[0, 0, 1]]}
+    for frames in bad.values():
+        with pytest.raises(ValueError, match="context_frames"):
+            pipe(PROMPTS, "none", context_frames=frames, generator=gen(), output_type="latent")
+    with pytest.raises(ValueError, match="context_frames"):
+        pipe(PROMPTS, "none", context_frames=context.numpy(), output_type="latent")
+
+
 def test_per_block_stats(pipe):
     scores = [[None, 0.9, 0.2, 0.6], [None, 0.1, 0.7, 0.5]]
     reward = BlockReward(scores)

@@ -16,6 +16,14 @@ motion) and each prompt's mean per-frame score (so a test can re-measure a few),
 
 ``block-loss``: the teacher-forced loss of each block at one timestep on held-out clips, with the right
 prompt and with the null prompt (the diagnosis behind the target's second training stage).
+
+``context``: how much of each model's error is its own context (exposure bias). For every prompt a world
+clip of that prompt is rendered, and each model's per-frame score after the first block is measured three
+ways: on its own rollout from the prompt; continuing the clip's real first block (``context_frames``);
+and with the real clip as the context of every block (block n generated after the clip's first n blocks,
+teacher forcing at inference). SDVG continuing the real first block is measured too (acceptance, score):
+
+    python -m mmspec.models.recipes.report_video context --folder models/zoo/shapes-video --prompts 40
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,7 +44,7 @@ from mmspec.models.recipes.train_video import DIFFICULTY, TEXT_VOCAB_FILE, build
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.models.video import BlockCausalVideoTransformer
-from mmspec.world import evaluate_videos, make_video_prompt_set, vocabulary
+from mmspec.world import clip_for_prompt, evaluate_videos, make_video_prompt_set, render_video, vocabulary
 
 
 def build(target: Path, drafter: Path, folder: Path, tokenizer: Path) -> None:
@@ -117,6 +127,54 @@ def block_loss_report(folder: Path, num_clips: int, timestep: float, tokenizer: 
     return block_losses(model, data["latents"], data["words"], timestep)
 
 
+def context_report(folder: Path, num_prompts: int, threads: int, guidance_scale: float = 3.0, tau: float = 0.1,
+                   out: Path | None = None, command: str = "") -> dict:
+    """Per-frame scores after the first block of each model on its own rollout, continuing a real first
+    block, and with the real clip as every block's context; plus SDVG (``match`` reward, worst frame,
+    ``tau``) continuing the real first block. Written to ``out`` (default ``folder/context_report.json``)."""
+    from mmspec.pipelines.ar_video import ARVideoPipeline
+
+    torch.set_num_threads(threads)
+    pipe = ARVideoPipeline.from_pretrained(folder)
+    pipe.set_progress_bar_config(disable=True)
+    fb, blocks = pipe.frames_per_block, pipe.max_blocks
+    num_frames = fb * blocks
+    scores: dict[str, list[float]] = {}
+    accepted: list[float] = []
+
+    def add(name: str, frames: np.ndarray, prompt) -> None:  # frames [F, H, W, 3] in [0, 1]
+        video = (np.clip(frames, 0, 1) * 255 + 0.5).astype(np.uint8)
+        frame_scores = evaluate_videos([video], [prompt]).scores[0].frame_scores[fb:]
+        scores.setdefault(name, []).append(float(np.mean(frame_scores)))
+
+    def generate(prompt, seed: int, method: str, **kwargs) -> Any:
+        return pipe(prompt.text, method, guidance_scale=guidance_scale, generator=torch.Generator().manual_seed(seed),
+                    output_type="np", **kwargs)
+
+    for i, prompt in enumerate(make_video_prompt_set(num_prompts)):
+        clip = render_video(clip_for_prompt(prompt, rng=i, num_frames=num_frames),
+                            image_size=getattr(pipe.vae.config, "image_size", 32), difficulty=DIFFICULTY)
+        real = torch.from_numpy(clip).permute(0, 3, 1, 2).float()[None] / 255  # [1, F, 3, H, W]
+        call = partial(generate, prompt, i)
+        for role, method in (("target", "none"), ("drafter", "draft")):
+            add(f"{role}: own rollout", call(method).frames[0], prompt)
+            add(f"{role}: real first block", call(method, context_frames=real[:, :fb]).frames[0], prompt)
+            teacher = [call(method, context_frames=real[:, :fb * n], num_blocks=n + 1).frames[0][fb * n:]
+                       for n in range(1, blocks)]
+            add(f"{role}: real context", np.concatenate([real[0, :fb].permute(0, 2, 3, 1).numpy(), *teacher]), prompt)
+        spec = call("sdvg", context_frames=real[:, :fb], tau=tau, reward_kwargs={"mode": "match"})
+        add("sdvg: real first block", spec.frames[0], prompt)
+        accepted.append(spec.stats.acceptance_rate)
+    result = {"prompts": num_prompts, "guidance_scale": guidance_scale, "tau": tau, "command": command,
+              "frame_score_after_first_block": {k: round(float(np.mean(v)), 4) for k, v in scores.items()},
+              "sdvg_acceptance_real_first_block": round(float(np.nanmean(accepted)), 4)}
+    for name, value in result["frame_score_after_first_block"].items():
+        print(f"{name}: {value:.3f}")
+    print(f"sdvg (match, tau {tau}) continuing the real first block: acceptance {np.nanmean(accepted):.3f}")
+    (out or folder / "context_report.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -137,13 +195,22 @@ def main(argv: list[str] | None = None) -> None:
     bl.add_argument("--clips", type=int, default=48, help="held-out clips (test stream)")
     bl.add_argument("--timestep", type=float, default=750.0)
     bl.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
+    cx = sub.add_parser("context", help="scores on own rollouts vs the real first block vs real context")
+    cx.add_argument("--folder", type=Path, default=Path("models/zoo/shapes-video"))
+    cx.add_argument("--prompts", type=int, default=40)
+    cx.add_argument("--threads", type=int, default=1)
+    cx.add_argument("--guidance-scale", type=float, default=3.0)
+    cx.add_argument("--tau", type=float, default=0.1, help="SDVG's threshold on the match reward")
+    cx.add_argument("--out", type=Path, default=None, help="result file (default: FOLDER/context_report.json)")
     args = parser.parse_args(argv)
-    if args.command == "block-loss":
+    command = "python -m mmspec.models.recipes.report_video " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.command == "context":
+        context_report(args.folder, args.prompts, args.threads, args.guidance_scale, args.tau, args.out, command)
+    elif args.command == "block-loss":
         print(json.dumps(block_loss_report(args.model, args.clips, args.timestep, args.tokenizer)))
     elif args.command == "build":
         build(args.target, args.drafter, args.folder, args.tokenizer)
     else:
-        command = "python -m mmspec.models.recipes.report_video " + " ".join(sys.argv[1:] if argv is None else argv)
         report(args.folder, args.prompts, args.threads, args.guidance_scale, args.draft_guidance_scale, args.out,
                command)
 
