@@ -500,8 +500,8 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_start: int, noise: torch.Tensor,
-                  timesteps: Sequence[float], sampler: str = "euler", rows: torch.Tensor | None = None
-                  ) -> torch.Tensor:
+                  timesteps: Sequence[float], sampler: str = "euler", rows: torch.Tensor | None = None,
+                  guidance_scale: float = 1.0) -> torch.Tensor:
     """Generate one block from its noise (read-only cache): ``len(timesteps)`` model passes.
 
     Args:
@@ -512,14 +512,23 @@ def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_s
         sampler: "euler" (the flow ODE: x_{t'} = x_t + (t' - t) v) or "renoise" (Self-Forcing / DMD: predict
             x0, re-noise it to the next timestep with fresh noise). Both return the x0 prediction of the
             last step.
+        guidance_scale: classifier-free guidance; when != 1 the cache holds ``[cond; uncond]`` rows (2B, the
+            second half conditioned on the null prompt) and ``rows`` must be None.
     Returns:
         clean latents ``[B, F, C, h, w]``.
     """
+    if guidance_scale != 1.0 and rows is not None:
+        raise ValueError("denoise_block: rows and guidance_scale != 1 cannot be combined")
     steps = [t / NUM_TRAIN_TIMESTEPS for t in timesteps]
     x = noise[0]  # pure noise, whatever the first timestep (as Self-Forcing's sampler)
     x0 = x
     for k, t in enumerate(steps):
-        v = _at_least_fp32(model.predict_velocity(x, t * NUM_TRAIN_TIMESTEPS, cache, frame_start, rows))
+        if guidance_scale == 1.0:
+            v = _at_least_fp32(model.predict_velocity(x, t * NUM_TRAIN_TIMESTEPS, cache, frame_start, rows))
+        else:
+            cond, uncond = _at_least_fp32(model.predict_velocity(torch.cat([x, x]), t * NUM_TRAIN_TIMESTEPS, cache,
+                                                                 frame_start)).chunk(2)
+            v = uncond + guidance_scale * (cond - uncond)
         x0 = x - t * v
         if k + 1 == len(steps):
             break
@@ -553,20 +562,50 @@ def predicted_context(model: BlockCausalVideoTransformer, clean: torch.Tensor, p
     return (noisy - t * model.forward_train(clean, noisy, steps, prompt_ids).to(clean)).detach()
 
 
+@torch.no_grad()
+def rollout_context(model: BlockCausalVideoTransformer, clean: torch.Tensor, prompt_ids: torch.Tensor,
+                    timesteps: Sequence[float] = DEFAULT_TIMESTEPS, generator: torch.Generator | None = None,
+                    guidance_scale: float = 1.0) -> torch.Tensor:
+    """A context made by the model's own sampler: the real first block, then every later block sampled by
+    the model block by block against its KV cache (Euler, ``timesteps``, ``guidance_scale``), as at
+    inference (an unguided rollout of a small model draws almost nothing: use the inference guidance).
+
+    Unlike :func:`predicted_context`, errors compound here as they do in a real rollout. The last block is
+    never context, so it is not sampled.
+    """
+    b, num = clean.shape[:2]
+    fb = model.config.frames_per_block
+    guided = guidance_scale != 1.0
+    cache = model.new_cache(2 * b if guided else b)
+    model.encode_prompt(cache, torch.cat([prompt_ids, torch.full_like(prompt_ids, -1)]) if guided else prompt_ids)
+    out = clean.clone()
+    for start in range(fb, num - fb, fb):
+        block = out[:, start - fb:start]
+        model.write_cache(torch.cat([block, block]) if guided else block, cache, start - fb)
+        noise = torch.randn((len(timesteps), b, fb, *clean.shape[2:]), generator=generator).to(clean)
+        out[:, start:start + fb] = denoise_block(model, cache, start, noise, timesteps,
+                                                 guidance_scale=guidance_scale).to(clean)
+    return out
+
+
 def flow_matching_loss(model: BlockCausalVideoTransformer, clean: torch.Tensor, prompt_ids: torch.Tensor,
                        generator: torch.Generator | None = None, fixed_timesteps: Sequence[float] = DEFAULT_TIMESTEPS,
                        fixed_fraction: float = 0.5, self_context: float = 0.0,
-                       context_timesteps: Sequence[float] = (250.0, 500.0, 750.0)) -> torch.Tensor:
+                       context_timesteps: Sequence[float] = (250.0, 500.0, 750.0),
+                       rollout: float = 0.0, rollout_guidance: float = 1.0) -> torch.Tensor:
     """MSE between predicted and true velocity, per-block timesteps: with probability ``fixed_fraction``
     one of the sampling timesteps (what inference uses), otherwise uniform in (0, 1000].
 
     ``self_context``: the share of clips whose context is the model's own prediction of it
     (:func:`predicted_context`, from a timestep in ``context_timesteps``) instead of the ground truth; the
     loss still asks for the ground truth's velocity, so the model learns to continue from imperfect blocks.
-    Costs one extra forward pass without gradients when > 0.
+    Costs one extra forward pass without gradients when > 0. ``rollout``: the share of (other) clips whose
+    context is the model's own rollout from the real first block (:func:`rollout_context`: compounding
+    errors, one sampled block after another, under ``rollout_guidance``; costs a few passes per block).
     """
-    if not 0.0 <= self_context <= 1.0:
-        raise ValueError(f"self_context must be in [0, 1], got {self_context}")
+    if not (0.0 <= self_context <= 1.0 and 0.0 <= rollout <= 1.0 and self_context + rollout <= 1.0):
+        raise ValueError(f"self_context and rollout must be shares in [0, 1] with a sum <= 1, got {self_context} "
+                         f"and {rollout}")
     b, num = clean.shape[:2]
     blocks = num // model.config.frames_per_block
     uniform = torch.rand(b, blocks, generator=generator) * NUM_TRAIN_TIMESTEPS
@@ -578,11 +617,15 @@ def flow_matching_loss(model: BlockCausalVideoTransformer, clean: torch.Tensor, 
     eps = torch.randn(clean.shape, generator=generator).to(clean)
     noisy = (1 - t) * clean + t * eps
     context = clean
-    if self_context > 0 and blocks > 1:
-        use = (torch.rand(b, generator=generator) < self_context).to(clean.device)
-        if use.any():
-            predicted = predicted_context(model, clean[use], prompt_ids[use], context_timesteps, generator)
-            context = clean.clone()
-            context[use] = predicted
+    if (self_context > 0 or rollout > 0) and blocks > 1:
+        draw = torch.rand(b, generator=generator).to(clean.device)
+        predicted, rolled = draw < self_context, (draw >= self_context) & (draw < self_context + rollout)
+        context = clean.clone()
+        if predicted.any():
+            context[predicted] = predicted_context(model, clean[predicted], prompt_ids[predicted], context_timesteps,
+                                                   generator)
+        if rolled.any() and blocks > 2:
+            context[rolled] = rollout_context(model, clean[rolled], prompt_ids[rolled], fixed_timesteps, generator,
+                                              rollout_guidance)
     pred = model.forward_train(context, noisy, timesteps, prompt_ids)
     return F.mse_loss(pred.float(), (eps - clean).float())

@@ -16,6 +16,7 @@ from mmspec.models.video import (
     denoise_block,
     flow_matching_loss,
     predicted_context,
+    rollout_context,
     rope_angles,
 )
 
@@ -232,6 +233,48 @@ def test_predicted_context_is_the_models_one_shot_prediction_of_each_block():
     assert not context.requires_grad and not torch.allclose(context, clean, atol=1e-3)
 
 
+def test_rollout_context_samples_every_block_after_the_first_as_inference_does():
+    model = tiny()
+    clean = latents(seed=1)
+    context = rollout_context(model, clean, IDS, [1000.0, 500.0], torch.Generator().manual_seed(4))
+    assert torch.equal(context[:, :2], clean[:, :2]) and torch.equal(context[:, 6:], clean[:, 6:])
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        cache = model.new_cache(2)
+        model.encode_prompt(cache, IDS)
+        expected = clean[:, :2]
+        for start in (2, 4):  # block 1 continues the real block 0, block 2 the model's own block 1
+            model.write_cache(expected[:, -2:], cache, start - 2)
+            noise = torch.randn((2, 2, 2, 16, 8, 8), generator=g).double()
+            expected = torch.cat([expected, denoise_block(model, cache, start, noise, [1000.0, 500.0])], 1)
+    assert torch.allclose(context[:, :6], expected, atol=1e-12)
+    assert not torch.allclose(context[:, 2:6], clean[:, 2:6], atol=1e-3)
+
+
+def test_guided_denoise_block_and_rollout_combine_the_cond_and_null_prompt_halves():
+    model = tiny()
+    clean = latents(seed=1)
+    ids = IDS[:1].repeat(2, 1)
+    noise = torch.randn((2, 2, 2, 16, 8, 8), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    with torch.no_grad():
+        both = model.new_cache(4)
+        model.encode_prompt(both, torch.cat([ids, torch.full_like(ids, -1)]))
+        model.write_cache(torch.cat([clean[:, :2], clean[:, :2]]), both, 0)
+        guided = denoise_block(model, both, 2, noise, [1000.0, 500.0], guidance_scale=3.0)
+        # by hand: one Euler step with v = v_null + 3 (v_cond - v_null), then the x0 prediction
+        x = noise[0]
+        for t, t_next in ((1.0, 0.5), (0.5, None)):
+            cond, null = model.predict_velocity(torch.cat([x, x]), t * 1000, both, 2).chunk(2)
+            v = null + 3.0 * (cond - null)
+            x = x + (t_next - t) * v if t_next else x - t * v
+    assert torch.allclose(guided, x, atol=1e-12)
+    with pytest.raises(ValueError, match="rows"):
+        denoise_block(model, both, 2, noise, [1000.0], rows=torch.tensor([0]), guidance_scale=3.0)
+    plain = rollout_context(model, clean, ids, [1000.0, 500.0], torch.Generator().manual_seed(4))
+    strong = rollout_context(model, clean, ids, [1000.0, 500.0], torch.Generator().manual_seed(4), guidance_scale=3.0)
+    assert torch.equal(strong[:, :2], clean[:, :2]) and not torch.allclose(strong[:, 2:6], plain[:, 2:6], atol=1e-6)
+
+
 def test_self_context_replaces_the_context_but_not_the_target():
     model = tiny()
     clean = latents(seed=1)
@@ -245,8 +288,11 @@ def test_self_context_replaces_the_context_but_not_the_target():
     assert flow_matching_loss(model, one_block, IDS, generator=torch.Generator().manual_seed(3),
                               self_context=1.0).item() == \
         flow_matching_loss(model, one_block, IDS, generator=torch.Generator().manual_seed(3)).item()
-    with pytest.raises(ValueError, match="self_context"):
-        flow_matching_loss(model, clean, IDS, self_context=1.5)
+    assert loss(0.0) != flow_matching_loss(model, clean, IDS, generator=torch.Generator().manual_seed(3),
+                                           rollout=1.0).item()
+    for bad in ({"self_context": 1.5}, {"rollout": -0.1}, {"self_context": 0.6, "rollout": 0.6}):
+        with pytest.raises(ValueError, match="self_context and rollout"):
+            flow_matching_loss(model, clean, IDS, **bad)
 
 
 def test_recipe_runs_saves_and_resumes(tmp_path):
@@ -303,7 +349,10 @@ def test_recipe_second_stage_starts_from_init_and_adds_first_blocks(tmp_path):
                       "--init", str(tmp_path / "a"), "--self-context", "1", "--context-timesteps", "250,750", *small])
     third = BlockCausalVideoTransformer.from_pretrained(tmp_path / "g")
     assert not all(torch.equal(p, q) for p, q in zip(stage1.state_dict().values(), third.state_dict().values()))
-    for bad in (["--self-context", "1.5"], ["--context-timesteps", "0,500"], ["--context-timesteps", "x"]):
+    train_video.main(["--out", str(tmp_path / "r"), "--work", str(tmp_path / "wr"), "--steps", "1",
+                      "--init", str(tmp_path / "a"), "--rollout-context", "1", *small])
+    for bad in (["--self-context", "1.5"], ["--context-timesteps", "0,500"], ["--context-timesteps", "x"],
+                ["--self-context", "0.5", "--rollout-context", "0.6"]):
         with pytest.raises(SystemExit):
             train_video.main(["--out", str(tmp_path / "h"), "--work", str(tmp_path / "wh"), *bad, *small])
 

@@ -168,6 +168,11 @@ def main(argv: list[str] | None = None) -> None:
                         help="share of clips whose context is the model's own one-shot prediction of it (from a "
                              "--context-timesteps timestep) instead of the ground truth: teaches it to continue "
                              "from its own imperfect blocks (exposure bias); one extra forward per step")
+    parser.add_argument("--rollout-context", type=float, default=0.0,
+                        help="share of (other) clips whose context is the model's own rollout from the real first "
+                             "block (compounding errors as at inference; 4 sampling passes per block, no gradients)")
+    parser.add_argument("--rollout-guidance", type=float, default=3.0,
+                        help="classifier-free guidance of those rollouts (the pipeline's benchmarks use 3)")
     parser.add_argument("--context-timesteps", default="250,500,750",
                         help="comma-separated timesteps the predicted context is made from (larger: blurrier)")
     parser.add_argument("--work", type=Path, default=None, help="default: runs/train_video_<role>")
@@ -180,8 +185,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--init-layers needs --init")
     if args.first_block_batch < 0 or args.first_block_clips < 1:
         parser.error("--first-block-batch must be >= 0 and --first-block-clips >= 1")
-    if not 0.0 <= args.self_context <= 1.0:
-        parser.error(f"--self-context must be in [0, 1], got {args.self_context}")
+    if not (0.0 <= args.self_context <= 1.0 and 0.0 <= args.rollout_context <= 1.0
+            and args.self_context + args.rollout_context <= 1.0):
+        parser.error(f"--self-context and --rollout-context must be shares in [0, 1] with a sum <= 1, got "
+                     f"{args.self_context} and {args.rollout_context}")
     try:
         context_timesteps = check_timesteps(sorted({float(t) for t in args.context_timesteps.split(",")},
                                                    reverse=True))
@@ -239,7 +246,8 @@ def main(argv: list[str] | None = None) -> None:
         ids = clips["words"][index].clone()
         ids[torch.rand(ids.shape[0]) < args.condition_dropout] = -1  # all padding -> the model's null prompt
         return flow_matching_loss(model, clips["latents"][index].to(device).float(), ids.to(device),
-                                  self_context=args.self_context, context_timesteps=context_timesteps)
+                                  self_context=args.self_context, context_timesteps=context_timesteps,
+                                  rollout=args.rollout_context, rollout_guidance=args.rollout_guidance)
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         loss = batch_loss(data, index)
