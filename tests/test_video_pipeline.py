@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import PIL.Image
@@ -499,3 +500,22 @@ def _check_report_rows(pipe, report: dict, prompts: list) -> None:
                        output_type="np")
             frames = (np.clip(out.frames[0], 0, 1) * 255 + 0.5).astype(np.uint8)
             assert float(np.mean(score_video(frames, prompt).frame_scores)) == pytest.approx(stored[i], abs=1e-6)
+
+
+@pytest.mark.skipif(not _zoo_built(), reason="mmspec/shapes-video is not built yet (see docs/pipeline_video.md)")
+def test_context_report_separates_own_errors_from_the_context(tmp_path):
+    """``report_video context`` on the zoo: with the real clip as context both models continue it far
+    better than on their own rollouts (the diagnosis behind the exposure-bias training options)."""
+    from mmspec.models.recipes.report_video import context_report
+    from mmspec.pipelines.hub import resolve_pretrained
+
+    out = tmp_path / "context.json"
+    result = context_report(Path(resolve_pretrained("mmspec/shapes-video")), 3, 1, out=out)
+    scores = result["frame_score_after_first_block"]
+    assert json.loads(out.read_text())["frame_score_after_first_block"] == scores
+    assert set(scores) == {f"{role}: {way}" for role in ("target", "drafter")
+                           for way in ("own rollout", "real first block", "real context")} | {"sdvg: real first block"}
+    assert scores["target: real context"] >= 0.9
+    for role in ("target", "drafter"):
+        assert scores[f"{role}: real context"] > scores[f"{role}: own rollout"] + 0.2
+    assert 0.0 <= result["sdvg_acceptance_real_first_block"] <= 1.0
