@@ -76,9 +76,9 @@ SAMPLERS = ("euler", "renoise")
 class VideoSpecStats(SpecStats):
     """:class:`~mmspec.stats.SpecStats` of a video call plus the per-block routing record.
 
-    ``tokens`` counts frames (all videos); ``target_calls`` / ``draft_calls`` count model passes
-    (denoising steps and cache writes); ``phase_seconds`` has "target", "draft", "cache", "decode",
-    "reward". The token-level fields (``verify_steps``, ``mean_accepted_length``) are unused (0).
+    ``tokens`` counts generated frames (all videos, not a given context); ``target_calls`` /
+    ``draft_calls`` count model passes (denoising steps and cache writes); ``phase_seconds`` has "target",
+    "draft", "cache", "decode", "reward". The token-level fields (``verify_steps``, ``mean_accepted_length``) are unused (0).
 
     Attributes:
         source: per video and block, who made the final block: ``"target"`` or ``"draft"`` (``[B][N]``).
@@ -560,8 +560,7 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
             noise = torch.randn((len(timesteps), batch, fb, c, h, w), generator=generator)
             final = None
             # 1. the drafter's block, unless the router's decision is known to be "reject" without it
-            forced = method == "sdvg" and ((force_reject_first and n == 0 and not start_block)
-                                           or router.tau == math.inf)
+            forced = method == "sdvg" and ((force_reject_first and n == 0) or router.tau == math.inf)
             if method == "draft" or (method == "sdvg" and not forced):
                 cache = cache_of("draft")
                 with stats.phase("cache"):
@@ -613,7 +612,7 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
             progress.update(1)
         progress.close()
 
-        stats.tokens = batch * num_frames
+        stats.tokens = batch * (num_blocks - start_block) * fb  # generated frames (a context is not generated)
         stats.source = [["context" if k < start_block else "draft" if a else "target" for k, a in enumerate(row)]
                         for row in accepted.tolist()]
         stats.accepted, stats.routed, stats.scored = accepted, routed, scored

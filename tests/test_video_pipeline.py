@@ -138,6 +138,7 @@ def test_context_frames_extend_a_video(pipe):
     context = torch.rand(2, 2, 3, 32, 32, generator=gen(5), dtype=torch.float64)  # one block per video
     base = pipe(PROMPTS, "none", context_frames=context, generator=gen(), output_type="pt")
     assert base.stats.source == [["context", "target", "target", "target"]] * 2
+    assert base.stats.tokens == 2 * 6 and base.frames.shape[1] == 8  # 6 generated frames per video, 8 returned
     latents = pipe.vae.encode(context.flatten(0, 1).float()).permute(0, 3, 1, 2).unflatten(0, (2, 2))
     assert torch.allclose(base.latents[:, :2], latents.double())  # the context's latents come first
     # block 1 is the target's continuation of the context, from the first noise drawn
