@@ -19,9 +19,10 @@
 # and 2058 of 3428 steps): neither pair beat stage 4, the zoo's, which had the GPU to itself):
 #   video        issue 7: a further stage of the zoo's video target (stage 4 came from the first 2026-11-27
 #                lease with --seed 4, the stage-5 tries of the second and third leases from --seeds 5 and 6,
-#                the 2026-11-28 lease ran --seed 7 alone: target 0.485, drafter 0.174, not adopted) on fresh
-#                clips (--seed 8), then its drafter retrained from the new target's blocks 0, 1 on the same
-#                clips (a quarter of SECONDS)
+#                the 2026-11-28 lease ran --seed 7 alone: target 0.485, drafter 0.174, not adopted; the zoo's
+#                stage 5 then came from one CPU core with --self-context 0.5 on --seed 8 clips) on fresh clips
+#                (--seed 10) with stage 5's --self-context 0.5, then its drafter retrained from the new
+#                target's blocks 0, 1 on the same clips (a quarter of SECONDS)
 #   video_draft_stage  issue 7: a GPU stage of the zoo's video drafter alone, paired with the zoo's target
 #                (stage 4): batch 48 plus 64 first blocks per step on fresh clips (--seed 9), for all of
 #                SECONDS. Three drafters retrained from newer targets' blocks scored 0.170-0.207 against the
@@ -93,8 +94,8 @@ vlm_stage=(-m mmspec.models.recipes.train_vlm --size target --init models/zoo/sh
            --train-videos 12000 --task-weight qa=15 narrate=2 video_caption=2 --max-tokens 131072)
 vlm_smoke=(--train-images 8 --train-videos 4 --batch 2 --steps 2 --max-tokens 4096)
 video_target=(-m mmspec.models.recipes.train_video --role target --init models/zoo/shapes-video/transformer
-              --first-block-batch 64 --first-block-clips 20000 --batch 48 --steps 30000 --lr 3e-4 --seed 8
-              --save-every 500)
+              --first-block-batch 64 --first-block-clips 20000 --self-context 0.5 --batch 48 --steps 30000 --lr 3e-4
+              --seed 10 --save-every 500)
 video_drafter=(-m mmspec.models.recipes.train_video --role drafter --init-layers 0,1 --steps 2500 --save-every 500)
 video_smoke=(--train-clips 4 --first-block-clips 4 --first-block-batch 2 --batch 2 --steps 2)
 video_draft_stage=(-m mmspec.models.recipes.train_video --role drafter --init models/zoo/shapes-video/drafter
