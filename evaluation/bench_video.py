@@ -92,7 +92,11 @@ def own_block_pass_rate(reward: Any, tau: float, videos: np.ndarray, prompts: Se
     for target-only videos, how often SDVG's router would keep a block that the target drew itself, the
     acceptance a drafter as good as the target would get (the ceiling for this target, reward and tau); for
     draft-only videos, the drafter's blocks in its own context."""
-    worst = worst_frames_after_first_block(reward, videos, prompts, frames_per_block)
+    return pass_rate(worst_frames_after_first_block(reward, videos, prompts, frames_per_block), tau)
+
+
+def pass_rate(worst: torch.Tensor, tau: float) -> float:
+    """Share of blocks whose worst-frame reward reaches ``tau`` (the router's decision, per block)."""
     return float((worst >= tau).double().mean())
 
 
@@ -127,7 +131,7 @@ def run(pipe: Any, cases: dict[str, dict], quality_prompts: Sequence[Any], speed
                 if scored not in worst:
                     worst[scored] = worst_frames_after_first_block(kwargs["reward"], own_videos[method],
                                                                    quality_prompts, pipe.frames_per_block)
-                q[key] = float((worst[scored] >= kwargs["tau"]).double().mean())
+                q[key] = pass_rate(worst[scored], kwargs["tau"])
         q["seconds"] = time.perf_counter() - start
         if imagereward is not None:
             q["imagereward"] = imagereward_of(imagereward, videos, quality_prompts)

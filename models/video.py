@@ -498,6 +498,21 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
+def guided_velocity(model: BlockCausalVideoTransformer, x: torch.Tensor, timestep: float, cache: VideoCache,
+                    frame_start: int, rows: torch.Tensor | None = None, guidance_scale: float = 1.0) -> torch.Tensor:
+    """Velocity of ``x [R, F, C, h, w]`` (R = len(rows), or all videos) against the read-only cache, at least
+    fp32. Under guidance (``guidance_scale`` != 1) the cache holds ``[cond; uncond]`` rows (2B, the second
+    half conditioned on the null prompt); both predictions are made in one pass and combined."""
+    if guidance_scale == 1.0:
+        return _at_least_fp32(model.predict_velocity(x, timestep, cache, frame_start, rows))
+    half = cache.batch_size // 2
+    both = torch.arange(half) if rows is None else rows
+    v = _at_least_fp32(model.predict_velocity(torch.cat([x, x]), timestep, cache, frame_start,
+                                              torch.cat([both, both + half])))
+    cond, uncond = v.chunk(2)
+    return uncond + guidance_scale * (cond - uncond)
+
+
 @torch.no_grad()
 def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_start: int, noise: torch.Tensor,
                   timesteps: Sequence[float], sampler: str = "euler", rows: torch.Tensor | None = None,
@@ -505,41 +520,48 @@ def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_s
     """Generate one block from its noise (read-only cache): ``len(timesteps)`` model passes.
 
     Args:
-        noise: ``[S, B, F, C, h, w]``: ``noise[0]`` is the start x_1; ``noise[k]`` is the fresh noise of step
+        noise: ``[S, R, F, C, h, w]``: ``noise[0]`` is the start x_1; ``noise[k]`` is the fresh noise of step
             k for ``sampler="renoise"`` (unused by "euler"). Drawn by the caller, so draft and target of the
             same block can share it.
         timesteps: decreasing timesteps in (0, 1000] (e.g. 1000/750/500/250).
         sampler: "euler" (the flow ODE: x_{t'} = x_t + (t' - t) v) or "renoise" (Self-Forcing / DMD: predict
             x0, re-noise it to the next timestep with fresh noise). Both return the x0 prediction of the
             last step.
-        guidance_scale: classifier-free guidance; when != 1 the cache holds ``[cond; uncond]`` rows (2B, the
-            second half conditioned on the null prompt) and ``rows`` must be None.
+        rows: the cache rows (videos) to denoise (None: all).
+        guidance_scale: classifier-free guidance (:func:`guided_velocity`; the cache then holds
+            ``[cond; uncond]`` rows).
     Returns:
-        clean latents ``[B, F, C, h, w]``.
+        clean latents ``[R, F, C, h, w]``.
     """
-    if guidance_scale != 1.0 and rows is not None:
-        raise ValueError("denoise_block: rows and guidance_scale != 1 cannot be combined")
-    steps = [t / NUM_TRAIN_TIMESTEPS for t in timesteps]
+    if sampler not in ("euler", "renoise"):
+        raise ValueError(f"sampler must be 'euler' or 'renoise', got {sampler!r}")
     x = noise[0]  # pure noise, whatever the first timestep (as Self-Forcing's sampler)
     x0 = x
-    for k, t in enumerate(steps):
-        if guidance_scale == 1.0:
-            v = _at_least_fp32(model.predict_velocity(x, t * NUM_TRAIN_TIMESTEPS, cache, frame_start, rows))
-        else:
-            cond, uncond = _at_least_fp32(model.predict_velocity(torch.cat([x, x]), t * NUM_TRAIN_TIMESTEPS, cache,
-                                                                 frame_start)).chunk(2)
-            v = uncond + guidance_scale * (cond - uncond)
+    for k, timestep in enumerate(timesteps):
+        t = timestep / NUM_TRAIN_TIMESTEPS
+        v = guided_velocity(model, x, timestep, cache, frame_start, rows, guidance_scale)
         x0 = x - t * v
-        if k + 1 == len(steps):
+        if k + 1 == len(timesteps):
             break
-        t_next = steps[k + 1]
-        if sampler == "euler":
-            x = x + (t_next - t) * v
-        elif sampler == "renoise":
-            x = (1 - t_next) * x0 + t_next * noise[k + 1]
-        else:
-            raise ValueError(f"sampler must be 'euler' or 'renoise', got {sampler!r}")
+        t_next = timesteps[k + 1] / NUM_TRAIN_TIMESTEPS
+        x = x + (t_next - t) * v if sampler == "euler" else (1 - t_next) * x0 + t_next * noise[k + 1]
     return x0
+
+
+def noised_blocks(model: BlockCausalVideoTransformer, clean: torch.Tensor, timesteps: torch.Tensor,
+                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Flow-matching noising of every block to its own timestep: ``timesteps [B, N]`` (0-1000) -> per-frame
+    ``t [B, F, 1, 1, 1]`` (in [0, 1]), the noise ``eps`` and ``x_t = (1 - t) clean + t eps``."""
+    t = (timesteps / NUM_TRAIN_TIMESTEPS).repeat_interleave(model.config.frames_per_block, 1)[..., None, None, None]
+    eps = torch.randn(clean.shape, generator=generator).to(clean)
+    return t, eps, (1 - t) * clean + t * eps
+
+
+def check_context_shares(self_context: float, rollout: float) -> None:
+    """The shares of clips trained on predicted / rolled-out context: each in [0, 1], their sum <= 1."""
+    if not (0.0 <= self_context <= 1.0 and 0.0 <= rollout <= 1.0 and self_context + rollout <= 1.0):
+        raise ValueError(f"self_context and rollout must be shares in [0, 1] with a sum <= 1, got {self_context} "
+                         f"and {rollout}")
 
 
 @torch.no_grad()
@@ -557,8 +579,7 @@ def predicted_context(model: BlockCausalVideoTransformer, clean: torch.Tensor, p
     blocks = num // model.config.frames_per_block
     choices = torch.tensor([float(t) for t in timesteps])
     steps = choices[torch.randint(0, len(choices), (b, blocks), generator=generator)].to(clean.device)
-    t = (steps / NUM_TRAIN_TIMESTEPS).repeat_interleave(model.config.frames_per_block, 1)[..., None, None, None]
-    noisy = (1 - t) * clean + t * torch.randn(clean.shape, generator=generator).to(clean)
+    t, _, noisy = noised_blocks(model, clean, steps, generator)
     return (noisy - t * model.forward_train(clean, noisy, steps, prompt_ids).to(clean)).detach()
 
 
@@ -603,9 +624,7 @@ def flow_matching_loss(model: BlockCausalVideoTransformer, clean: torch.Tensor, 
     context is the model's own rollout from the real first block (:func:`rollout_context`: compounding
     errors, one sampled block after another, under ``rollout_guidance``; costs a few passes per block).
     """
-    if not (0.0 <= self_context <= 1.0 and 0.0 <= rollout <= 1.0 and self_context + rollout <= 1.0):
-        raise ValueError(f"self_context and rollout must be shares in [0, 1] with a sum <= 1, got {self_context} "
-                         f"and {rollout}")
+    check_context_shares(self_context, rollout)
     b, num = clean.shape[:2]
     blocks = num // model.config.frames_per_block
     uniform = torch.rand(b, blocks, generator=generator) * NUM_TRAIN_TIMESTEPS
@@ -613,9 +632,7 @@ def flow_matching_loss(model: BlockCausalVideoTransformer, clean: torch.Tensor, 
     pick = fixed[torch.randint(0, len(fixed), (b, blocks), generator=generator)]
     use_fixed = torch.rand(b, blocks, generator=generator) < fixed_fraction
     timesteps = torch.where(use_fixed, pick, uniform).clamp_min(1.0).to(clean.device)
-    t = (timesteps / NUM_TRAIN_TIMESTEPS).repeat_interleave(model.config.frames_per_block, 1)[..., None, None, None]
-    eps = torch.randn(clean.shape, generator=generator).to(clean)
-    noisy = (1 - t) * clean + t * eps
+    t, eps, noisy = noised_blocks(model, clean, timesteps, generator)
     context = clean
     if (self_context > 0 or rollout > 0) and blocks > 1:
         draw = torch.rand(b, generator=generator).to(clean.device)

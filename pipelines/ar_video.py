@@ -53,7 +53,7 @@ from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call, outside_inference_mode
 from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
 from mmspec.models.text import WordTokenizer
-from mmspec.models.video import NUM_TRAIN_TIMESTEPS, _at_least_fp32, check_timesteps
+from mmspec.models.video import NUM_TRAIN_TIMESTEPS, check_timesteps, denoise_block
 from mmspec.pipelines.conditioning import WordVocabularyMixin, as_prompt_list
 from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.reward import RewardRouter
@@ -384,32 +384,6 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         return prompts
 
     # -- the model passes -----------------------------------------------------------------------------
-    def _velocity(self, model: Any, cache: Any, x: torch.Tensor, t: float, frame: int, rows: torch.Tensor | None,
-                  guidance_scale: float, batch: int) -> torch.Tensor:
-        """Velocity of ``x [R, F, C, h, w]`` (R = len(rows) or B); under guidance the cache holds
-        ``[cond; uncond]`` rows and the two predictions are combined."""
-        if guidance_scale == 1.0:
-            return _at_least_fp32(model.predict_velocity(x, t, cache, frame, rows))
-        both = torch.arange(batch) if rows is None else rows
-        v = _at_least_fp32(model.predict_velocity(torch.cat([x, x]), t, cache, frame, torch.cat([both, both + batch])))
-        cond, uncond = v.chunk(2)
-        return uncond + guidance_scale * (cond - uncond)
-
-    def _denoise(self, model: Any, cache: Any, noise: torch.Tensor, timesteps: list[float], frame: int,
-                 sampler: str, rows: torch.Tensor | None, guidance_scale: float, batch: int) -> tuple[torch.Tensor, int]:
-        """One block from its noise ``[S, R, F, C, h, w]``: returns (clean latents, model passes)."""
-        x = noise[0]
-        x0 = x
-        for k, timestep in enumerate(timesteps):
-            t = timestep / NUM_TRAIN_TIMESTEPS
-            v = self._velocity(model, cache, x, timestep, frame, rows, guidance_scale, batch)
-            x0 = x - t * v
-            if k + 1 == len(timesteps):
-                break
-            t_next = timesteps[k + 1] / NUM_TRAIN_TIMESTEPS
-            x = x + (t_next - t) * v if sampler == "euler" else (1 - t_next) * x0 + t_next * noise[k + 1]
-        return x0, len(timesteps)
-
     @staticmethod
     def _catch_up(model: Any, cache: Any, video: torch.Tensor, upto: int, guidance_scale: float) -> int:
         """Write the final frames ``video[:, cache.num_frames:upto]`` into ``cache`` in one pass (both halves
@@ -566,9 +540,9 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                 with stats.phase("cache"):
                     stats.draft_calls += self._catch_up(self.drafter, cache, video, frame, scales["draft"])
                 with stats.phase("draft"):
-                    final, calls = self._denoise(self.drafter, cache, noise.to(self.drafter.dtype), timesteps, frame,
-                                                 sampler, None, scales["draft"], batch)
-                stats.draft_calls += calls
+                    final = denoise_block(self.drafter, cache, frame, noise.to(self.drafter.dtype), timesteps,
+                                          sampler, None, scales["draft"])
+                stats.draft_calls += len(timesteps)
                 accepted[:, n] = True
             # 2. the core's reward router decides per video
             if method == "sdvg":
@@ -592,9 +566,9 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                     stats.target_calls += self._catch_up(self.transformer, cache, video, frame, guidance_scale)
                 block_noise = noise if rows is None else noise[:, rejected]
                 with stats.phase("target"):
-                    regenerated, calls = self._denoise(self.transformer, cache, block_noise.to(self.transformer.dtype),
-                                                       timesteps, frame, sampler, rows, guidance_scale, batch)
-                stats.target_calls += calls
+                    regenerated = denoise_block(self.transformer, cache, frame, block_noise.to(self.transformer.dtype),
+                                                timesteps, sampler, rows, guidance_scale)
+                stats.target_calls += len(timesteps)
                 if final is None:
                     final = regenerated
                 else:

@@ -52,7 +52,12 @@ from mmspec.models.recipes.common import (
 )
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
-from mmspec.models.video import BlockCausalVideoTransformer, check_timesteps, flow_matching_loss
+from mmspec.models.video import (
+    BlockCausalVideoTransformer,
+    check_context_shares,
+    check_timesteps,
+    flow_matching_loss,
+)
 from mmspec.world import render_scene, rng_for, sample_video, vocabulary
 from mmspec.world.parallel import build_in_parts, concat_parts
 from mmspec.world.video import MotionSpec, VideoClip, video_prompt_text
@@ -185,10 +190,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--init-layers needs --init")
     if args.first_block_batch < 0 or args.first_block_clips < 1:
         parser.error("--first-block-batch must be >= 0 and --first-block-clips >= 1")
-    if not (0.0 <= args.self_context <= 1.0 and 0.0 <= args.rollout_context <= 1.0
-            and args.self_context + args.rollout_context <= 1.0):
-        parser.error(f"--self-context and --rollout-context must be shares in [0, 1] with a sum <= 1, got "
-                     f"{args.self_context} and {args.rollout_context}")
+    try:
+        check_context_shares(args.self_context, args.rollout_context)
+    except ValueError as error:
+        parser.error(f"--self-context / --rollout-context: {error}")
     try:
         context_timesteps = check_timesteps(sorted({float(t) for t in args.context_timesteps.split(",")},
                                                    reverse=True))
