@@ -271,14 +271,19 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_dropout)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
+        """``x [B, N, dim]`` -> ``[B, N, dim]``; with ``queries [B, Q]`` (indices into N) only those rows
+        attend (to every key) and ``[B, Q, dim]`` comes back."""
         batch, length, dim = x.shape
         qkv = self.qkv(x).reshape(batch, length, 3, self.num_heads, dim // self.num_heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)                                    # [B, H, N, Dh] each
+        if queries is not None:
+            q = torch.gather(q, 2, queries[:, None, :, None].expand(-1, q.shape[1], -1, q.shape[-1]))
         mask = None if key_mask is None else key_mask[:, None, None, :]  # True = may be attended to
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                              dropout_p=self.attn_dropout if self.training else 0.0)
-        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, length, dim)))
+        return self.proj_drop(self.proj(out.transpose(1, 2).reshape(batch, q.shape[2], dim)))
 
 
 class Mlp(nn.Module):
@@ -302,8 +307,12 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), proj_dropout)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), key_mask)
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None,
+                queries: torch.Tensor | None = None) -> torch.Tensor:
+        """With ``queries [B, Q]`` only those rows are computed (keys and values still come from all of
+        ``x``): ``[B, Q, dim]``, what the full block gives at those rows."""
+        residual = x if queries is None else torch.gather(x, 1, queries[..., None].expand(-1, -1, x.shape[-1]))
+        x = residual + self.attn(self.norm1(x), key_mask, queries)
         return x + self.mlp(self.norm2(x))
 
 
@@ -473,15 +482,20 @@ class MARModel(ModelMixin, ConfigMixin):
         return cond
 
     # -- encoder / decoder ----------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, visible: torch.Tensor, condition: torch.Tensor) -> torch.Tensor:
-        """Condition vectors of every position.
+    def forward(self, tokens: torch.Tensor, visible: torch.Tensor, condition: torch.Tensor,
+                positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Condition vectors of every position, or of the positions the head will sample.
 
         Args:
             tokens: ``[B, L, C]`` token values (only visible positions are read).
             visible: bool ``[B, L]``, the tokens generated so far (MAR's ``mask`` is ``~visible``).
             condition: ``[B, buffer_size, enc]`` from :meth:`condition_embedding`.
+            positions: optional grid positions ``[B, Q]`` (repeats allowed): the last decoder block then
+                computes only those rows (every position still serves as a key), which is all a sampling
+                iteration needs; MAR itself computes every position.
         Returns:
-            ``z`` ``[B, L, dec]``: the diffusion head's condition at every position.
+            ``z`` ``[B, L, dec]``: the diffusion head's condition at every position (``[B, Q, dec]`` at
+            ``positions``; equal to the full result's rows up to floating-point rounding).
         """
         batch, length, _ = tokens.shape
         buffer = self.config.buffer_size
@@ -505,10 +519,21 @@ class MARModel(ModelMixin, ConfigMixin):
         rows = torch.arange(batch, device=x.device)[:, None].expand(-1, width)
         full[rows[key_mask], order[key_mask]] = x[key_mask]
         x = full + self.decoder_pos_embed
-        for block in self.decoder_blocks:
-            x = block(x)
-        x = self.decoder_norm(x)[:, buffer:]
-        return x + self.diffusion_pos_embed                                              # [B, L, D]
+        if positions is None:
+            for block in self.decoder_blocks:
+                x = block(x)
+            return self.decoder_norm(x)[:, buffer:] + self.diffusion_pos_embed            # [B, L, D]
+        if positions.ndim != 2 or positions.shape[0] != batch:
+            raise ValueError(f"positions must be [B={batch}, Q] grid positions, got {tuple(positions.shape)}")
+        queries = positions + buffer
+        if len(self.decoder_blocks) == 0:
+            x = torch.gather(x, 1, queries[..., None].expand(-1, -1, x.shape[-1]))
+        else:
+            *blocks, last = self.decoder_blocks
+            for block in blocks:
+                x = block(x)
+            x = last(x, queries=queries)                                                 # [B, Q, D]
+        return self.decoder_norm(x) + self.diffusion_pos_embed[0][positions]
 
     # -- diffusion head -------------------------------------------------------------------------------
     @torch.no_grad()

@@ -264,13 +264,15 @@ class _BoundMAR:
         drop = torch.ones(condition_ids.shape[0], dtype=torch.bool, device=condition_ids.device)
         self.uncond = model.condition_embedding(condition_ids, drop) if guided else None
 
-    def condition_vectors(self, rows: torch.Tensor, context: torch.Tensor, values: torch.Tensor, orders: torch.Tensor
-                          ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``z`` ``[R, L, D]`` (and the unconditional ``z`` under guidance) for batch rows ``rows [R]``,
-        each seeing the first ``context[r]`` tokens of its generation order.
+    def token_conditions(self, rows: torch.Tensor, context: torch.Tensor, values: torch.Tensor, orders: torch.Tensor,
+                         token_slot: torch.Tensor, token_grid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The head's conditions ``z`` ``[N, D]`` of N tokens (and the unconditional ones under guidance):
+        forwards for batch rows ``rows [R]``, each seeing the first ``context[r]`` tokens of its generation
+        order; token n belongs to forward row ``token_slot[n]`` and sits at grid position ``token_grid[n]``.
 
         ``values [B, L, C]`` holds token values in order space (position i = the i-th generated token),
-        ``orders [B, L]`` the grid position of each order position.
+        ``orders [B, L]`` the grid position of each order position. The forward computes the last decoder
+        block only at the tokens' positions (:meth:`MARModel.forward`'s ``positions``).
         """
         order = orders[rows]                                                          # [R, L]
         length = order.shape[1]
@@ -278,11 +280,13 @@ class _BoundMAR:
         visible = torch.zeros_like(seen).scatter(1, order, seen)                      # grid space
         tokens = torch.zeros_like(values[rows]).scatter(1, order[..., None].expand(-1, -1, values.shape[-1]),
                                                         values[rows])
+        positions, column = _query_layout(token_slot, token_grid, rows.shape[0])
         if not self.guided:
-            return self.model(tokens, visible, self.cond[rows]), None
+            return self.model(tokens, visible, self.cond[rows], positions)[token_slot, column], None
         z = self.model(torch.cat([tokens, tokens]), torch.cat([visible, visible]),
-                       torch.cat([self.cond[rows], self.uncond[rows]]))
-        return z.chunk(2)
+                       torch.cat([self.cond[rows], self.uncond[rows]]), torch.cat([positions, positions]))
+        z, z_u = z.chunk(2)
+        return z[token_slot, column], z_u[token_slot, column]
 
     def sample(self, z: torch.Tensor, z_uncond: torch.Tensor | None, noise: torch.Tensor, guidance: torch.Tensor | None,
                temperature: float, steps: int, record: bool) -> tuple[torch.Tensor, Any, Any]:
@@ -572,14 +576,12 @@ def _target_iterations(state: _State, target: _BoundMAR, until: int) -> None:
         start, end = starts[s], starts[s + 1]
         if start >= until:
             break
-        z, z_u = target.condition_vectors(rows_all, torch.full((batch,), start, device=rows_all.device),
-                                          state.values, state.orders)
         rows = rows_all.repeat_interleave(end - start)
         positions = torch.arange(start, end, device=rows.device).repeat(batch)
-        grid = state.orders[rows, positions]
+        z, z_u = target.token_conditions(rows_all, torch.full((batch,), start, device=rows_all.device),
+                                         state.values, state.orders, rows, state.orders[rows, positions])
         noise, guidance = state.token_inputs(rows, positions)
-        x0, _, _ = target.sample(z[rows, grid], None if z_u is None else z_u[rows, grid], noise, guidance,
-                                 state.temperature, state.steps, record=False)
+        x0, _, _ = target.sample(z, z_u, noise, guidance, state.temperature, state.steps, record=False)
         state.values[rows, positions] = x0
         before = state.done.clone()
         state.done[:] = end
@@ -608,15 +610,15 @@ def _cspd_rounds(state: _State, target: _BoundMAR, draft: _BoundMAR, gamma: int,
                 rows, cur = rows_active[live], cursor[live]
                 it = schedule.iteration_of(cur)
                 ctx, end = starts[it], starts[it + 1]                               # context, end of set
-                z, z_u = draft.condition_vectors(rows, ctx, state.values, state.orders)
-                stats.draft_calls += 1
                 sizes = end - cur
                 r_tok = torch.repeat_interleave(torch.arange(rows.shape[0], device=rows.device), sizes)
                 p_tok = torch.repeat_interleave(cur, sizes) + _ranks(sizes)        # order positions
-                grid = state.orders[rows[r_tok], p_tok]
+                z, z_u = draft.token_conditions(rows, ctx, state.values, state.orders, r_tok,
+                                                state.orders[rows[r_tok], p_tok])
+                stats.draft_calls += 1
                 noise, guidance = state.token_inputs(rows[r_tok], p_tok)
-                x0, means, variances = draft.sample(z[r_tok, grid], None if z_u is None else z_u[r_tok, grid], noise,
-                                                    guidance, state.temperature, state.steps, record=True)
+                x0, means, variances = draft.sample(z, z_u, noise, guidance, state.temperature, state.steps,
+                                                    record=True)
                 state.values[rows[r_tok], p_tok] = x0                               # visible to later iterations
                 tokens_rows.append(rows[r_tok])
                 tokens_pos.append(p_tok)
@@ -635,19 +637,18 @@ def _cspd_rounds(state: _State, target: _BoundMAR, draft: _BoundMAR, gamma: int,
 
         # 2. Target: one forward call scores every drafted token, its head runs their aligned chains.
         with stats.phase("target"):
+            grid = state.orders[rows_tok, pos_tok]
             if verify_context == "round":
                 row_ctx = starts[schedule.iteration_of(begin)]                        # context of each round's start
-                z, z_u = target.condition_vectors(rows_active, row_ctx, state.values, state.orders)
-                slot = slot_row                                                      # row of z per token
+                z, z_u = target.token_conditions(rows_active, row_ctx, state.values, state.orders, slot_row, grid)
             else:  # one target row per (row, draft iteration), each with that iteration's context
                 pair = torch.stack([rows_tok, iter_tok], 1)
                 pairs, slot = torch.unique(pair, dim=0, return_inverse=True)
                 pair_ctx = torch.zeros(pairs.shape[0], dtype=torch.long, device=pair.device).scatter_(0, slot, ctx_tok)
-                z, z_u = target.condition_vectors(pairs[:, 0], pair_ctx, state.values, state.orders)
-            grid = state.orders[rows_tok, pos_tok]
+                z, z_u = target.token_conditions(pairs[:, 0], pair_ctx, state.values, state.orders, slot, grid)
             noise, guidance = state.token_inputs(rows_tok, pos_tok)
-            _, target_means, target_vars = target.sample(z[slot, grid], None if z_u is None else z_u[slot, grid],
-                                                         noise, guidance, state.temperature, state.steps, record=True)
+            _, target_means, target_vars = target.sample(z, z_u, noise, guidance, state.temperature, state.steps,
+                                                         record=True)
 
         # 3. Verify in the core: surrogate ratio, acceptance in log space, residual by acceptance-rejection.
         with stats.phase("verify"):
@@ -682,6 +683,19 @@ def _cspd_rounds(state: _State, target: _BoundMAR, draft: _BoundMAR, gamma: int,
             stats.accepted_tokens += int((accepted & verified).sum())
             stats.residual_fallbacks += int(result.num_fallbacks)
             _record_positions(stats, rows_tok[verified], local[verified], accepted[verified])
+
+
+def _query_layout(slot: torch.Tensor, grid: torch.Tensor, num_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens ``(slot[n], grid[n])`` as forward queries: grid positions ``[num_rows, Q]`` (Q = the most
+    tokens of a row; shorter rows padded with position 0) and each token's column in it."""
+    counts = torch.bincount(slot, minlength=num_rows)
+    by_row = torch.argsort(slot, stable=True)
+    column = torch.empty_like(slot)
+    column[by_row] = _ranks(counts)
+    width = max(int(counts.max()) if num_rows else 0, 1)
+    positions = torch.zeros(num_rows, width, dtype=torch.long, device=grid.device)
+    positions[slot, column] = grid
+    return positions, column
 
 
 def _ranks(sizes: torch.Tensor) -> torch.Tensor:

@@ -22,6 +22,7 @@ from mmspec.models.tokenizers import ContinuousTokenizer
 from mmspec.pipelines.continuous_ar_image import (
     ContinuousARImagePipeline,
     CSpDStats,
+    _BoundMAR,
     cspd_verify,
     mar_schedule,
 )
@@ -395,3 +396,29 @@ def test_iteration_order_keeps_whole_iterations_and_equals_chain_with_one_token_
     assert iteration.stats.acceptance_rate < 1.0  # a draft that differs: rejections happened
     with pytest.raises(ValueError, match="verify_order must be one of"):
         run(pipe, "cspd", verify_order="tokens")
+
+
+@pytest.mark.parametrize("guided", [False, True])
+def test_token_conditions_are_the_full_forwards_rows(guided):
+    """Each token's condition (rows with unequal token counts, tokens out of row order) equals the full
+    forward's row at its position: the forward computes only the sampled positions without mixing them up."""
+    model = tiny_mar(0)
+    bound = _BoundMAR(model, torch.tensor([0, 1, 2]), guided)
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(3, 16, 4, generator=gen, dtype=torch.float64)
+    orders = torch.stack([torch.randperm(16, generator=gen) for _ in range(3)])
+    rows, context = torch.tensor([2, 0, 1]), torch.tensor([5, 0, 9])
+    slot = torch.tensor([1, 0, 1, 2, 1, 0])                 # forward row of each token: 2, 3 and 1 tokens
+    grid = torch.tensor([3, 7, 12, 0, 5, 7])
+    z, z_u = bound.token_conditions(rows, context, values, orders, slot, grid)
+    order = orders[rows]
+    visible = torch.zeros(3, 16, dtype=torch.bool).scatter(1, order, torch.arange(16)[None] < context[:, None])
+    tokens = torch.zeros(3, 16, 4, dtype=torch.float64).scatter(1, order[..., None].expand(-1, -1, 4), values[rows])
+    full = model(tokens, visible, bound.cond[rows])
+    assert torch.allclose(z, full[slot, grid], atol=1e-12)
+    if guided:
+        full_u = model(tokens, visible, bound.uncond[rows])
+        assert torch.allclose(z_u, full_u[slot, grid], atol=1e-12)
+        assert not torch.allclose(z, z_u)
+    else:
+        assert z_u is None

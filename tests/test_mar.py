@@ -172,6 +172,24 @@ def test_encoder_padding_equals_separate_rows():
     assert torch.allclose(model(scrambled, visible, cond), together, atol=1e-12)
 
 
+@pytest.mark.parametrize("decoder_depth", [2, 0])
+def test_forward_at_positions_equals_the_full_forward_at_those_rows(decoder_depth):
+    """The last decoder block computed only at the sampled positions (keys from every position) gives the
+    full forward's rows there: what the pipeline's iterations use to skip the positions they do not sample."""
+    model = tiny_model(decoder_depth=decoder_depth)
+    tokens = torch.randn(3, 9, 4, dtype=torch.float64)
+    visible = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.5
+    cond = model.condition_embedding(torch.tensor([0, 3, 4]))
+    full = model(tokens, visible, cond)
+    positions = torch.tensor([[2, 2, 8], [0, 5, 1], [7, 3, 3]])    # repeats allowed (padding)
+    part = model(tokens, visible, cond, positions)
+    assert part.shape == (3, 3, full.shape[-1])
+    assert torch.allclose(part, full[torch.arange(3)[:, None], positions], atol=1e-12)
+    assert not torch.allclose(part[:, 0], part[:, 1])                # the rows are not all the same
+    with pytest.raises(ValueError, match="positions must be"):
+        model(tokens, visible, cond, positions[0])
+
+
 @pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction"])
 def test_forward_train_learns_and_is_deterministic(prediction_type):
     model = tiny_model(prediction_type=prediction_type).float().train()
