@@ -525,6 +525,8 @@ class MARModel(ModelMixin, ConfigMixin):
             return self.decoder_norm(x)[:, buffer:] + self.diffusion_pos_embed            # [B, L, D]
         if positions.ndim != 2 or positions.shape[0] != batch:
             raise ValueError(f"positions must be [B={batch}, Q] grid positions, got {tuple(positions.shape)}")
+        if positions.numel() and (int(positions.min()) < 0 or int(positions.max()) >= length):
+            raise ValueError(f"positions must be grid positions in [0, {length}), got {positions.min()}..{positions.max()}")
         queries = positions + buffer
         if len(self.decoder_blocks) == 0:
             x = torch.gather(x, 1, queries[..., None].expand(-1, -1, x.shape[-1]))

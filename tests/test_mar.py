@@ -188,6 +188,8 @@ def test_forward_at_positions_equals_the_full_forward_at_those_rows(decoder_dept
     assert not torch.allclose(part[:, 0], part[:, 1])                # the rows are not all the same
     with pytest.raises(ValueError, match="positions must be"):
         model(tokens, visible, cond, positions[0])
+    with pytest.raises(ValueError, match=r"grid positions in \[0, 9\)"):
+        model(tokens, visible, cond, positions + 7)
 
 
 @pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction"])
