@@ -506,7 +506,7 @@ def guided_velocity(model: BlockCausalVideoTransformer, x: torch.Tensor, timeste
     if guidance_scale == 1.0:
         return _at_least_fp32(model.predict_velocity(x, timestep, cache, frame_start, rows))
     half = cache.batch_size // 2
-    both = torch.arange(half) if rows is None else rows
+    both = torch.arange(half, device=x.device) if rows is None else rows
     v = _at_least_fp32(model.predict_velocity(torch.cat([x, x]), timestep, cache, frame_start,
                                               torch.cat([both, both + half])))
     cond, uncond = v.chunk(2)
