@@ -180,6 +180,12 @@ def _guidance(results: dict) -> str:
     return f"{target:g}" if draft is None or draft == target else f"{target:g} (drafter {draft:g})"
 
 
+def _draft_steps(results: dict) -> str:
+    """`` (drafter: N)`` when the drafter sampled with fewer steps than the target."""
+    steps = results.get("draft_steps")
+    return "" if steps is None or steps == results["steps"] else f" (drafter: {steps})"
+
+
 def to_markdown(results: dict, command: str) -> str:
     none_q, draft_q = results["quality"]["none"], results["quality"]["draft"]
     has_ir = "imagereward" in none_q
@@ -189,8 +195,8 @@ def to_markdown(results: dict, command: str) -> str:
              f"{results['speed_prompts']} other prompts per timed call, batch 1, {results['repeats']} timed repeats "
              f"after a warm-up (median, round-robin). Videos of {results['frames']} frames "
              f"({results['blocks']} blocks of {results['frames_per_block']}), {results['steps']} denoising steps per "
-             f"block ({results['sampler']} sampler), guidance {_guidance(results)}; target {results['target_layers']} layers, drafter "
-             f"{results['drafter_layers']}. SDVG: worst frame, first block forced to the target; rewards: "
+             f"block{_draft_steps(results)} ({results['sampler']} sampler), guidance {_guidance(results)}; target "
+             f"{results['target_layers']} layers, drafter {results['drafter_layers']}. SDVG: worst frame, first block forced to the target; rewards: "
              "`fraction` = the exact per-frame score (fraction of the prompted objects found), `match` = the same "
              "with each found object weighted by its template-match quality (0.6-1).", "",
              "| method | reward | tau | speedup | accepted (routed blocks) | target's own blocks pass | "
@@ -288,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quality-prompts", type=int, default=100)
     parser.add_argument("--speed-prompts", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per block")
+    parser.add_argument("--draft-steps", type=int, default=None,
+                        help="the drafter's denoising steps per block (default: --steps; 1 or 2 for a reflow drafter)")
     parser.add_argument("--sampler", default="euler", choices=["euler", "renoise"])
     parser.add_argument("--guidance-scale", type=float, default=3.0,
                         help="classifier-free guidance (the zoo's target draws the prompted objects in 2.5x more "
@@ -323,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif any(name == "imagereward" for name, _ in sweep):
         raise SystemExit("--sweep imagereward:... needs the --imagereward-* files (no weights are downloaded)")
     common = {"num_inference_steps": args.steps, "sampler": args.sampler, "guidance_scale": args.guidance_scale,
-              "draft_guidance_scale": args.draft_guidance_scale}
+              "draft_guidance_scale": args.draft_guidance_scale, "draft_num_inference_steps": args.draft_steps}
     cases = {"none": case_kwargs("none", None, None, common), "draft": case_kwargs("draft", None, None, common)}
     for name, tau in sweep:
         cases[f"sdvg {name} tau={tau:g}"] = case_kwargs("sdvg", tau, rewards[name], common)
@@ -333,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = pipe.transformer.config
     results.update(machine=machine_line(cpu_gemm=args.cpu_gemm), quality_prompts=len(quality_prompts), speed_prompts=len(speed_prompts), repeats=args.repeats,
                    frames=config.num_frames, frames_per_block=config.frames_per_block,
-                   blocks=config.num_frames // config.frames_per_block, steps=args.steps, sampler=args.sampler,
+                   blocks=config.num_frames // config.frames_per_block, steps=args.steps, draft_steps=args.draft_steps,
+                   sampler=args.sampler,
                    guidance_scale=args.guidance_scale, draft_guidance_scale=args.draft_guidance_scale,
                    sweep=args.sweep, target_layers=config.num_layers,
                    drafter_layers=pipe.drafter.config.num_layers)

@@ -549,11 +549,19 @@ def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_s
 
 
 def noised_blocks(model: BlockCausalVideoTransformer, clean: torch.Tensor, timesteps: torch.Tensor,
-                  generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Flow-matching noising of every block to its own timestep: ``timesteps [B, N]`` (0-1000) -> per-frame
-    ``t [B, F, 1, 1, 1]`` (in [0, 1]), the noise ``eps`` and ``x_t = (1 - t) clean + t eps``."""
+    ``t [B, F, 1, 1, 1]`` (in [0, 1]), the noise ``eps`` and ``x_t = (1 - t) clean + t eps``. ``noise`` (same
+    shape as ``clean``) is used as ``eps`` instead of fresh noise: a coupling of noise and clean latents (the
+    noise a sampler started from and what it produced), as reflow training needs."""
     t = (timesteps / NUM_TRAIN_TIMESTEPS).repeat_interleave(model.config.frames_per_block, 1)[..., None, None, None]
-    eps = torch.randn(clean.shape, generator=generator).to(clean)
+    if noise is None:
+        eps = torch.randn(clean.shape, generator=generator).to(clean)
+    elif noise.shape != clean.shape:
+        raise ValueError(f"noise must have the clean latents' shape {tuple(clean.shape)}, got {tuple(noise.shape)}")
+    else:
+        eps = noise.to(clean)
     return t, eps, (1 - t) * clean + t * eps
 
 
@@ -594,28 +602,66 @@ def rollout_context(model: BlockCausalVideoTransformer, clean: torch.Tensor, pro
     Unlike :func:`predicted_context`, errors compound here as they do in a real rollout. The last block is
     never context, so it is not sampled.
     """
-    b, num = clean.shape[:2]
+    out = clean.clone()
+    _roll_out(model, out, prompt_ids, model.config.frames_per_block, clean.shape[1] - model.config.frames_per_block,
+              timesteps, generator, guidance_scale)
+    return out
+
+
+@torch.no_grad()
+def sample_with_noise(model: BlockCausalVideoTransformer, prompt_ids: torch.Tensor, num_frames: int | None = None,
+                      timesteps: Sequence[float] = DEFAULT_TIMESTEPS, generator: torch.Generator | None = None,
+                      guidance_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole videos sampled block by block (Euler, ``timesteps``, ``guidance_scale``: what ``ARVideoPipeline``
+    does with ``method="none"``) together with the noise each block started from.
+
+    Returns ``(latents, start_noise)``, both ``[B, F, C, h, w]`` in the model's dtype (fp32 or fp64): ``latents`` is the model's video and
+    ``start_noise`` the x_1 of every block. The pairs are the coupling a reflow-distilled drafter learns
+    (:func:`flow_matching_loss` with ``noise=``): a straight path from each block's noise to the target's
+    block, so that one or two drafter steps land near what the target's full sampler makes of that noise.
+    """
+    num_frames = num_frames or model.config.num_frames
     fb = model.config.frames_per_block
+    if num_frames % fb or not 0 < num_frames <= model.config.num_frames:
+        raise ValueError(f"num_frames must be a positive multiple of {fb} up to {model.config.num_frames}, "
+                         f"got {num_frames}")
+    out = torch.zeros(prompt_ids.shape[0], num_frames, *model.latent_shape, device=model.device, dtype=model.dtype)
+    return out, _roll_out(model, out, prompt_ids, 0, num_frames, timesteps, generator, guidance_scale)
+
+
+def _roll_out(model: BlockCausalVideoTransformer, out: torch.Tensor, prompt_ids: torch.Tensor, first: int, end: int,
+              timesteps: Sequence[float], generator: torch.Generator | None, guidance_scale: float) -> torch.Tensor:
+    """Sample the frames ``first .. end - 1`` of ``out`` in place, block by block against a KV cache holding the
+    prompt and every frame before (the frames before ``first`` are given). Returns the start noise ``[B, F,
+    ...]`` (zero outside the sampled frames)."""
+    b, fb = out.shape[0], model.config.frames_per_block
     guided = guidance_scale != 1.0
     cache = model.new_cache(2 * b if guided else b)
     model.encode_prompt(cache, torch.cat([prompt_ids, torch.full_like(prompt_ids, -1)]) if guided else prompt_ids)
-    out = clean.clone()
-    for start in range(fb, num - fb, fb):
-        block = out[:, start - fb:start]
-        model.write_cache(torch.cat([block, block]) if guided else block, cache, start - fb)
-        noise = torch.randn((len(timesteps), b, fb, *clean.shape[2:]), generator=generator).to(clean)
+    start_noise = torch.zeros_like(out)
+    for start in range(first, end, fb):
+        if start > 0:
+            block = out[:, start - fb:start]
+            model.write_cache(torch.cat([block, block]) if guided else block, cache, start - fb)
+        noise = torch.randn((len(timesteps), b, fb, *out.shape[2:]), generator=generator).to(out)
+        start_noise[:, start:start + fb] = noise[0]
         out[:, start:start + fb] = denoise_block(model, cache, start, noise, timesteps,
-                                                 guidance_scale=guidance_scale).to(clean)
-    return out
+                                                 guidance_scale=guidance_scale).to(out)
+    return start_noise
 
 
 def flow_matching_loss(model: BlockCausalVideoTransformer, clean: torch.Tensor, prompt_ids: torch.Tensor,
                        generator: torch.Generator | None = None, fixed_timesteps: Sequence[float] = DEFAULT_TIMESTEPS,
                        fixed_fraction: float = 0.5, self_context: float = 0.0,
                        context_timesteps: Sequence[float] = (250.0, 500.0, 750.0),
-                       rollout: float = 0.0, rollout_guidance: float = 1.0) -> torch.Tensor:
+                       rollout: float = 0.0, rollout_guidance: float = 1.0,
+                       noise: torch.Tensor | None = None) -> torch.Tensor:
     """MSE between predicted and true velocity, per-block timesteps: with probability ``fixed_fraction``
     one of the sampling timesteps (what inference uses), otherwise uniform in (0, 1000].
+
+    ``noise``: the noise paired with each clean block (``[B, F, C, h, w]``, e.g. from
+    :func:`sample_with_noise`) instead of fresh noise: reflow training on a sampler's coupling, whose
+    straight paths few-step sampling follows well.
 
     ``self_context``: the share of clips whose context is the model's own prediction of it
     (:func:`predicted_context`, from a timestep in ``context_timesteps``) instead of the ground truth; the
@@ -632,7 +678,7 @@ def flow_matching_loss(model: BlockCausalVideoTransformer, clean: torch.Tensor, 
     pick = fixed[torch.randint(0, len(fixed), (b, blocks), generator=generator)]
     use_fixed = torch.rand(b, blocks, generator=generator) < fixed_fraction
     timesteps = torch.where(use_fixed, pick, uniform).clamp_min(1.0).to(clean.device)
-    t, eps, noisy = noised_blocks(model, clean, timesteps, generator)
+    t, eps, noisy = noised_blocks(model, clean, timesteps, generator, noise)
     context = clean
     if (self_context > 0 or rollout > 0) and blocks > 1:
         draw = torch.rand(b, generator=generator).to(clean.device)

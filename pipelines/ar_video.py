@@ -431,7 +431,8 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
     @inference_call
     def __call__(self, prompt: str | VideoPrompt | list[str | VideoPrompt], method: str = "none", *,
                  num_blocks: int | None = None, num_inference_steps: int = 4,
-                 denoising_timesteps: Sequence[float] | None = None, sampler: str = "euler", tau: float = 0.0,
+                 denoising_timesteps: Sequence[float] | None = None, draft_num_inference_steps: int | None = None,
+                 sampler: str = "euler", tau: float = 0.0,
                  reward: str | Callable = "shapes", reward_kwargs: dict | None = None, aggregate: str = "min",
                  force_reject_first: bool = True, guidance_scale: float = 1.0,
                  draft_guidance_scale: float | None = None, num_videos_per_prompt: int = 1,
@@ -448,6 +449,9 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
             num_blocks: blocks per video (default: as many as the model's frames allow).
             num_inference_steps: denoising steps per block; timesteps evenly spaced from 1000
                 (4: 1000/750/500/250). ``denoising_timesteps`` gives them explicitly (decreasing, in (0, 1000]).
+            draft_num_inference_steps: the drafter's steps per block when fewer than the target's (None: the
+                target's timesteps), evenly spaced from 1000; it starts from the same noise as the target. A
+                reflow-distilled drafter (``train_video --reflow-from``) drafts in one or two steps.
             sampler: "euler" (flow ODE) or "renoise" (predict x0, re-noise with fresh noise: Self-Forcing's).
             tau: SDVG threshold on the aggregated block reward (+inf: target only; -inf: accept every draft).
             reward: "shapes", "imagereward", "clip" or a callable ``(frames [F, 3, H, W] in [0, 1], prompt) ->
@@ -481,13 +485,15 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                                     output_type, sampler, generator, draft_guidance_scale)
         scales = {"target": guidance_scale,
                   "draft": guidance_scale if draft_guidance_scale is None else draft_guidance_scale}
-        if denoising_timesteps is None:
-            if isinstance(num_inference_steps, bool) or not isinstance(num_inference_steps, int) \
-                    or num_inference_steps < 1:
-                raise ValueError(f"num_inference_steps must be a positive integer, got {num_inference_steps!r}")
-            denoising_timesteps = [NUM_TRAIN_TIMESTEPS * (1 - k / num_inference_steps)
-                                   for k in range(num_inference_steps)]
-        timesteps = check_timesteps(denoising_timesteps)
+        timesteps = check_timesteps(evenly_spaced_timesteps(num_inference_steps, "num_inference_steps")
+                                    if denoising_timesteps is None else denoising_timesteps)
+        draft_timesteps = timesteps
+        if draft_num_inference_steps is not None:
+            draft_timesteps = evenly_spaced_timesteps(draft_num_inference_steps, "draft_num_inference_steps")
+            if len(draft_timesteps) > len(timesteps):
+                raise ValueError(f"draft_num_inference_steps={draft_num_inference_steps} exceeds the target's "
+                                 f"{len(timesteps)} steps (a drafter is meant to be cheaper; the block's noise has "
+                                 f"one draw per target step)")
         router = None
         if method == "sdvg":
             batch_reward = _BatchReward(self.get_reward(reward, reward_kwargs), getattr(reward, "__name__", repr(reward)))
@@ -540,9 +546,9 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                 with stats.phase("cache"):
                     stats.draft_calls += self._catch_up(self.drafter, cache, video, frame, scales["draft"])
                 with stats.phase("draft"):
-                    final = denoise_block(self.drafter, cache, frame, noise.to(self.drafter.dtype), timesteps,
-                                          sampler, None, scales["draft"])
-                stats.draft_calls += len(timesteps)
+                    final = denoise_block(self.drafter, cache, frame, noise[:len(draft_timesteps)].to(self.drafter.dtype),
+                                          draft_timesteps, sampler, None, scales["draft"])
+                stats.draft_calls += len(draft_timesteps)
                 accepted[:, n] = True
             # 2. the core's reward router decides per video
             if method == "sdvg":
@@ -603,6 +609,14 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                 array = pixels.permute(0, 1, 3, 4, 2).cpu().numpy()
                 frames = array if output_type == "np" else [self.numpy_to_pil(v) for v in array]
         return ARVideoPipelineOutput(frames=frames, latents=video, stats=stats)
+
+
+def evenly_spaced_timesteps(num_steps: int, name: str) -> list[float]:
+    """``num_steps`` timesteps evenly spaced from 1000 (4: 1000/750/500/250; 1: 1000); ``name`` is the argument's
+    name for the error."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"{name} must be a positive integer, got {num_steps!r}")
+    return [NUM_TRAIN_TIMESTEPS * (1 - k / num_steps) for k in range(num_steps)]
 
 
 def _check_pair(target: Any, drafter: Any) -> None:

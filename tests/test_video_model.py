@@ -18,6 +18,7 @@ from mmspec.models.video import (
     predicted_context,
     rollout_context,
     rope_angles,
+    sample_with_noise,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -278,6 +279,50 @@ def test_guided_denoise_block_and_rollout_combine_the_cond_and_null_prompt_halve
     assert torch.equal(strong[:, :2], clean[:, :2]) and not torch.allclose(strong[:, 2:6], plain[:, 2:6], atol=1e-6)
 
 
+def test_sample_with_noise_is_the_pipelines_target_only_video_and_its_start_noise():
+    """The reflow data: the same latents as ``ARVideoPipeline(method="none")`` for the same generator, and the
+    x_1 each block started from."""
+    from mmspec.models.text import WordTokenizer
+    from mmspec.models.tokenizers import load_zoo_tokenizer
+    from mmspec.pipelines.ar_video import ARVideoPipeline
+    from mmspec.world import vocabulary
+
+    model = tiny(text_length=20)
+    pipe = ARVideoPipeline(model, load_zoo_tokenizer("continuous"), None, WordTokenizer(vocabulary()))
+    pipe.set_progress_bar_config(disable=True)
+    prompts = ["a red circle moving right", "a blue square moving up"]
+    ids = pipe.encode_prompt(prompts)
+    for scale in (1.0, 3.0):
+        video, start = sample_with_noise(model, ids, None, [1000.0, 500.0], torch.Generator().manual_seed(5), scale)
+        expected = pipe(prompts, "none", num_inference_steps=2, guidance_scale=scale,
+                        generator=torch.Generator().manual_seed(5), output_type="latent").latents
+        assert torch.allclose(video, expected, atol=1e-12)
+    g = torch.Generator().manual_seed(5)
+    draws = [torch.randn((2, 2, 2, 16, 8, 8), generator=g).double() for _ in range(4)]  # per block: [steps, B, ...]
+    assert torch.equal(start, torch.cat([d[0] for d in draws], 1))
+    short, _ = sample_with_noise(model, ids, 4, [1000.0], torch.Generator().manual_seed(5))
+    assert short.shape == (2, 4, 16, 8, 8)
+    with pytest.raises(ValueError, match="num_frames must be a positive multiple of 2 up to 8"):
+        sample_with_noise(model, ids, 3)
+
+
+def test_flow_matching_loss_on_a_noise_coupling():
+    """``noise=``: the paired noise replaces the fresh draw; at t = 1000 the loss is exactly the one-step error
+    ``|v(noise) - (noise - clean)|^2``, what a one-step reflow drafter minimises."""
+    model = tiny()
+    clean, paired = latents(seed=1), latents(seed=2)
+    loss = flow_matching_loss(model, clean, IDS, generator=torch.Generator().manual_seed(3), fixed_timesteps=[1000.0],
+                              fixed_fraction=1.0, noise=paired)
+    with torch.no_grad():
+        v = model.forward_train(clean, paired, torch.full((2, 4), 1000.0, dtype=torch.float64), IDS)
+    assert loss.item() == pytest.approx(torch.mean((v - (paired - clean)) ** 2).item(), rel=1e-6)  # fp32 loss
+    fresh = flow_matching_loss(model, clean, IDS, generator=torch.Generator().manual_seed(3),
+                               fixed_timesteps=[1000.0], fixed_fraction=1.0)
+    assert fresh.item() != pytest.approx(loss.item(), rel=1e-6)
+    with pytest.raises(ValueError, match="noise must have the clean latents' shape"):
+        flow_matching_loss(model, clean, IDS, noise=paired[:, :4])
+
+
 def test_self_context_replaces_the_context_but_not_the_target():
     model = tiny()
     clean = latents(seed=1)
@@ -358,6 +403,34 @@ def test_recipe_second_stage_starts_from_init_and_adds_first_blocks(tmp_path):
                 ["--self-context", "0.5", "--rollout-context", "0.6"]):
         with pytest.raises(SystemExit):
             train_video.main(["--out", str(tmp_path / "h"), "--work", str(tmp_path / "wh"), *bad, *small])
+
+
+def test_recipe_reflow_drafter_trains_on_the_targets_videos_and_their_noise(tmp_path):
+    from mmspec.models.recipes import train_video
+
+    small = ["--dim", "32", "--heads", "4", "--num-frames", "4", "--train-clips", "5", "--batch", "2",
+             "--save-every", "2", "--threads", "1"]
+    train_video.main(["--out", str(tmp_path / "target"), "--work", str(tmp_path / "wt"), "--layers", "2", "--steps", "1",
+                      *small])
+    reflow = ["--reflow-from", str(tmp_path / "target"), "--reflow-clips", "3", "--reflow-guidance", "2",
+              "--reflow-timesteps", "1000,500", "--fixed-fraction", "0.75", "--condition-dropout", "0"]
+    train_video.main(["--out", str(tmp_path / "drafter"), "--work", str(tmp_path / "wd"), "--layers", "1",
+                      "--steps", "2", *reflow, *small])
+    data = torch.load(tmp_path / "wd" / "reflow.pt")
+    words = torch.load(tmp_path / "wd" / "data.pt")["words"]
+    assert data["latents"].shape == data["noise"].shape == (3, 4, 16, 8, 8) and torch.equal(data["words"], words[:3])
+    # the target's own videos, from the recorded noise (sample_with_noise with the recipe's seed and guidance)
+    target = BlockCausalVideoTransformer.from_pretrained(tmp_path / "target").float()
+    video, noise = sample_with_noise(target, words[:3], None, [1000.0, 750.0, 500.0, 250.0],
+                                     torch.Generator().manual_seed(0), 2.0)
+    assert torch.allclose(data["latents"].float(), video, atol=2e-2) and torch.equal(data["noise"], noise.half())
+    assert BlockCausalVideoTransformer.from_pretrained(tmp_path / "drafter").config.num_layers == 1
+    for bad in (["--reflow-clips", "6"], ["--reflow-timesteps", "0"], ["--fixed-fraction", "1.5"]):
+        with pytest.raises(SystemExit):
+            train_video.main(["--out", str(tmp_path / "x"), "--work", str(tmp_path / "wx"), *reflow, *bad, *small])
+    with pytest.raises(FileNotFoundError, match="--reflow-from: no trained model"):
+        train_video.main(["--out", str(tmp_path / "y"), "--work", str(tmp_path / "wy"), "--reflow-from",
+                          str(tmp_path / "missing"), "--reflow-clips", "2", *small])
 
 
 def test_init_layers_builds_a_layer_skip_drafter_from_a_deeper_model(tmp_path):

@@ -328,6 +328,38 @@ def test_draft_guidance_scale_applies_to_the_drafter_only(pipe):
             pipe(PROMPTS[0], "sdvg", draft_guidance_scale=bad)
 
 
+def test_draft_num_inference_steps_applies_to_the_drafter_only(pipe):
+    """A few-step drafter (a reflow drafter's schedule): the drafter's blocks follow its own steps from the
+    block's shared start noise, the target's are unchanged, and tau = -inf is still draft-only exactly."""
+    one_step = pipe(PROMPTS[0], "draft", draft_num_inference_steps=1, generator=gen(), output_type="latent")
+    four = pipe(PROMPTS[0], "draft", generator=gen(), output_type="latent")
+    assert one_step.stats.draft_calls == 1 + 1 * 4 + 3 and four.stats.draft_calls == 1 + 4 * 4 + 3
+    assert not torch.allclose(one_step.latents, four.latents)
+    # block 0 by hand: one Euler step from the block's first noise draw, x0 = x1 - v
+    g = gen()
+    noise = torch.randn((4, 1, 2, 16, 8, 8), generator=g).double()
+    with torch.no_grad():
+        cache = pipe.drafter.new_cache(1)
+        pipe.drafter.encode_prompt(cache, pipe.encode_prompt([PROMPTS[0]]))
+        v = pipe.drafter.predict_velocity(noise[0], 1000.0, cache, 0)
+    assert torch.allclose(one_step.latents[:, :2], noise[0] - v, atol=1e-12)
+    target = pipe(PROMPTS[0], "none", generator=gen(), output_type="latent")
+    assert torch.equal(pipe(PROMPTS[0], "none", draft_num_inference_steps=1, generator=gen(),
+                            output_type="latent").latents, target.latents)
+    assert torch.equal(pipe(PROMPTS[0], "sdvg", tau=math.inf, draft_num_inference_steps=2, generator=gen(),
+                            output_type="latent").latents, target.latents)
+    all_drafts = pipe(PROMPTS[0], "sdvg", tau=-math.inf, force_reject_first=False, draft_num_inference_steps=1,
+                      generator=gen(), output_type="latent")
+    assert torch.equal(all_drafts.latents, one_step.latents)
+    routed = pipe(PROMPTS[0], "sdvg", tau=0.0, draft_num_inference_steps=2, reward=lambda f, p: [1.0] * f.shape[0],
+                  generator=gen(), output_type="latent")
+    assert routed.stats.draft_calls == 1 + 2 * 3 + 3 and routed.stats.source == [["target"] + ["draft"] * 3]
+    for bad, match in ((0, "must be a positive integer"), (True, "must be a positive integer"),
+                       (2.0, "must be a positive integer"), (5, "exceeds the target's 4 steps")):
+        with pytest.raises(ValueError, match=f"draft_num_inference_steps.*{match}|{match}"):
+            pipe(PROMPTS[0], "draft", draft_num_inference_steps=bad)
+
+
 def test_save_load_and_export(pipe, tmp_path):
     pipe.save_pretrained(tmp_path / "pipe")
     index = json.loads((tmp_path / "pipe" / "model_index.json").read_text())

@@ -24,6 +24,20 @@ first block only (``--first-block-clips``, same start-position distribution as t
     python -m mmspec.models.recipes.train_video --role target --init runs/train_video_target/model \
         --first-block-batch 64 --steps 1500 --work runs/train_video_target_fb --out runs/train_video_target_fb/model
 
+**Reflow drafter** (``--reflow-from TARGET``): the drafter is trained on the target's own videos instead of
+the data: ``--reflow-clips`` prompts (the training clips' captions) sampled by the target as the pipeline's
+``method="none"`` does (4 Euler steps, ``--reflow-guidance``), each block kept with the noise it started from
+(:func:`~mmspec.models.video.sample_with_noise`); the loss is flow matching on that coupling
+(``noise=``), per-block timesteps from ``--reflow-timesteps`` (the drafter's schedule) for a
+``--fixed-fraction`` of blocks. The straight noise-to-target-block paths let a one- or two-step drafter
+(``ARVideoPipeline(..., draft_num_inference_steps=1)``) land near the block the target would make of the
+same noise, and the target's guidance is distilled in (the drafter runs unguided):
+
+    python -m mmspec.models.recipes.train_video --role drafter --init models/zoo/shapes-video/drafter \
+        --reflow-from models/zoo/shapes-video/transformer --reflow-clips 4000 --reflow-timesteps 1000 \
+        --fixed-fraction 0.75 --condition-dropout 0 --train-clips 4000 --steps 1500 --lr 3e-4 \
+        --work runs/vid_reflow --out runs/vid_reflow/model
+
 Deterministic for a seed; resumable (rerun the same command): checkpoints every ``--save-every`` steps
 under ``--work``, JSON-lines log in ``--work/log.jsonl``. The training clips are rendered and encoded
 once and cached in ``--work/data.pt`` (``--data`` reuses another run's file, e.g. the target's for the
@@ -53,10 +67,12 @@ from mmspec.models.recipes.common import (
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.models.video import (
+    DEFAULT_TIMESTEPS,
     BlockCausalVideoTransformer,
     check_context_shares,
     check_timesteps,
     flow_matching_loss,
+    sample_with_noise,
 )
 from mmspec.world import render_scene, rng_for, sample_video, vocabulary
 from mmspec.world.parallel import build_in_parts, concat_parts
@@ -108,6 +124,24 @@ def _clips(first: int, count: int, *, seed: int, tokenizer: ContinuousTokenizer,
     return {"latents": torch.stack(latents), "captions": captions}
 
 
+def build_reflow_data(target: BlockCausalVideoTransformer, words: torch.Tensor, timesteps: list[float],
+                      guidance_scale: float, seed: int, batch: int = 64) -> dict:
+    """The target's videos for the prompts ``words [N, L]`` (``timesteps``, ``guidance_scale``, Euler) with the
+    noise every block started from: ``{"latents", "noise"}`` fp16 ``[N, F, C, h, w]``, ``"words"``. Deterministic
+    for a seed (one generator, prompts in order, ``batch`` videos per call)."""
+    generator = torch.Generator().manual_seed(seed)
+    latents, noise = [], []
+    start = time.time()
+    for first in range(0, words.shape[0], batch):
+        video, start_noise = sample_with_noise(target, words[first:first + batch], None, timesteps, generator,
+                                               guidance_scale)
+        latents.append(video.to(torch.float16))
+        noise.append(start_noise.to(torch.float16))
+        print(f"reflow data: {first + video.shape[0]}/{words.shape[0]} target videos ({time.time() - start:.0f} s)",
+              flush=True)
+    return {"latents": torch.cat(latents), "noise": torch.cat(noise), "words": words.clone()}
+
+
 def init_from(model: BlockCausalVideoTransformer, folder: Path, layers: list[int] | None = None) -> None:
     """Copy a trained model's weights into ``model``: the start of a second stage (same architecture) or, with
     ``layers``, of a drafter made of some of a deeper model's blocks (``layers[i]`` of the trained model
@@ -116,7 +150,7 @@ def init_from(model: BlockCausalVideoTransformer, folder: Path, layers: list[int
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"--init: no trained model at {folder}")
     trained = BlockCausalVideoTransformer.from_pretrained(folder)
-    ignore = {"num_layers"} if layers is not None else set()
+    ignore = {"condition_dropout"} | ({"num_layers"} if layers is not None else set())  # a training knob
     mismatched = {k: (v, model.config[k]) for k, v in trained.config.items()
                   if not k.startswith("_") and k in model.config and k not in ignore and model.config[k] != v}
     if mismatched:
@@ -180,6 +214,16 @@ def main(argv: list[str] | None = None) -> None:
                         help="classifier-free guidance of those rollouts (the pipeline's benchmarks use 3)")
     parser.add_argument("--context-timesteps", default="250,500,750",
                         help="comma-separated timesteps the predicted context is made from (larger: blurrier)")
+    parser.add_argument("--reflow-from", type=Path, default=None, metavar="TARGET",
+                        help="train on this target model's own videos and their start noise (reflow distillation: "
+                             "a few-step drafter) instead of the data clips; needs --train-clips >= --reflow-clips")
+    parser.add_argument("--reflow-clips", type=int, default=4000, help="target videos to sample for --reflow-from")
+    parser.add_argument("--reflow-guidance", type=float, default=3.0,
+                        help="classifier-free guidance of the target's videos (the benchmarks' 3)")
+    parser.add_argument("--reflow-timesteps", default="1000",
+                        help="comma-separated timesteps the drafter will sample with (its training timesteps)")
+    parser.add_argument("--fixed-fraction", type=float, default=0.5,
+                        help="share of blocks trained at the sampling (or --reflow-) timesteps; the rest uniform")
     parser.add_argument("--work", type=Path, default=None, help="default: runs/train_video_<role>")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
@@ -199,6 +243,16 @@ def main(argv: list[str] | None = None) -> None:
                                                    reverse=True))
     except ValueError as error:
         parser.error(f"--context-timesteps: {error}")
+    if not 0.0 <= args.fixed_fraction <= 1.0:
+        parser.error(f"--fixed-fraction must be in [0, 1], got {args.fixed_fraction}")
+    sampling_timesteps = DEFAULT_TIMESTEPS
+    if args.reflow_from is not None:
+        if not 0 < args.reflow_clips <= args.train_clips:
+            parser.error(f"--reflow-clips must be in [1, --train-clips={args.train_clips}], got {args.reflow_clips}")
+        try:
+            sampling_timesteps = check_timesteps([float(t) for t in args.reflow_timesteps.split(",")])
+        except ValueError as error:
+            parser.error(f"--reflow-timesteps: {error}")
     preset = ROLES[args.role]
     dim, layers, heads = (args.dim or preset["dim"], args.layers or preset["layers"], args.heads or preset["heads"])
     args.work = args.work or Path(f"runs/train_video_{args.role}")
@@ -239,6 +293,19 @@ def main(argv: list[str] | None = None) -> None:
             workers=args.data_workers),
             name="first_blocks.pt", key=args_key(args, "first_block_clips", "seed", "text_length", "num_frames",
                                                  "difficulty", "frames_per_block", "tokenizer"))
+    if args.reflow_from is not None:
+        if not (args.reflow_from / "config.json").is_file():
+            raise FileNotFoundError(f"--reflow-from: no trained model at {args.reflow_from}")
+        target = BlockCausalVideoTransformer.from_pretrained(args.reflow_from).float().eval()
+        if (target.config.num_frames, target.config.frames_per_block) != (args.num_frames, args.frames_per_block):
+            raise ValueError(f"--reflow-from: {args.reflow_from} makes {target.config.num_frames} frames in blocks "
+                             f"of {target.config.frames_per_block}, this run {args.num_frames} in {args.frames_per_block}")
+        data = cached_data(args.work, lambda: build_reflow_data(
+            target, data["words"][:args.reflow_clips], list(DEFAULT_TIMESTEPS), args.reflow_guidance, args.seed),
+            name="reflow.pt", key=args_key(args, "reflow_from", "reflow_clips", "reflow_guidance", "seed",
+                                           "train_clips", "text_length", "num_frames", "difficulty", "tokenizer"))
+        num_clips = data["latents"].shape[0]
+        del target
     out = Path(args.out)
 
     def save(trained: BlockCausalVideoTransformer) -> None:
@@ -250,9 +317,11 @@ def main(argv: list[str] | None = None) -> None:
     def batch_loss(clips: dict, index: torch.Tensor) -> torch.Tensor:
         ids = clips["words"][index].clone()
         ids[torch.rand(ids.shape[0]) < args.condition_dropout] = -1  # all padding -> the model's null prompt
+        noise = clips["noise"][index].to(device).float() if "noise" in clips else None
         return flow_matching_loss(model, clips["latents"][index].to(device).float(), ids.to(device),
+                                  fixed_timesteps=sampling_timesteps, fixed_fraction=args.fixed_fraction,
                                   self_context=args.self_context, context_timesteps=context_timesteps,
-                                  rollout=args.rollout_context, rollout_guidance=args.rollout_guidance)
+                                  rollout=args.rollout_context, rollout_guidance=args.rollout_guidance, noise=noise)
 
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         loss = batch_loss(data, index)
