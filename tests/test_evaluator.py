@@ -188,3 +188,31 @@ def test_noise_and_fragment_images_satisfy_no_prompt():
             assert not any(score_image(image, p) for p in prompts)
     noise = rng.integers(0, 256, size=(32, 32, 3), dtype=np.uint8)
     assert not any(score_image(noise, p) for p in prompts)
+
+
+def test_stacked_template_errors_equal_one_template_at_a_time():
+    """``_template_errors`` scores all placements in one array operation; each error must equal, bit for bit,
+    the same template placed and compared alone (the parser's decisions depend on exact ties)."""
+    from mmspec.world.evaluator import SUPERSAMPLE, _soft, _template_errors
+    from mmspec.world.render import coverage_patch
+
+    def alone(alpha, mass, shape, side_hi, left, top, wx0, wy0):
+        patch = coverage_patch(shape, side_hi, left % SUPERSAMPLE, top % SUPERSAMPLE, SUPERSAMPLE)
+        px, py = left // SUPERSAMPLE - wx0, top // SUPERSAMPLE - wy0
+        tmpl = np.zeros(alpha.shape, dtype=np.float32)
+        for y in range(patch.shape[0]):
+            for x in range(patch.shape[1]):
+                if 0 <= py + y < alpha.shape[0] and 0 <= px + x < alpha.shape[1]:
+                    tmpl[py + y, px + x] = patch[y, x]
+        tmpl = _soft(tmpl)
+        return float(np.abs(tmpl - alpha).sum()) / max(mass + float(tmpl.sum()), 1e-6)
+
+    rng = np.random.default_rng(0)
+    for wh, ww in ((9, 11), (14, 14), (6, 20)):
+        alpha = _soft(rng.random((wh, ww), dtype=np.float32)).astype(np.float32)
+        mass = float(alpha.sum())
+        placements = [(shape, int(side), int(rng.integers(-8, 4 * ww)), int(rng.integers(-8, 4 * wh)))
+                      for shape in ("circle", "square", "triangle", "diamond") for side in rng.integers(6, 40, 6)]
+        errors = _template_errors(alpha, mass, placements, 3, 5)
+        assert errors == [alone(alpha, mass, *p, 3, 5) for p in placements]
+        assert len(set(errors)) > 1

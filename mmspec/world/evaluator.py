@@ -132,20 +132,28 @@ def _soft(alpha: np.ndarray) -> np.ndarray:
     return np.clip((alpha - ALPHA_FLOOR) / (1 - 2 * ALPHA_FLOOR), 0.0, 1.0)
 
 
-def _template_error(alpha: np.ndarray, mass: float, shape: str, side_hi: int, left: int, top: int,
-                    wx0: int, wy0: int) -> float:
-    """Normalised L1 distance between a coverage window and one placed template."""
+def _template_errors(alpha: np.ndarray, mass: float, placements: list[tuple[str, int, int, int]], wx0: int,
+                     wy0: int) -> list[float]:
+    """Normalised L1 distances between a coverage window and placed templates ``(shape, side_hi, left,
+    top)`` (high-res pixels), all in one array operation: the templates are stacked ``[K, h, w]`` and
+    reduced per template (the same float32 sums, element for element, as one template at a time)."""
     ss = SUPERSAMPLE
     wh, ww = alpha.shape
-    patch = coverage_patch(shape, side_hi, left % ss, top % ss, ss)
-    px, py = left // ss - wx0, top // ss - wy0
-    tmpl = np.zeros((wh, ww), dtype=np.float32)
-    y0, x0 = max(py, 0), max(px, 0)
-    y1, x1 = min(py + patch.shape[0], wh), min(px + patch.shape[1], ww)
-    if y0 < y1 and x0 < x1:
-        tmpl[y0:y1, x0:x1] = patch[y0 - py : y1 - py, x0 - px : x1 - px]
-    tmpl = _soft(tmpl)
-    return float(np.abs(tmpl - alpha).sum()) / max(mass + float(tmpl.sum()), 1e-6)
+    stack = np.zeros((len(placements), wh, ww), dtype=np.float32)
+    for tmpl, (shape, side_hi, left, top) in zip(stack, placements):
+        patch = coverage_patch(shape, side_hi, left % ss, top % ss, ss)
+        px, py = left // ss - wx0, top // ss - wy0
+        y0, x0 = max(py, 0), max(px, 0)
+        y1, x1 = min(py + patch.shape[0], wh), min(px + patch.shape[1], ww)
+        if y0 < y1 and x0 < x1:
+            tmpl[y0:y1, x0:x1] = patch[y0 - py : y1 - py, x0 - px : x1 - px]
+    stack = _soft(stack)
+    distance = np.abs(stack - alpha).sum(axis=(1, 2))
+    total = stack.sum(axis=(1, 2))
+    return [float(d) / max(mass + float(t), 1e-6) for d, t in zip(distance, total)]
+
+
+_REFINE_SHIFTS = [(dx, dy) for dy in (-2, -1, 0, 1, 2) for dx in (-2, -1, 0, 1, 2) if dx or dy]
 
 
 def _match_templates(alpha: np.ndarray, wx0: int, wy0: int, n: int):
@@ -159,7 +167,7 @@ def _match_templates(alpha: np.ndarray, wx0: int, wy0: int, n: int):
     ys, xs = np.mgrid[0 : alpha.shape[0], 0 : alpha.shape[1]]
     cx = float((alpha * (xs + 0.5)).sum() / mass) + wx0  # centroid in low-res pixels
     cy = float((alpha * (ys + 0.5)).sum() / mass) + wy0
-    coarse = []
+    candidates = []
     for size, frac in SIZES.items():
         side_hi = max(1, int(round(frac * n * ss)))
         area = (side_hi / ss) ** 2
@@ -167,21 +175,18 @@ def _match_templates(alpha: np.ndarray, wx0: int, wy0: int, n: int):
             continue
         for shape in SHAPES:
             ox, oy = _centroid_offset(shape, side_hi)
-            left, top = int(round(cx * ss - ox)), int(round(cy * ss - oy))
-            err = _template_error(alpha, mass, shape, side_hi, left, top, wx0, wy0)
-            coarse.append((err, shape, size, left, top, side_hi))
-    if not coarse:
+            candidates.append((shape, size, int(round(cx * ss - ox)), int(round(cy * ss - oy)), side_hi))
+    if not candidates:
         return None
-    coarse.sort(key=lambda c: c[0])
+    errors = _template_errors(alpha, mass, [(shape, side_hi, left, top) for shape, _, left, top, side_hi in candidates],
+                              wx0, wy0)
+    coarse = sorted(zip(errors, *zip(*candidates)), key=lambda c: c[0])  # stable: ties keep the candidates' order
     best = coarse[0]
     for _, shape, size, left0, top0, side_hi in coarse[:2]:
-        for dy in (-2, -1, 0, 1, 2):
-            for dx in (-2, -1, 0, 1, 2):
-                if dx == dy == 0:
-                    continue
-                err = _template_error(alpha, mass, shape, side_hi, left0 + dx, top0 + dy, wx0, wy0)
-                if err < best[0]:
-                    best = (err, shape, size, left0 + dx, top0 + dy, side_hi)
+        shifted = [(shape, side_hi, left0 + dx, top0 + dy) for dx, dy in _REFINE_SHIFTS]
+        for (dx, dy), err in zip(_REFINE_SHIFTS, _template_errors(alpha, mass, shifted, wx0, wy0)):
+            if err < best[0]:
+                best = (err, shape, size, left0 + dx, top0 + dy, side_hi)
     return best
 
 
