@@ -2,8 +2,8 @@
 generation, speed and quality measured in one run.
 
 Cases: ``none`` (the target, the baseline), ``draft`` (the drafter alone, the quality floor) and one
-``sdvg`` case per ``--sweep`` item ``reward:tau`` (worst-frame aggregation, first block forced to the
-target; rewards: the shapes world's exact per-frame score ``fraction``, its finer ``match`` variant, or
+``sdvg`` case per ``--sweep`` item ``reward:tau`` or ``reward:tau:mean`` (worst-frame aggregation unless
+``mean``, first block forced to the target; rewards: the shapes world's exact per-frame score ``fraction``, its finer ``match`` variant, or
 ``imagereward`` with local weights). For every case:
 
 * **quality** on ``--quality-prompts`` prompts of ``make_video_prompt_set`` (one video each, seed
@@ -49,9 +49,9 @@ from .speed import RunResult, run_benchmark
 GOAL_SPEEDUP, GOAL_QUALITY = 1.5, 0.98
 
 
-def case_kwargs(name: str, tau: float | None, reward: Any, common: dict) -> dict:
+def case_kwargs(name: str, tau: float | None, reward: Any, common: dict, aggregate: str = "min") -> dict:
     if name == "sdvg":
-        return {"method": "sdvg", "tau": tau, "reward": reward, **common}
+        return {"method": "sdvg", "tau": tau, "reward": reward, "aggregate": aggregate, **common}
     return {"method": name, **common}
 
 
@@ -77,27 +77,28 @@ def routing_summary(stats: Sequence[Any]) -> dict[str, float]:
     }
 
 
-def worst_frames_after_first_block(reward: Any, videos: np.ndarray, prompts: Sequence[Any],
-                                   frames_per_block: int) -> torch.Tensor:
-    """Each block's worst-frame reward ``[N, blocks - 1]`` for the blocks after the first in ``videos``
-    (uint8 ``[N, F, H, W, 3]``): what SDVG's router compares with tau."""
+def block_rewards_after_first_block(reward: Any, videos: np.ndarray, prompts: Sequence[Any],
+                                    frames_per_block: int, aggregate: str = "min") -> torch.Tensor:
+    """Each block's aggregated reward ``[N, blocks - 1]`` (worst frame, or the mean with ``aggregate="mean"``)
+    for the blocks after the first in ``videos`` (uint8 ``[N, F, H, W, 3]``): what SDVG's router compares
+    with tau."""
     rewards = [torch.as_tensor(reward(video[frames_per_block:], prompt.text), dtype=torch.float64)
                for video, prompt in zip(videos, prompts)]
-    return aggregate_frame_rewards(torch.stack(rewards).unflatten(1, (-1, frames_per_block)), "min")
+    return aggregate_frame_rewards(torch.stack(rewards).unflatten(1, (-1, frames_per_block)), aggregate)
 
 
 def own_block_pass_rate(reward: Any, tau: float, videos: np.ndarray, prompts: Sequence[Any],
-                        frames_per_block: int) -> float:
-    """Share of the blocks after the first in ``videos`` whose worst frame scores ``>= tau`` under ``reward``:
-    for target-only videos, how often SDVG's router would keep a block that the target drew itself, the
+                        frames_per_block: int, aggregate: str = "min") -> float:
+    """Share of the blocks after the first in ``videos`` whose aggregated reward is ``>= tau``: for
+    target-only videos, how often SDVG's router would keep a block that the target drew itself, the
     acceptance a drafter as good as the target would get (the ceiling for this target, reward and tau); for
     draft-only videos, the drafter's blocks in its own context."""
-    return pass_rate(worst_frames_after_first_block(reward, videos, prompts, frames_per_block), tau)
+    return pass_rate(block_rewards_after_first_block(reward, videos, prompts, frames_per_block, aggregate), tau)
 
 
-def pass_rate(worst: torch.Tensor, tau: float) -> float:
-    """Share of blocks whose worst-frame reward reaches ``tau`` (the router's decision, per block)."""
-    return float((worst >= tau).double().mean())
+def pass_rate(block_rewards: torch.Tensor, tau: float) -> float:
+    """Share of blocks whose aggregated reward reaches ``tau`` (the router's decision, per block)."""
+    return float((block_rewards >= tau).double().mean())
 
 
 def imagereward_of(scorer: Any, videos: np.ndarray, prompts: Sequence[Any]) -> float:
@@ -116,7 +117,7 @@ def run(pipe: Any, cases: dict[str, dict], quality_prompts: Sequence[Any], speed
     """Every measurement of the table; returns a JSON-able dict."""
     quality: dict[str, dict[str, float]] = {}
     own_videos: dict[str, np.ndarray] = {}  # target-only and draft-only videos, for the routers' pass rates
-    worst: dict[tuple[int, str], torch.Tensor] = {}  # (reward, video set) -> worst-frame rewards, shared by taus
+    block_rewards: dict[tuple[int, str, str], torch.Tensor] = {}  # (reward, aggregate, video set), shared by taus
     for name, kwargs in cases.items():
         start = time.perf_counter()
         videos, stats = generate(pipe, quality_prompts, kwargs, seed)
@@ -127,11 +128,12 @@ def run(pipe: Any, cases: dict[str, dict], quality_prompts: Sequence[Any], speed
             own_videos[kwargs["method"]] = videos
         elif set(own_videos) == {"none", "draft"}:
             for method, key in (("none", "target_blocks_pass"), ("draft", "draft_blocks_pass")):
-                scored = (id(kwargs["reward"]), method)
-                if scored not in worst:
-                    worst[scored] = worst_frames_after_first_block(kwargs["reward"], own_videos[method],
-                                                                   quality_prompts, pipe.frames_per_block)
-                q[key] = pass_rate(worst[scored], kwargs["tau"])
+                scored = (id(kwargs["reward"]), kwargs["aggregate"], method)
+                if scored not in block_rewards:
+                    block_rewards[scored] = block_rewards_after_first_block(
+                        kwargs["reward"], own_videos[method], quality_prompts, pipe.frames_per_block,
+                        kwargs["aggregate"])
+                q[key] = pass_rate(block_rewards[scored], kwargs["tau"])
         q["seconds"] = time.perf_counter() - start
         if imagereward is not None:
             q["imagereward"] = imagereward_of(imagereward, videos, quality_prompts)
@@ -196,7 +198,8 @@ def to_markdown(results: dict, command: str) -> str:
              f"after a warm-up (median, round-robin). Videos of {results['frames']} frames "
              f"({results['blocks']} blocks of {results['frames_per_block']}), {results['steps']} denoising steps per "
              f"block{_draft_steps(results)} ({results['sampler']} sampler), guidance {_guidance(results)}; target "
-             f"{results['target_layers']} layers, drafter {results['drafter_layers']}. SDVG: worst frame, first block forced to the target; rewards: "
+             f"{results['target_layers']} layers, drafter {results['drafter_layers']}. SDVG: worst frame (`mean`: the "
+             "block's mean frame), first block forced to the target; rewards: "
              "`fraction` = the exact per-frame score (fraction of the prompted objects found), `match` = the same "
              "with each found object weighted by its template-match quality (0.6-1).", "",
              "| method | reward | tau | speedup | accepted (routed blocks) | target's own blocks pass | "
@@ -207,7 +210,7 @@ def to_markdown(results: dict, command: str) -> str:
     for name, q in results["quality"].items():
         s = results["speed"][name]
         parts = name.split(" ")
-        reward, tau = (parts[1], parts[2].split("=", 1)[1]) if len(parts) == 3 else ("-", "-")
+        reward, tau = (" ".join(parts[1:2] + parts[3:]), parts[2].split("=", 1)[1]) if len(parts) >= 3 else ("-", "-")
         acc = "-" if math.isnan(q["acceptance"]) else f"{q['acceptance']:.2f}"
         own = [f"{q[key]:.2f}" if key in q else "-" for key in ("target_blocks_pass", "draft_blocks_pass")]
         row = (f"| {parts[0]} | {reward} | {tau} | {s['speedup']:.2f}x | {acc} | {own[0]} | {own[1]} | "
@@ -266,29 +269,32 @@ REWARD_MODES = {"fraction": "fraction", "match": "match"}
 DEFAULT_SWEEP = ["match:0.1", "match:0.3", "match:0.5", "match:0.7", "match:0.9", "fraction:1"]
 
 
-def parse_sweep(items: Sequence[str]) -> list[tuple[str, float]]:
-    """``"reward:tau"`` strings -> (reward, tau) pairs; reward is a shapes mode or "imagereward"."""
-    pairs = []
+def parse_sweep(items: Sequence[str]) -> list[tuple[str, float, str]]:
+    """``"reward:tau"`` or ``"reward:tau:mean"`` strings -> (reward, tau, aggregate) triples; reward is a
+    shapes mode or "imagereward", aggregate "min" (worst frame, the default) or "mean"."""
+    triples = []
     for item in items:
-        name, _, value = item.partition(":")
-        if name not in (*REWARD_MODES, "imagereward") or not value:
-            raise SystemExit(f"--sweep items are reward:tau with reward in {[*REWARD_MODES, 'imagereward']}, "
-                             f"got {item!r}")
+        name, _, rest = item.partition(":")
+        value, _, aggregate = rest.partition(":")
+        aggregate = aggregate or "min"
+        if name not in (*REWARD_MODES, "imagereward") or not value or aggregate not in ("min", "mean"):
+            raise SystemExit(f"--sweep items are reward:tau or reward:tau:mean with reward in "
+                             f"{[*REWARD_MODES, 'imagereward']}, got {item!r}")
         try:
             tau = float(value)
         except ValueError:
             raise SystemExit(f"--sweep: tau of {item!r} is not a number") from None
         if math.isnan(tau):
             raise SystemExit(f"--sweep: tau of {item!r} is NaN")
-        pairs.append((name, tau))
-    return pairs
+        triples.append((name, tau, aggregate))
+    return triples
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = new_parser(__doc__)
     parser.add_argument("--pipeline", default="mmspec/shapes-video", help="zoo id or pipeline folder")
     parser.add_argument("--sweep", nargs="+", default=DEFAULT_SWEEP,
-                        help="SDVG cases as reward:tau; rewards: fraction (the exact per-frame score: found "
+                        help="SDVG cases as reward:tau (worst frame) or reward:tau:mean; rewards: fraction (the exact per-frame score: found "
                              "fraction of the prompted objects), match (each found object weighted by its "
                              "template match, a finer knob), imagereward (needs the --imagereward-* files)")
     parser.add_argument("--quality-prompts", type=int, default=100)
@@ -328,13 +334,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     rewards: dict[str, Any] = {name: ShapesFrameReward(mode) for name, mode in REWARD_MODES.items()}
     if scorer is not None:
         rewards["imagereward"] = ScorerFrameReward(scorer, "imagereward", 224)
-    elif any(name == "imagereward" for name, _ in sweep):
+    elif any(name == "imagereward" for name, _, _ in sweep):
         raise SystemExit("--sweep imagereward:... needs the --imagereward-* files (no weights are downloaded)")
     common = {"num_inference_steps": args.steps, "sampler": args.sampler, "guidance_scale": args.guidance_scale,
               "draft_guidance_scale": args.draft_guidance_scale, "draft_num_inference_steps": args.draft_steps}
     cases = {"none": case_kwargs("none", None, None, common), "draft": case_kwargs("draft", None, None, common)}
-    for name, tau in sweep:
-        cases[f"sdvg {name} tau={tau:g}"] = case_kwargs("sdvg", tau, rewards[name], common)
+    for name, tau, aggregate in sweep:
+        suffix = "" if aggregate == "min" else f" {aggregate}"
+        cases[f"sdvg {name} tau={tau:g}{suffix}"] = case_kwargs("sdvg", tau, rewards[name], common, aggregate)
     quality_prompts = make_video_prompt_set(args.quality_prompts)
     speed_prompts = make_video_prompt_set(args.speed_prompts, seed=args.seed + 1)
     results = run(pipe, cases, quality_prompts, speed_prompts, args.repeats, args.seed, scorer)

@@ -457,6 +457,15 @@ def test_benchmark_pass_rate_of_own_blocks_skips_the_first_and_takes_the_worst_f
     assert own_block_pass_rate(brightness, 0.5, videos, prompts, 2) == 0.5
     assert own_block_pass_rate(brightness, 0.4, videos, prompts, 2) == 0.75
     assert own_block_pass_rate(brightness, 0.1, videos, prompts, 2) == 1.0
+    # the block mean: (200, 50) -> 125 passes 0.45 where its worst frame (50) does not
+    assert own_block_pass_rate(brightness, 0.45, videos, prompts, 2, "mean") == 1.0
+    assert own_block_pass_rate(brightness, 0.45, videos, prompts, 2) == 0.75
+    from mmspec.evaluation.bench_video import parse_sweep
+
+    assert parse_sweep(["match:0.4:mean", "fraction:1"]) == [("match", 0.4, "mean"), ("fraction", 1.0, "min")]
+    for bad in ("match:0.4:max", "match", "clip:0.3", "match:nan"):
+        with pytest.raises(SystemExit):
+            parse_sweep([bad])
 
 
 @pytest.mark.slow
@@ -465,13 +474,16 @@ def test_benchmark_script_writes_its_table(pipe, tmp_path):
 
     pipe.save_pretrained(tmp_path / "pipe")
     out = tmp_path / "bench" / "video.md"
-    assert bench_video.main(["--pipeline", str(tmp_path / "pipe"), "--sweep", "match:0.5", "--quality-prompts", "2",
-                             "--speed-prompts", "1", "--repeats", "1", "--threads", "1", "--out", str(out)]) == 0
+    assert bench_video.main(["--pipeline", str(tmp_path / "pipe"), "--sweep", "match:0.5", "match:0.5:mean",
+                             "--draft-steps", "1", "--quality-prompts", "2", "--speed-prompts", "1", "--repeats", "1",
+                             "--threads", "1", "--out", str(out)]) == 0
     table = out.read_text()
     assert "| sdvg | match | 0.5 |" in table and "| none | - | - | 1.00x |" in table and "Command: `" in table
+    assert "| sdvg | match mean | 0.5 |" in table and "4 denoising steps per block (drafter: 1)" in table
     data = json.loads(out.with_suffix(".json").read_text())
-    assert set(data["quality"]) == {"none", "draft", "sdvg match tau=0.5"}
+    assert set(data["quality"]) == {"none", "draft", "sdvg match tau=0.5", "sdvg match tau=0.5 mean"}
     assert data["quality"]["none"]["target_calls"] == 1 + 4 * 4 + 3 and data["quality"]["draft"]["target_calls"] == 0
+    assert data["quality"]["draft"]["draft_calls"] == 1 + 1 * 4 + 3  # one drafter step per block
     sdvg = data["quality"]["sdvg match tau=0.5"]
     assert 0.0 <= sdvg["target_blocks_pass"] <= 1.0 and 0.0 <= sdvg["draft_blocks_pass"] <= 1.0
     assert "target_blocks_pass" not in data["quality"]["none"]
