@@ -301,18 +301,23 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--speed-prompts", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per block")
     parser.add_argument("--draft-steps", type=int, default=None,
-                        help="the drafter's denoising steps per block (default: --steps; 1 or 2 for a reflow drafter)")
+                        help="the drafter's denoising steps per block (default: the folder's setting, else --steps)")
     parser.add_argument("--sampler", default="euler", choices=["euler", "renoise"])
     parser.add_argument("--guidance-scale", type=float, default=3.0,
                         help="classifier-free guidance (the zoo's target draws the prompted objects in 2.5x more "
                              "frames at 3 than without: docs/pipeline_video.md)")
     parser.add_argument("--draft-guidance-scale", type=float, default=None,
-                        help="the drafter's guidance (default: --guidance-scale)")
+                        help="the drafter's guidance (default: the folder's setting, else --guidance-scale)")
     parser.add_argument("--imagereward-weights", default=None, help="ImageReward.pt (quality column / routing)")
     parser.add_argument("--imagereward-med-config", default=None)
     parser.add_argument("--imagereward-tokenizer", default=None)
     add_run_arguments(parser, out_help="markdown table (.json and .png beside it)")
     return parser
+
+
+def _or_folder(value: Any, pipe: Any, name: str) -> Any:
+    """A command-line setting, else the pipeline folder's default (``model_index.json``; None: as the target)."""
+    return value if value is not None else pipe.config.get(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -348,9 +353,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = pipe.transformer.config
     results.update(machine=machine_line(cpu_gemm=args.cpu_gemm), quality_prompts=len(quality_prompts), speed_prompts=len(speed_prompts), repeats=args.repeats,
                    frames=config.num_frames, frames_per_block=config.frames_per_block,
-                   blocks=config.num_frames // config.frames_per_block, steps=args.steps, draft_steps=args.draft_steps,
-                   sampler=args.sampler,
-                   guidance_scale=args.guidance_scale, draft_guidance_scale=args.draft_guidance_scale,
+                   blocks=config.num_frames // config.frames_per_block, steps=args.steps,
+                   draft_steps=_or_folder(args.draft_steps, pipe, "draft_num_inference_steps"), sampler=args.sampler,
+                   guidance_scale=args.guidance_scale,
+                   draft_guidance_scale=_or_folder(args.draft_guidance_scale, pipe, "draft_guidance_scale"),
                    sweep=args.sweep, target_layers=config.num_layers,
                    drafter_layers=pipe.drafter.config.num_layers)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_video", argv))

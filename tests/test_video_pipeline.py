@@ -360,6 +360,33 @@ def test_draft_num_inference_steps_applies_to_the_drafter_only(pipe):
             pipe(PROMPTS[0], "draft", draft_num_inference_steps=bad)
 
 
+def test_drafter_sampling_defaults_are_saved_with_the_pipeline(pipe, tmp_path):
+    """``draft_num_inference_steps`` / ``draft_guidance_scale`` of the pipeline (model_index.json) apply when a
+    call does not give them; a call's own values win."""
+    configured = ARVideoPipeline(pipe.transformer, pipe.vae, pipe.drafter, pipe.text_tokenizer,
+                                 draft_num_inference_steps=1, draft_guidance_scale=1.0)
+    configured.set_progress_bar_config(disable=True)
+    configured.save_pretrained(tmp_path / "reflow")
+    index = json.loads((tmp_path / "reflow" / "model_index.json").read_text())
+    assert index["draft_num_inference_steps"] == 1 and index["draft_guidance_scale"] == 1.0
+    loaded = ARVideoPipeline.from_pretrained(tmp_path / "reflow", torch_dtype=torch.float64)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.config.draft_num_inference_steps == 1
+    explicit = pipe(PROMPTS[0], "draft", guidance_scale=3.0, draft_num_inference_steps=1, draft_guidance_scale=1.0,
+                    generator=gen(), output_type="latent")
+    by_default = loaded(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(), output_type="latent")
+    assert torch.equal(by_default.latents, explicit.latents) and by_default.stats.draft_calls == 1 + 4 + 3
+    overridden = loaded(PROMPTS[0], "draft", guidance_scale=3.0, draft_num_inference_steps=4, draft_guidance_scale=3.0,
+                        generator=gen(), output_type="latent")
+    assert torch.equal(overridden.latents, pipe(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(),
+                                                output_type="latent").latents)
+    assert pipe.config.draft_num_inference_steps is None  # a pipeline without settings drafts as the target
+    for bad, match in (({"draft_num_inference_steps": 0}, "draft_num_inference_steps must be a positive integer"),
+                       ({"draft_guidance_scale": float("nan")}, "draft_guidance_scale must be a number")):
+        with pytest.raises(ValueError, match=match):
+            ARVideoPipeline(pipe.transformer, pipe.vae, pipe.drafter, pipe.text_tokenizer, **bad)
+
+
 def test_save_load_and_export(pipe, tmp_path):
     pipe.save_pretrained(tmp_path / "pipe")
     index = json.loads((tmp_path / "pipe" / "model_index.json").read_text())

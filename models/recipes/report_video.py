@@ -47,7 +47,10 @@ from mmspec.models.video import BlockCausalVideoTransformer
 from mmspec.world import clip_for_prompt, evaluate_videos, make_video_prompt_set, render_video, vocabulary
 
 
-def build(target: Path, drafter: Path, folder: Path, tokenizer: Path) -> None:
+def build(target: Path, drafter: Path, folder: Path, tokenizer: Path, draft_steps: int | None = None,
+          draft_guidance_scale: float | None = None) -> None:
+    """Write the pipeline folder; ``draft_steps`` / ``draft_guidance_scale`` become the pipeline's drafter
+    sampling defaults (a reflow drafter: 1 step, guidance 1)."""
     from mmspec.pipelines.ar_video import ARVideoPipeline  # recipes may assemble pipelines (lazy import)
 
     for name, path in (("--target", target), ("--drafter", drafter)):
@@ -59,6 +62,8 @@ def build(target: Path, drafter: Path, folder: Path, tokenizer: Path) -> None:
         vae=ContinuousTokenizer.from_pretrained(str(tokenizer)),
         drafter=BlockCausalVideoTransformer.from_pretrained(drafter, torch_dtype=half),
         text_tokenizer=WordTokenizer.load(target / TEXT_VOCAB_FILE),
+        draft_num_inference_steps=draft_steps,
+        draft_guidance_scale=draft_guidance_scale,
     )
     save_zoo_folder(pipe, folder)
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
@@ -75,9 +80,10 @@ def report(folder: Path, num_prompts: int, threads: int, guidance_scale: float =
     pipe = ARVideoPipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
     prompts = make_video_prompt_set(num_prompts)
-    result: dict = {"prompts": num_prompts, "guidance_scale": guidance_scale,
-                    "draft_guidance_scale": draft_guidance_scale,
-                    "command": command}
+    result: dict = {"prompts": num_prompts, "guidance_scale": guidance_scale,  # the drafter's: call, else folder
+                    "draft_guidance_scale": draft_guidance_scale if draft_guidance_scale is not None
+                    else pipe.config.get("draft_guidance_scale"),
+                    "draft_steps": pipe.config.get("draft_num_inference_steps"), "command": command}
     for method in ("none", "draft"):
         start = time.perf_counter()
         videos = []
@@ -183,6 +189,10 @@ def main(argv: list[str] | None = None) -> None:
     b.add_argument("--drafter", type=Path, default=Path("runs/train_video_drafter/model"))
     b.add_argument("--folder", type=Path, default=Path("models/zoo/shapes-video"))
     b.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
+    b.add_argument("--draft-steps", type=int, default=None,
+                   help="the drafter's default denoising steps per block (a reflow drafter: 1)")
+    b.add_argument("--draft-guidance-scale", type=float, default=None,
+                   help="the drafter's default guidance (a reflow drafter: 1, its guidance is distilled in)")
     r = sub.add_parser("report", help="evaluator scores of the target and the drafter")
     r.add_argument("--folder", type=Path, default=Path("models/zoo/shapes-video"))
     r.add_argument("--prompts", type=int, default=100)
@@ -209,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "block-loss":
         print(json.dumps(block_loss_report(args.model, args.clips, args.timestep, args.tokenizer)))
     elif args.command == "build":
-        build(args.target, args.drafter, args.folder, args.tokenizer)
+        build(args.target, args.drafter, args.folder, args.tokenizer, args.draft_steps, args.draft_guidance_scale)
     else:
         report(args.folder, args.prompts, args.threads, args.guidance_scale, args.draft_guidance_scale, args.out,
                command)
