@@ -428,6 +428,13 @@ def test_recipe_reflow_drafter_trains_on_the_targets_videos_and_their_noise(tmp_
     for bad in (["--reflow-clips", "6"], ["--reflow-timesteps", "0"], ["--fixed-fraction", "1.5"]):
         with pytest.raises(SystemExit):
             train_video.main(["--out", str(tmp_path / "x"), "--work", str(tmp_path / "wx"), *reflow, *bad, *small])
+    # a second run on the first run's target videos (--reflow-data): the same data, no sampling
+    train_video.main(["--out", str(tmp_path / "again"), "--work", str(tmp_path / "wa"), "--layers", "1", "--steps", "1",
+                      *reflow, "--reflow-data", str(tmp_path / "wd" / "reflow.pt"), *small])
+    assert not (tmp_path / "wa" / "reflow.pt").exists()
+    with pytest.raises(ValueError, match="holds no start noise"):
+        train_video.main(["--out", str(tmp_path / "z"), "--work", str(tmp_path / "wz"), "--layers", "1", "--steps", "1",
+                          *reflow, "--reflow-data", str(tmp_path / "wd" / "data.pt"), *small])
     with pytest.raises(FileNotFoundError, match="--reflow-from: no trained model"):
         train_video.main(["--out", str(tmp_path / "y"), "--work", str(tmp_path / "wy"), "--reflow-from",
                           str(tmp_path / "missing"), "--reflow-clips", "2", *small])

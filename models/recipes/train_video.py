@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="train on this target model's own videos and their start noise (reflow distillation: "
                              "a few-step drafter) instead of the data clips; needs --train-clips >= --reflow-clips")
     parser.add_argument("--reflow-clips", type=int, default=4000, help="target videos to sample for --reflow-from")
+    parser.add_argument("--reflow-data", type=Path, default=None,
+                        help="with --reflow-from: reuse this reflow.pt (an earlier run's target videos) instead of "
+                             "sampling them")
     parser.add_argument("--reflow-guidance", type=float, default=3.0,
                         help="classifier-free guidance of the target's videos (the benchmarks' 3)")
     parser.add_argument("--reflow-timesteps", default="1000",
@@ -300,10 +303,17 @@ def main(argv: list[str] | None = None) -> None:
         if (target.config.num_frames, target.config.frames_per_block) != (args.num_frames, args.frames_per_block):
             raise ValueError(f"--reflow-from: {args.reflow_from} makes {target.config.num_frames} frames in blocks "
                              f"of {target.config.frames_per_block}, this run {args.num_frames} in {args.frames_per_block}")
-        data = cached_data(args.work, lambda: build_reflow_data(
-            target, data["words"][:args.reflow_clips], list(DEFAULT_TIMESTEPS), args.reflow_guidance, args.seed),
-            name="reflow.pt", key=args_key(args, "reflow_from", "reflow_clips", "reflow_guidance", "seed",
-                                           "train_clips", "text_length", "num_frames", "difficulty", "tokenizer"))
+        if args.reflow_data is not None:
+            if not args.reflow_data.is_file():
+                raise FileNotFoundError(f"--reflow-data: no such file {args.reflow_data}")
+            data = torch.load(args.reflow_data)
+            if "noise" not in data:
+                raise ValueError(f"--reflow-data: {args.reflow_data} holds no start noise (not a reflow.pt)")
+        else:
+            data = cached_data(args.work, lambda: build_reflow_data(
+                target, data["words"][:args.reflow_clips], list(DEFAULT_TIMESTEPS), args.reflow_guidance, args.seed),
+                name="reflow.pt", key=args_key(args, "reflow_from", "reflow_clips", "reflow_guidance", "seed",
+                                               "train_clips", "text_length", "num_frames", "difficulty", "tokenizer"))
         num_clips = data["latents"].shape[0]
         del target
     out = Path(args.out)
