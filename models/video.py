@@ -46,6 +46,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from mmspec.cache import KVCache, crop_cache
+from mmspec.models.parameter_attrs import ParameterDtypeDeviceMixin
 
 DEFAULT_TIMESTEPS = (1000, 750, 500, 250)  # Self-Forcing's four denoising steps
 NUM_TRAIN_TIMESTEPS = 1000
@@ -176,7 +177,7 @@ class DiTBlock(nn.Module):
 # ----------------------------------------------------------------------------------------------------
 
 
-class BlockCausalVideoTransformer(ModelMixin, ConfigMixin):
+class BlockCausalVideoTransformer(ParameterDtypeDeviceMixin, ModelMixin, ConfigMixin):
     """Text-conditioned block-causal video diffusion transformer over latent frames.
 
     Args (config):

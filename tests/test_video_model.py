@@ -506,3 +506,19 @@ def test_block_loss_command_on_a_saved_model_without_its_own_vocabulary(tmp_path
     report_video.main(["block-loss", "--model", str(tmp_path / "drafter"), "--clips", "2"])
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(out) == {"prompt", "null prompt"} and len(out["prompt"]) == 2
+
+
+def test_dtype_and_device_are_read_off_a_parameter():
+    """``ParameterDtypeDeviceMixin``: the same answers as diffusers' ``ModelMixin`` (which walks every module on
+    each access), after casting too; the continuous tokenizer has them as well."""
+    from diffusers import ModelMixin
+
+    from mmspec.models.tokenizers import load_zoo_tokenizer
+
+    model = tiny(dtype=torch.float32)
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        model = model.to(dtype)
+        assert model.dtype == ModelMixin.dtype.fget(model) == dtype
+        assert model.device == ModelMixin.device.fget(model) == torch.device("cpu")
+    tokenizer = load_zoo_tokenizer("continuous").to(torch.float64)
+    assert tokenizer.dtype == ModelMixin.dtype.fget(tokenizer) == torch.float64

@@ -15,10 +15,12 @@ import torch
 from diffusers import ConfigMixin, ModelMixin
 from einops import rearrange
 
+from mmspec.models.parameter_attrs import ParameterDtypeDeviceMixin
+
 _RANGE_TOLERANCE = 1e-3
 
 
-class PatchTokenizerMixin(ModelMixin, ConfigMixin):
+class PatchTokenizerMixin(ParameterDtypeDeviceMixin, ModelMixin, ConfigMixin):
     """Base class: config fields ``patch_size``, ``image_size`` (the size it was trained at) and
     ``channels``; subclasses implement ``encode`` and ``decode``."""
 
