@@ -21,8 +21,10 @@
 #                lease with --seed 4, the stage-5 tries of the second and third leases from --seeds 5 and 6,
 #                the 2026-11-28 lease ran --seed 7 alone: target 0.485, drafter 0.174, not adopted; the zoo's
 #                stage 5 then came from one CPU core with --self-context 0.5 on --seed 8 clips) on fresh clips
-#                (--seed 10) with stage 5's --self-context 0.5, then its drafter retrained from the new
-#                target's blocks 0, 1 on the same clips (a quarter of SECONDS)
+#                (--seed 10) with stage 5's --self-context 0.5, then a reflow drafter of the new target (a
+#                quarter of SECONDS): the zoo's drafter trained on 8000 of the new target's own videos and
+#                their start noise (train_video --reflow-from; the zoo's drafter since 2026-11-28 was made
+#                this way on the CPU and lifted SDVG from 0.92x to 1.23-1.31x: docs/pipeline_video.md)
 #   video_draft_stage  issue 7: a GPU stage of the zoo's video drafter alone, paired with the zoo's target
 #                (stage 4): batch 48 plus 64 first blocks per step on fresh clips (--seed 9), for all of
 #                SECONDS. Three drafters retrained from newer targets' blocks scored 0.170-0.207 against the
@@ -96,8 +98,11 @@ vlm_smoke=(--train-images 8 --train-videos 4 --batch 2 --steps 2 --max-tokens 40
 video_target=(-m mmspec.models.recipes.train_video --role target --init models/zoo/shapes-video/transformer
               --first-block-batch 64 --first-block-clips 20000 --self-context 0.5 --batch 48 --steps 30000 --lr 3e-4
               --seed 10 --save-every 500)
-video_drafter=(-m mmspec.models.recipes.train_video --role drafter --init-layers 0,1 --steps 2500 --save-every 500)
+video_drafter=(-m mmspec.models.recipes.train_video --role drafter --init models/zoo/shapes-video/drafter
+               --reflow-clips 8000 --train-clips 8000 --reflow-timesteps 1000 --fixed-fraction 0.6
+               --condition-dropout 0 --batch 48 --steps 20000 --lr 3e-4 --save-every 500)
 video_smoke=(--train-clips 4 --first-block-clips 4 --first-block-batch 2 --batch 2 --steps 2)
+reflow_smoke=(--train-clips 4 --reflow-clips 4 --batch 2 --steps 2)
 video_draft_stage=(-m mmspec.models.recipes.train_video --role drafter --init models/zoo/shapes-video/drafter
                    --first-block-batch 64 --first-block-clips 20000 --batch 48 --steps 30000 --lr 3e-4 --seed 9
                    --save-every 500)
@@ -135,8 +140,8 @@ run_job() {
     video)
         "${runner[@]}" "${video_target[@]}" $(tiny video_smoke) "${device[@]}" --time-limit "$video_target_limit" \
             --work "$RUNS/lease_video" --out "$RUNS/lease_video/model" &&
-        "${runner[@]}" "${video_drafter[@]}" --init "$RUNS/lease_video/model" --data "$RUNS/lease_video/data.pt" \
-            $(tiny video_smoke) "${device[@]}" \
+        "${runner[@]}" "${video_drafter[@]}" --reflow-from "$RUNS/lease_video/model" \
+            $(tiny reflow_smoke) "${device[@]}" \
             --time-limit "$video_drafter_limit" --work "$RUNS/lease_video_drafter" --out "$RUNS/lease_video_drafter/model" ;;
     video_draft_stage) stage_job "$job" video_draft_stage video_smoke ;;
     mar_draft) stage_job "$job" mar_draft mar_smoke ;;
