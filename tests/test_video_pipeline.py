@@ -542,6 +542,10 @@ def test_zoo_entry_loads_offline_and_routes():
     assert torch.equal(base.latents, same.latents)
     spec = pipe(prompt, "sdvg", tau=0.5, num_blocks=3, generator=gen(), output_type="np")
     assert spec.frames.shape == (1, 6, 32, 32, 3) and spec.stats.reward_calls == 2
+    # the reflow drafter drafts in one unguided step by the folder's defaults: 1 prompt pass, then per drafted
+    # block one cache write and one step
+    assert (pipe.config.draft_num_inference_steps, pipe.config.draft_guidance_scale) == (1, 1.0)
+    assert spec.stats.draft_calls == 1 + 2 * 2
 
 
 @pytest.mark.skipif(not _zoo_built(), reason="mmspec/shapes-video is not built yet (see docs/pipeline_video.md)")
