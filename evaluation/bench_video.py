@@ -316,11 +316,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _or_folder(value: Any, pipe: Any, name: str) -> Any:
-    """A command-line setting, else the pipeline folder's default (``model_index.json``; None: as the target)."""
-    return value if value is not None else pipe.config.get(name)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -352,12 +347,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     speed_prompts = make_video_prompt_set(args.speed_prompts, seed=args.seed + 1)
     results = run(pipe, cases, quality_prompts, speed_prompts, args.repeats, args.seed, scorer)
     config = pipe.transformer.config
+    draft_steps, draft_guidance = pipe.draft_settings(args.draft_steps, args.draft_guidance_scale)
     results.update(machine=machine_line(cpu_gemm=args.cpu_gemm), quality_prompts=len(quality_prompts), speed_prompts=len(speed_prompts), repeats=args.repeats,
                    frames=config.num_frames, frames_per_block=config.frames_per_block,
-                   blocks=config.num_frames // config.frames_per_block, steps=args.steps,
-                   draft_steps=_or_folder(args.draft_steps, pipe, "draft_num_inference_steps"), sampler=args.sampler,
-                   guidance_scale=args.guidance_scale,
-                   draft_guidance_scale=_or_folder(args.draft_guidance_scale, pipe, "draft_guidance_scale"),
+                   blocks=config.num_frames // config.frames_per_block, steps=args.steps, draft_steps=draft_steps,
+                   sampler=args.sampler, guidance_scale=args.guidance_scale, draft_guidance_scale=draft_guidance,
                    sweep=args.sweep, target_layers=config.num_layers,
                    drafter_layers=pipe.drafter.config.num_layers)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_video", argv))

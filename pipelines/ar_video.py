@@ -332,6 +332,13 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         return {**{name: index.get(name) for name in DRAFT_SETTINGS}, **components}
 
     # -- helpers --------------------------------------------------------------------------------------
+    def draft_settings(self, num_inference_steps: int | None = None, guidance_scale: float | None = None
+                       ) -> tuple[int | None, float | None]:
+        """The drafter's steps and guidance for a call: the given values, else the pipeline's config (None in
+        the result: as the target)."""
+        return (self.config.get("draft_num_inference_steps") if num_inference_steps is None else num_inference_steps,
+                self.config.get("draft_guidance_scale") if guidance_scale is None else guidance_scale)
+
     @property
     def frames_per_block(self) -> int:
         return int(self.transformer.config.frames_per_block)
@@ -500,10 +507,8 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
             :class:`ARVideoPipelineOutput`.
         """
         num_blocks = self.max_blocks if num_blocks is None else num_blocks
-        if draft_num_inference_steps is None:
-            draft_num_inference_steps = self.config.get("draft_num_inference_steps")
-        if draft_guidance_scale is None:
-            draft_guidance_scale = self.config.get("draft_guidance_scale")
+        draft_num_inference_steps, draft_guidance_scale = self.draft_settings(draft_num_inference_steps,
+                                                                              draft_guidance_scale)
         prompts = self.check_inputs(prompt, method, num_blocks, tau, aggregate, guidance_scale, num_videos_per_prompt,
                                     output_type, sampler, generator, draft_guidance_scale)
         scales = {"target": guidance_scale,

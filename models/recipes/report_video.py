@@ -80,10 +80,9 @@ def report(folder: Path, num_prompts: int, threads: int, guidance_scale: float =
     pipe = ARVideoPipeline.from_pretrained(folder)
     pipe.set_progress_bar_config(disable=True)
     prompts = make_video_prompt_set(num_prompts)
-    result: dict = {"prompts": num_prompts, "guidance_scale": guidance_scale,  # the drafter's: call, else folder
-                    "draft_guidance_scale": draft_guidance_scale if draft_guidance_scale is not None
-                    else pipe.config.get("draft_guidance_scale"),
-                    "draft_steps": pipe.config.get("draft_num_inference_steps"), "command": command}
+    draft_steps, draft_guidance = pipe.draft_settings(None, draft_guidance_scale)  # given, else the folder's
+    result: dict = {"prompts": num_prompts, "guidance_scale": guidance_scale, "draft_guidance_scale": draft_guidance,
+                    "draft_steps": draft_steps, "command": command}
     for method in ("none", "draft"):
         start = time.perf_counter()
         videos = []

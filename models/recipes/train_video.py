@@ -175,6 +175,16 @@ def _renumber_block(key: str, new_index: dict[str, str]) -> str:
     return ".".join(parts)
 
 
+def _timesteps_option(parser: argparse.ArgumentParser, option: str, text: str, sort: bool = False) -> list[float]:
+    """A comma-separated timestep option as checked timesteps (``sort``: distinct values, decreasing);
+    anything else is the parser's usage error."""
+    try:
+        values = [float(t) for t in text.split(",")]
+        return check_timesteps(sorted(set(values), reverse=True) if sort else values)
+    except ValueError as error:
+        parser.error(f"{option}: {error}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder of the trained model (save_pretrained)")
@@ -241,21 +251,14 @@ def main(argv: list[str] | None = None) -> None:
         check_context_shares(args.self_context, args.rollout_context)
     except ValueError as error:
         parser.error(f"--self-context / --rollout-context: {error}")
-    try:
-        context_timesteps = check_timesteps(sorted({float(t) for t in args.context_timesteps.split(",")},
-                                                   reverse=True))
-    except ValueError as error:
-        parser.error(f"--context-timesteps: {error}")
+    context_timesteps = _timesteps_option(parser, "--context-timesteps", args.context_timesteps, sort=True)
     if not 0.0 <= args.fixed_fraction <= 1.0:
         parser.error(f"--fixed-fraction must be in [0, 1], got {args.fixed_fraction}")
     sampling_timesteps = DEFAULT_TIMESTEPS
     if args.reflow_from is not None:
         if not 0 < args.reflow_clips <= args.train_clips:
             parser.error(f"--reflow-clips must be in [1, --train-clips={args.train_clips}], got {args.reflow_clips}")
-        try:
-            sampling_timesteps = check_timesteps([float(t) for t in args.reflow_timesteps.split(",")])
-        except ValueError as error:
-            parser.error(f"--reflow-timesteps: {error}")
+        sampling_timesteps = _timesteps_option(parser, "--reflow-timesteps", args.reflow_timesteps)
     preset = ROLES[args.role]
     dim, layers, heads = (args.dim or preset["dim"], args.layers or preset["layers"], args.heads or preset["heads"])
     args.work = args.work or Path(f"runs/train_video_{args.role}")
