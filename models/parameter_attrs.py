@@ -1,9 +1,9 @@
 """``dtype`` and ``device`` of a model read off one parameter, for models called many times per sample.
 
 diffusers' ``ModelMixin.dtype`` / ``.device`` look for group-offloading hooks by walking every submodule on
-each access before they read a parameter: about 0.3 ms for the 2.5M-parameter video target, and the video
-model reads both several times per denoising pass (casting its inputs, building position and timestep
-tensors), a quarter of a pass on the CPU. The models that use this mixin keep all their weights in one
+each access before they read a parameter, and the video model reads both several times per denoising pass
+(casting its inputs, building position and timestep tensors): with the mixin, every method of the video
+benchmark ran about 20 % faster (docs/pipeline_video.md). The models that use this mixin keep all their weights in one
 dtype on one device and are never group-offloaded, so the first parameter answers both questions.
 """
 
