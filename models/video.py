@@ -517,7 +517,7 @@ def guided_velocity(model: BlockCausalVideoTransformer, x: torch.Tensor, timeste
 @torch.no_grad()
 def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_start: int, noise: torch.Tensor,
                   timesteps: Sequence[float], sampler: str = "euler", rows: torch.Tensor | None = None,
-                  guidance_scale: float = 1.0) -> torch.Tensor:
+                  guidance_scale: float = 1.0, start: torch.Tensor | None = None) -> torch.Tensor:
     """Generate one block from its noise (read-only cache): ``len(timesteps)`` model passes.
 
     Args:
@@ -531,12 +531,15 @@ def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_s
         rows: the cache rows (videos) to denoise (None: all).
         guidance_scale: classifier-free guidance (:func:`guided_velocity`; the cache then holds
             ``[cond; uncond]`` rows).
+        start: the block's state at ``timesteps[0]`` when it is not pure noise, e.g. a draft noised to that
+            timestep by :func:`noised_to` (SDEdit-style refinement: the sampler skips the steps above it).
+            Default ``noise[0]``.
     Returns:
         clean latents ``[R, F, C, h, w]``.
     """
     if sampler not in ("euler", "renoise"):
         raise ValueError(f"sampler must be 'euler' or 'renoise', got {sampler!r}")
-    x = noise[0]  # pure noise, whatever the first timestep (as Self-Forcing's sampler)
+    x = noise[0] if start is None else start  # pure noise, whatever the first timestep (Self-Forcing's sampler)
     x0 = x
     for k, timestep in enumerate(timesteps):
         t = timestep / NUM_TRAIN_TIMESTEPS
@@ -547,6 +550,13 @@ def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_s
         t_next = timesteps[k + 1] / NUM_TRAIN_TIMESTEPS
         x = x + (t_next - t) * v if sampler == "euler" else (1 - t_next) * x0 + t_next * noise[k + 1]
     return x0
+
+
+def noised_to(clean: torch.Tensor, noise: torch.Tensor, timestep: float) -> torch.Tensor:
+    """The flow-matching state of ``clean`` at ``timestep`` (0-1000) along its path to ``noise``:
+    ``(1 - t) clean + t noise``, in ``noise``'s dtype (``t = 1`` gives ``noise`` exactly)."""
+    t = timestep / NUM_TRAIN_TIMESTEPS
+    return ((1 - t) * clean.to(noise.dtype) + t * noise) if t < 1 else noise.clone()
 
 
 def noised_blocks(model: BlockCausalVideoTransformer, clean: torch.Tensor, timesteps: torch.Tensor,

@@ -360,6 +360,44 @@ def test_draft_num_inference_steps_applies_to_the_drafter_only(pipe):
             pipe(PROMPTS[0], "draft", draft_num_inference_steps=bad)
 
 
+def test_refine_rejected_from_refines_the_rejected_draft(pipe):
+    """refine_rejected_from=750: a rejected block is the target's last 3 steps from the draft noised to t=750
+    along its path to the block's noise (by hand below); accepted blocks and the forced first block are
+    unchanged; the first timestep (pure noise) is SDVG's full regeneration exactly."""
+    from mmspec.models.video import denoise_block, noised_to
+
+    scores = [[None, 0.0, 1.0, 0.0]]  # block 1 and 3 rejected, block 2 accepted
+    full = pipe(PROMPTS[0], "sdvg", tau=0.5, reward=BlockReward(scores), generator=gen(), output_type="latent")
+    refined = pipe(PROMPTS[0], "sdvg", tau=0.5, reward=BlockReward(scores), refine_rejected_from=750,
+                   generator=gen(), output_type="latent")
+    assert refined.stats.source == full.stats.source == [["target", "target", "draft", "target"]]
+    assert torch.equal(refined.latents[:, :2], full.latents[:, :2])  # never drafted: from noise
+    assert not torch.allclose(refined.latents[:, 2:4], full.latents[:, 2:4])
+    assert refined.stats.target_calls == full.stats.target_calls - 2  # one pass saved per refined block
+    # block 1 by hand: draft it, noise it to 750 with its own start noise, then the target's steps 750/500/250
+    g = gen()
+    noise = [torch.randn((4, 1, 2, 16, 8, 8), generator=g).double() for _ in range(2)][1]
+    ids = pipe.encode_prompt([PROMPTS[0]])
+    with torch.no_grad():
+        caches = {}
+        for role, model in (("target", pipe.transformer), ("draft", pipe.drafter)):
+            caches[role] = model.new_cache(1)
+            model.encode_prompt(caches[role], ids)
+            model.write_cache(refined.latents[:, :2], caches[role], 0)
+        draft = denoise_block(pipe.drafter, caches["draft"], 2, noise, [1000, 750, 500, 250])
+        start = noised_to(draft, noise[0], 750)
+        expected = denoise_block(pipe.transformer, caches["target"], 2, noise[1:], [750, 500, 250], start=start)
+    assert torch.allclose(refined.latents[:, 2:4], expected, atol=1e-10)
+    assert torch.allclose(start, 0.25 * draft + 0.75 * noise[0], atol=1e-12)
+    # the first timestep is pure noise: exactly SDVG's regeneration
+    same = pipe(PROMPTS[0], "sdvg", tau=0.5, reward=BlockReward(scores), refine_rejected_from=1000,
+                generator=gen(), output_type="latent")
+    assert torch.equal(same.latents, full.latents) and same.stats.target_calls == full.stats.target_calls
+    for bad in (600, "750x", float("nan"), 0):
+        with pytest.raises(ValueError, match="refine_rejected_from must be None or one of the target's timesteps"):
+            pipe(PROMPTS[0], "sdvg", tau=0.5, refine_rejected_from=bad)
+
+
 def test_drafter_sampling_defaults_are_saved_with_the_pipeline(pipe, tmp_path):
     """``draft_num_inference_steps`` / ``draft_guidance_scale`` of the pipeline (model_index.json) apply when a
     call does not give them; a call's own values win."""
@@ -489,8 +527,14 @@ def test_benchmark_pass_rate_of_own_blocks_skips_the_first_and_takes_the_worst_f
     assert own_block_pass_rate(brightness, 0.45, videos, prompts, 2) == 0.75
     from mmspec.evaluation.bench_video import parse_sweep
 
-    assert parse_sweep(["match:0.4:mean", "fraction:1"]) == [("match", 0.4, "mean"), ("fraction", 1.0, "min")]
-    for bad in ("match:0.4:max", "match", "clip:0.3", "match:nan"):
+    from mmspec.evaluation.bench_video import SweepItem
+
+    assert parse_sweep(["match:0.4:mean", "fraction:1", "match:0.1:refine=750", "match:0.3:mean:refine=500"]) == [
+        SweepItem("match", 0.4, "mean"), SweepItem("fraction", 1.0, "min"), SweepItem("match", 0.1, "min", 750.0),
+        SweepItem("match", 0.3, "mean", 500.0)]
+    assert SweepItem("match", 0.3, "mean", 750.0).case_name == "sdvg match tau=0.3 mean refine=750"
+    for bad in ("match:0.4:max", "match", "clip:0.3", "match:nan", "match:0.1:refine=x", "match:0.1:refine=nan",
+                "match:0.1:mean:refine=750:min"):
         with pytest.raises(SystemExit):
             parse_sweep([bad])
 
@@ -502,13 +546,19 @@ def test_benchmark_script_writes_its_table(pipe, tmp_path):
     pipe.save_pretrained(tmp_path / "pipe")
     out = tmp_path / "bench" / "video.md"
     assert bench_video.main(["--pipeline", str(tmp_path / "pipe"), "--sweep", "match:0.5", "match:0.5:mean",
+                             "match:0.5:refine=750",
                              "--draft-steps", "1", "--quality-prompts", "2", "--speed-prompts", "1", "--repeats", "1",
                              "--threads", "1", "--out", str(out)]) == 0
     table = out.read_text()
-    assert "| sdvg | match | 0.5 |" in table and "| none | - | - | 1.00x |" in table and "Command: `" in table
-    assert "| sdvg | match mean | 0.5 |" in table and "4 denoising steps per block (drafter: 1)" in table
+    assert "| sdvg | match | 0.5 | from noise |" in table and "| none | - | - | - | 1.00x |" in table
+    assert "| sdvg | match mean | 0.5 | from noise |" in table and "Command: `" in table
+    assert "| sdvg | match | 0.5 | refined from 750 |" in table and "4 denoising steps per block (drafter: 1)" in table
     data = json.loads(out.with_suffix(".json").read_text())
-    assert set(data["quality"]) == {"none", "draft", "sdvg match tau=0.5", "sdvg match tau=0.5 mean"}
+    assert set(data["quality"]) == {"none", "draft", "sdvg match tau=0.5", "sdvg match tau=0.5 mean",
+                                    "sdvg match tau=0.5 refine=750"}
+    refined, redrawn = data["quality"]["sdvg match tau=0.5 refine=750"], data["quality"]["sdvg match tau=0.5"]
+    assert refined["acceptance"] == redrawn["acceptance"] == 0.0  # the untrained drafter's blocks all fail...
+    assert refined["target_calls"] == redrawn["target_calls"] - 3  # ...and each of 3 refinements saves a pass
     assert data["quality"]["none"]["target_calls"] == 1 + 4 * 4 + 3 and data["quality"]["draft"]["target_calls"] == 0
     assert data["quality"]["draft"]["draft_calls"] == 1 + 1 * 4 + 3  # one drafter step per block
     sdvg = data["quality"]["sdvg match tau=0.5"]
