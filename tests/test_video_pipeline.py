@@ -525,9 +525,7 @@ def test_benchmark_pass_rate_of_own_blocks_skips_the_first_and_takes_the_worst_f
     # the block mean: (200, 50) -> 125 passes 0.45 where its worst frame (50) does not
     assert own_block_pass_rate(brightness, 0.45, videos, prompts, 2, "mean") == 1.0
     assert own_block_pass_rate(brightness, 0.45, videos, prompts, 2) == 0.75
-    from mmspec.evaluation.bench_video import parse_sweep
-
-    from mmspec.evaluation.bench_video import SweepItem
+    from mmspec.evaluation.bench_video import SweepItem, parse_sweep
 
     assert parse_sweep(["match:0.4:mean", "fraction:1", "match:0.1:refine=750", "match:0.3:mean:refine=500"]) == [
         SweepItem("match", 0.4, "mean"), SweepItem("fraction", 1.0, "min"), SweepItem("match", 0.1, "min", 750.0),

@@ -5,7 +5,7 @@ Parsing (:func:`parse_image`), one pass per image:
 1. Foreground: pixels whose brightest channel exceeds ``FG_THRESHOLD`` (every palette colour has a
    channel >= 195 and every background stays below ~70 even at difficulty 2, so a pixel is foreground
    when roughly 40 % or more of it is covered by an object).
-2. Connected components (8-connectivity). Components smaller than ``MIN_PIXELS_FRACTION`` of the
+2. Connected components (8-connectivity, ``scipy.ndimage.label``). Components smaller than ``MIN_PIXELS_FRACTION`` of the
    smallest possible object are noise and ignored. The minimum gap between objects (4 pixels at
    32x32) keeps objects apart even after anti-aliasing and tokenization.
 3. Colour: a majority vote of the component's core pixels (within 80 % of its brightest) for their
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
+from scipy import ndimage
 
 from .prompts import CATEGORIES, EvalPrompt, prompt_satisfied
 from .render import MAX_IMAGE_SIZE, MIN_IMAGE_SIZE, SUPERSAMPLE, coverage_patch, glyph_mask, to_uint8
@@ -43,6 +44,7 @@ COLOR_TOLERANCE = 90.0
 MIN_MATCH = 0.6
 ALPHA_FLOOR = 0.1  # coverage below this counts as background (noise suppression), on both sides
 
+_EIGHT_CONNECTED = np.ones((3, 3), dtype=bool)
 _PALETTE_NAMES = tuple(COLORS)
 _PALETTE = np.asarray([COLORS[c] for c in _PALETTE_NAMES], dtype=np.float32)  # [C, 3]
 
@@ -70,49 +72,11 @@ class DetectedObject:
 def label_components(mask: np.ndarray) -> tuple[np.ndarray, int]:
     """8-connected components of a boolean mask: (labels int32 [H, W] with 0 = background, count).
 
-    Two-pass union-find over foreground runs of each row (pure numpy/Python; images are small).
+    Components are numbered 1..count in raster order of their first pixel (``scipy.ndimage.label``, which
+    numbers them so; a pure-Python union-find was 15-35x slower and a fifth of the evaluator's time).
     """
-    mask = np.asarray(mask, dtype=bool)
-    h, w = mask.shape
-    labels = np.zeros((h, w), dtype=np.int32)
-    parent = [0]
-
-    def find(a: int) -> int:
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    prev_runs: list[tuple[int, int, int]] = []
-    for y in range(h):
-        row = mask[y]
-        if not row.any():
-            prev_runs = []
-            continue
-        padded = np.concatenate(([False], row, [False]))
-        edges = np.flatnonzero(padded[1:] != padded[:-1])
-        runs = []
-        for start, stop in zip(edges[::2], edges[1::2]):
-            lab = 0
-            for ps, pe, pl in prev_runs:  # 8-connectivity: runs touching diagonally join
-                if ps <= stop and pe >= start:
-                    root = find(pl)
-                    if lab == 0:
-                        lab = root
-                    elif root != lab:
-                        parent[max(root, lab)] = min(root, lab)
-                        lab = min(root, lab)
-            if lab == 0:
-                lab = len(parent)
-                parent.append(lab)
-            labels[y, start:stop] = lab
-            runs.append((int(start), int(stop), lab))
-        prev_runs = runs
-    if len(parent) == 1:
-        return labels, 0
-    roots = np.array([find(i) for i in range(len(parent))])
-    uniq, compact = np.unique(roots, return_inverse=True)
-    return compact.astype(np.int32)[labels], len(uniq) - 1
+    labels, count = ndimage.label(np.asarray(mask, dtype=bool), structure=_EIGHT_CONNECTED)
+    return labels.astype(np.int32, copy=False), int(count)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -132,22 +96,51 @@ def _soft(alpha: np.ndarray) -> np.ndarray:
     return np.clip((alpha - ALPHA_FLOOR) / (1 - 2 * ALPHA_FLOOR), 0.0, 1.0)
 
 
+@lru_cache(maxsize=64)
+def _coverage_bank(sides: tuple[int, ...]) -> np.ndarray:
+    """Every coverage patch of the templates of side ``sides`` (high-res pixels) at every sub-pixel phase,
+    zero-padded to one size: ``[len(sides), len(SHAPES), ss, ss, S, S]`` indexed (side, shape, phase_y,
+    phase_x), so placed templates are gathered in one indexing operation instead of one call each."""
+    ss = SUPERSAMPLE
+    size = -(-(ss - 1 + max(sides)) // ss)
+    bank = np.zeros((len(sides), len(SHAPES), ss, ss, size, size), dtype=np.float32)
+    for i, side in enumerate(sides):
+        for j, shape in enumerate(SHAPES):
+            for phase_y in range(ss):
+                for phase_x in range(ss):
+                    patch = coverage_patch(shape, side, phase_x, phase_y, ss)
+                    bank[i, j, phase_y, phase_x, : patch.shape[0], : patch.shape[1]] = patch
+    bank.setflags(write=False)
+    return bank
+
+
+_SHAPE_INDEX = {shape: i for i, shape in enumerate(SHAPES)}
+
+
 def _template_errors(alpha: np.ndarray, mass: float, placements: list[tuple[str, int, int, int]], wx0: int,
                      wy0: int) -> list[float]:
     """Normalised L1 distances between a coverage window and placed templates ``(shape, side_hi, left,
-    top)`` (high-res pixels), all in one array operation: the templates are stacked ``[K, h, w]`` and
-    reduced per template (the same float32 sums, element for element, as one template at a time)."""
+    top)`` (high-res pixels), all in one array operation: the templates' patches are gathered from
+    :func:`_coverage_bank`, scattered into ``[K, h, w]`` windows and reduced per template (the same float32
+    sums, element for element, as one template at a time)."""
     ss = SUPERSAMPLE
     wh, ww = alpha.shape
-    stack = np.zeros((len(placements), wh, ww), dtype=np.float32)
-    for tmpl, (shape, side_hi, left, top) in zip(stack, placements):
-        patch = coverage_patch(shape, side_hi, left % ss, top % ss, ss)
-        px, py = left // ss - wx0, top // ss - wy0
-        y0, x0 = max(py, 0), max(px, 0)
-        y1, x1 = min(py + patch.shape[0], wh), min(px + patch.shape[1], ww)
-        if y0 < y1 and x0 < x1:
-            tmpl[y0:y1, x0:x1] = patch[y0 - py : y1 - py, x0 - px : x1 - px]
-    stack = _soft(stack)
+    sides = tuple(sorted({side_hi for _, side_hi, _, _ in placements}))
+    bank = _coverage_bank(sides)
+    size = bank.shape[-1]
+    side_index = np.array([sides.index(side_hi) for _, side_hi, _, _ in placements])
+    shape_index = np.array([_SHAPE_INDEX[shape] for shape, _, _, _ in placements])
+    left = np.array([p[2] for p in placements])
+    top = np.array([p[3] for p in placements])
+    patches = bank[side_index, shape_index, top % ss, left % ss]  # [K, S, S]
+    py, px = top // ss - wy0, left // ss - wx0  # the patches' top-left pixels in the window
+    y_lo, x_lo = min(0, int(py.min())), min(0, int(px.min()))
+    canvas = np.zeros((len(placements), max(wh, int(py.max()) + size) - y_lo, max(ww, int(px.max()) + size) - x_lo),
+                      dtype=np.float32)
+    offsets = np.arange(size)
+    canvas[np.arange(len(placements))[:, None, None], (py - y_lo)[:, None, None] + offsets[None, :, None],
+           (px - x_lo)[:, None, None] + offsets[None, None, :]] = patches
+    stack = _soft(np.ascontiguousarray(canvas[:, -y_lo : wh - y_lo, -x_lo : ww - x_lo]))
     distance = np.abs(stack - alpha).sum(axis=(1, 2))
     total = stack.sum(axis=(1, 2))
     return [float(d) / max(mass + float(t), 1e-6) for d, t in zip(distance, total)]
@@ -182,11 +175,13 @@ def _match_templates(alpha: np.ndarray, wx0: int, wy0: int, n: int):
                               wx0, wy0)
     coarse = sorted(zip(errors, *zip(*candidates)), key=lambda c: c[0])  # stable: ties keep the candidates' order
     best = coarse[0]
-    for _, shape, size, left0, top0, side_hi in coarse[:2]:
-        shifted = [(shape, side_hi, left0 + dx, top0 + dy) for dx, dy in _REFINE_SHIFTS]
-        for (dx, dy), err in zip(_REFINE_SHIFTS, _template_errors(alpha, mass, shifted, wx0, wy0)):
-            if err < best[0]:
-                best = (err, shape, size, left0 + dx, top0 + dy, side_hi)
+    shifted = [(err, shape, size, left0 + dx, top0 + dy, side_hi)  # both candidates' shifts in one batch
+               for err, shape, size, left0, top0, side_hi in coarse[:2] for dx, dy in _REFINE_SHIFTS]
+    errors = _template_errors(alpha, mass, [(shape, side_hi, left, top) for _, shape, _, left, top, side_hi in shifted],
+                              wx0, wy0)
+    for err, (_, shape, size, left, top, side_hi) in zip(errors, shifted):
+        if err < best[0]:
+            best = (err, shape, size, left, top, side_hi)
     return best
 
 
