@@ -359,6 +359,9 @@ def _video_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox,
             fields["aggregate"] = gr.Dropdown(list(video_tab.AGGREGATES), value="min", label="aggregate over frames")
             fields["force_reject_first"] = gr.Checkbox(value=True, label="first block always by the target",
                                                        elem_id=f"{elem}-first")
+            fields["refine_rejected_from"] = gr.Number(
+                value=0, label="target refines rejected drafts from timestep (0: redraws them from noise)",
+                elem_id=f"{elem}-refine")
         with gr.Row():
             fields["seed"] = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")
             fields["num_videos"] = gr.Number(value=1, precision=0, label="videos per prompt", elem_id=f"{elem}-videos")

@@ -49,7 +49,7 @@ DEFAULT_PATH = "mmspec/shapes-video"
 EXAMPLE_PROMPTS = ("a red circle moving right", "a blue square moving up and a green diamond moving down")
 
 INPUTS = ("path", "prompt", "method", "num_videos", "seed", "tau", "reward", "reward_weights", "aggregate",
-          "force_reject_first", "num_blocks", "num_inference_steps", "guidance_scale")
+          "force_reject_first", "refine_rejected_from", "num_blocks", "num_inference_steps", "guidance_scale")
 
 STRIP_LEGEND = ((DRAFT_COLOR, "drafted block, accepted"), (REJECT_COLOR, "drafted block rejected: target's block"),
                 (TARGET_COLOR, "target's block (not drafted)"))
@@ -254,14 +254,32 @@ def reward_kwargs_for(reward: str, weights: str | None) -> dict[str, Any]:
     return {"model": model, "pretrained": str(Path(file).expanduser())}
 
 
+def refine_timestep(value: Any, steps: int) -> float | None:
+    """The demo's "refine rejected drafts from" field: 0 / empty -> None (redraw from noise), else one of the
+    target's timesteps for ``steps`` denoising steps, below the first (which is pure noise)."""
+    if value in (None, ""):
+        return None
+    timestep = check_float("refine rejected drafts from (timestep)", value, 0.0, 1000.0)
+    if timestep == 0:
+        return None
+    from mmspec.pipelines.ar_video import evenly_spaced_timesteps  # the pipelines load lazily, with the page
+
+    choices = evenly_spaced_timesteps(steps, "denoising steps per block")[1:]
+    if timestep not in choices:
+        raise DemoError(f"refine rejected drafts from must be 0 (redraw from noise) or one of the target's "
+                        f"timesteps below 1000 for {steps} steps, {[f'{t:g}' for t in choices]}; got {value!r}")
+    return timestep
+
+
 def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = EXAMPLE_PROMPTS[0],
               method: str = "sdvg", num_videos: int = 1, seed: int = 0, tau: float = 0.5, reward: str = "shapes",
               reward_weights: str | None = None, aggregate: str = "min", force_reject_first: bool = True,
-              num_blocks: int | None = None, num_inference_steps: int = 4, guidance_scale: float = 3.0,
+              refine_rejected_from: float | None = 0, num_blocks: int | None = None, num_inference_steps: int = 4, guidance_scale: float = 3.0,
               report: Report | None = None) -> VideoResult:
     """Generate with SDVG (or drafter only) and target-only with the same seed; return the animations (GIF
     paths in :data:`ANIMATIONS`' folder), the film strips, the per-block decisions with rewards, and the
-    statistics."""
+    statistics. ``refine_rejected_from``: 0 or None, the target redraws a rejected block from noise (SDVG's
+    rule); one of the target's timesteps below 1000, it refines the rejected draft from there."""
     method, prompts, videos, seed = check_request(method, METHODS, prompt, num_videos, seed,
                                                   per_prompt_name="videos per prompt", max_per_prompt=4,
                                                   what="videos")
@@ -271,6 +289,7 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
     aggregate = check_choice("aggregate", aggregate, AGGREGATES)
     steps = check_int("denoising steps per block", num_inference_steps, 1, 50)
     guidance = check_float("guidance scale", guidance_scale, 0.0, 20.0)
+    refine = refine_timestep(refine_rejected_from, steps)
     pipe = cache.get("video", path)
     blocks = pipe.max_blocks if num_blocks in (None, "", 0) else check_int(
         "blocks", num_blocks, 1, pipe.max_blocks)
@@ -279,7 +298,7 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
 
     def run(name: str, generator: Any, progress: Any, output_type: str = "pil") -> Any:
         extra = dict(tau=tau, reward=reward, reward_kwargs=reward_kwargs, aggregate=aggregate,
-                     force_reject_first=bool(force_reject_first)) if name == "sdvg" else {}
+                     force_reject_first=bool(force_reject_first), refine_rejected_from=refine) if name == "sdvg" else {}
         return pipe(prompts, name, generator=generator, output_type=output_type,
                     callback_on_block_end=lambda _p, n, _info: progress((n + 1) / blocks), **common, **extra)
 

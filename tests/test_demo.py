@@ -372,6 +372,12 @@ def test_video_sdvg_block_strip_and_exact_limits(tiny, cache):
     assert torch.equal(exact.comparison.speculative.latents, exact.comparison.baseline.latents)
     assert np.array_equal(np.asarray(exact.spec_strip), np.asarray(exact.base_strip))
     assert Path(exact.spec_animation).read_bytes() == Path(exact.base_animation).read_bytes()
+    # refine_rejected_from only touches drafted blocks: with tau = +inf there are none
+    refined = video_tab.run_video(cache, path=tiny["video"], tau="inf", refine_rejected_from=750)
+    assert torch.equal(refined.comparison.speculative.latents, exact.comparison.speculative.latents)  # no drafts
+    for bad in (600, 1000, -1, "x"):
+        with pytest.raises(DemoError, match="refine rejected drafts from"):
+            video_tab.run_video(cache, path=tiny["video"], refine_rejected_from=bad)
     draft = video_tab.run_video(cache, path=tiny["video"], method="draft", num_blocks=2, num_videos=2)
     assert [d["kind"] for d in video_tab.block_decisions(draft.comparison.speculative.stats)[0]] == ["draft"] * 2
     _assert_animations(draft, per_row=2)  # the two videos of the prompt side by side, 2 blocks' frames
