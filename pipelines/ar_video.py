@@ -23,6 +23,8 @@ up to date **lazily**: right before a model's next denoising pass, all frames it
 written in one block-causal pass (the same keys/values as one pass per block). For the target, a run of
 accepted blocks therefore costs one pass when the next rejection comes, and nothing when none comes;
 ``lazy_target_cache=False`` writes every block as soon as it is final (the paper's description).
+``refine_rejected_from=T`` (beyond the paper) lets the target refine a rejected draft from its timestep T
+(the draft noised back to T along its path to the block's noise) instead of redrawing it from noise.
 Every method draws the same noise per block from ``generator`` (drafter and target of a block share
 it), so tau = +inf gives exactly ``method="none"`` and tau = -inf with ``force_reject_first=False``
 exactly ``method="draft"``.
