@@ -295,7 +295,7 @@ def plot(results: dict, path: Path) -> Path:
 
 REWARD_MODES = {"fraction": "fraction", "match": "match"}
 DEFAULT_SWEEP = ["match:0.1", "match:0.5", "match:0.9", "fraction:1", "match:0.3:mean", "match:0.4:mean",
-                 "match:0.1:refine=750", "match:0.5:refine=750", "match:0.3:mean:refine=750"]
+                 "match:0.1:refine=750", "match:0.5:refine=750", "match:0.3:mean:refine=750", "match:0.1:refine=500"]
 
 
 def parse_sweep(items: Sequence[str]) -> list[SweepItem]:
