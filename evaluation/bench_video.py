@@ -176,16 +176,23 @@ def run(pipe: Any, cases: dict[str, dict], quality_prompts: Sequence[Any], speed
 
 
 def best_tau(results: dict) -> tuple[str | None, str]:
-    """The fastest sdvg case meeting both goals, and a sentence saying whether the goals were met."""
+    """The fastest sdvg case meeting both goals, and a sentence saying whether the goals were met (when not:
+    the fastest case that keeps the quality, its speedup to three decimals, since the table rounds to two)."""
     none = results["quality"]["none"]["frame_score"]
     draft = results["quality"]["draft"]["frame_score"]
-    met = [n for n in results["quality"] if n.startswith("sdvg")
-           and results["speed"][n]["speedup"] >= GOAL_SPEEDUP
-           and results["quality"][n]["frame_score"] >= GOAL_QUALITY * none
-           and results["quality"][n]["frame_score"] > draft]
+    keeps_quality = [n for n in results["quality"] if n.startswith("sdvg")
+                     and results["quality"][n]["frame_score"] >= GOAL_QUALITY * none
+                     and results["quality"][n]["frame_score"] > draft]
+    met = [n for n in keeps_quality if results["speed"][n]["speedup"] >= GOAL_SPEEDUP]
     if not met:
-        return None, (f"**Goal not met in this run**: no tau reached >= {GOAL_SPEEDUP}x at >= {GOAL_QUALITY:.0%} of "
-                      f"the target's per-frame score ({none:.3f}) while staying above draft-only ({draft:.3f}).")
+        sentence = (f"**Goal not met in this run**: no tau reached >= {GOAL_SPEEDUP}x at >= {GOAL_QUALITY:.0%} of "
+                    f"the target's per-frame score ({none:.3f}) while staying above draft-only ({draft:.3f}).")
+        if keeps_quality:
+            closest = max(keeps_quality, key=lambda n: results["speed"][n]["speedup"])
+            q = results["quality"][closest]
+            sentence += (f" Fastest at that quality: {closest}, {results['speed'][closest]['speedup']:.3f}x at "
+                         f"{_ratio(q['frame_score'], none):.1%}.")
+        return None, sentence
     best = max(met, key=lambda n: results["speed"][n]["speedup"])
     q, s = results["quality"][best], results["speed"][best]
     return best, (f"**Goal met**: {best} runs {s['speedup']:.2f}x faster than the target alone at "

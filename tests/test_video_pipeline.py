@@ -537,6 +537,21 @@ def test_benchmark_pass_rate_of_own_blocks_skips_the_first_and_takes_the_worst_f
             parse_sweep([bad])
 
 
+def test_benchmark_goal_sentence_names_the_closest_case():
+    from mmspec.evaluation.bench_video import best_tau
+
+    def results(speedups: dict, scores: dict) -> dict:
+        return {"quality": {n: {"frame_score": q} for n, q in scores.items()},
+                "speed": {n: {"speedup": v} for n, v in speedups.items()}}
+
+    scores = {"none": 0.5, "draft": 0.25, "sdvg a": 0.495, "sdvg b": 0.45}
+    missed = results({"none": 1.0, "draft": 10.0, "sdvg a": 1.4982, "sdvg b": 1.8}, scores)
+    name, sentence = best_tau(missed)
+    assert name is None and "Goal not met" in sentence and "sdvg a, 1.498x at 99.0%" in sentence  # b is too lossy
+    met = results({"none": 1.0, "draft": 10.0, "sdvg a": 1.52, "sdvg b": 1.8}, scores)
+    assert best_tau(met)[0] == "sdvg a" and "Goal met" in best_tau(met)[1]
+
+
 @pytest.mark.slow
 def test_benchmark_script_writes_its_table(pipe, tmp_path):
     from mmspec.evaluation import bench_video
