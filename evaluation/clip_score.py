@@ -62,9 +62,14 @@ def register_clip_config(name: str, config: dict) -> None:
     open_clip = _import_open_clip()
     if not isinstance(config, dict) or "vision_cfg" not in config or "text_cfg" not in config:
         raise ValueError("config must be a dict with 'embed_dim', 'vision_cfg' and 'text_cfg'")
-    folder = Path(tempfile.mkdtemp(prefix="mmspec_open_clip_cfg_"))
-    (folder / f"{name}.json").write_text(json.dumps(config))
-    open_clip.add_model_config(folder / f"{name}.json")
+    # open_clip reads the file into its registry at once and keeps the entry when the file is gone, so the
+    # temporary folder is removed right away (it used to be left behind in /tmp on every call)
+    with tempfile.TemporaryDirectory(prefix="mmspec_open_clip_cfg_") as folder:
+        path = Path(folder) / f"{name}.json"
+        path.write_text(json.dumps(config))
+        open_clip.add_model_config(path)
+    if name not in open_clip.list_models():
+        raise RuntimeError(f"open_clip did not register the config {name!r}")
 
 
 def _looks_like_path(value: str) -> bool:

@@ -133,3 +133,14 @@ def test_bad_input(tmp_path, weights, scorer):
         cs.main([str(folder), "--prompts", str(tmp_path / "three.txt"), "--model", TINY,
                  "--pretrained", str(weights), "--output", str(out), "--no-progress"])
     assert not out.exists()
+
+
+def test_register_clip_config_leaves_no_temporary_files(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where TemporaryDirectory creates its folder
+    register_clip_config("mmspec-tiny-clip-tempcheck", TINY_CONFIG)
+    import open_clip
+
+    assert "mmspec-tiny-clip-tempcheck" in open_clip.list_models()
+    assert list(tmp_path.iterdir()) == []

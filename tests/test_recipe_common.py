@@ -153,3 +153,36 @@ def test_save_atomically_keeps_the_previous_file_when_writing_fails(tmp_path, mo
         common.save_atomically({"step": 2}, path)
     monkeypatch.undo()
     assert torch.load(path) == {"step": 1}  # the complete previous checkpoint, not a truncated one
+
+
+def test_save_fp16_copy_leaves_the_model_and_warns_nothing(tmp_path, caplog):
+    import logging
+
+    from diffusers.utils import logging as diffusers_logging
+
+    from mmspec.models.recipes.common import save_fp16_copy
+    from mmspec.models.video import BlockCausalVideoTransformer
+
+    model = BlockCausalVideoTransformer(num_layers=1, dim=16, num_heads=2, num_frames=4, text_length=4)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    diffusers_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            save_fp16_copy(model, tmp_path / "m")
+    finally:
+        diffusers_logging.disable_propagation()
+    assert not [r for r in caplog.records if "kept in float32" in r.getMessage()]
+    assert all(torch.equal(before[k], v) and v.dtype == torch.float32 for k, v in model.state_dict().items())
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "m" / "diffusion_pytorch_model.safetensors"))
+    assert all(v.dtype == torch.float16 for v in saved.values())
+    assert torch.equal(saved["head.weight"], before["head.weight"].half())
+    # the cast this replaces: diffusers' ModelMixin.to warns even with no fp32 modules (what the test guards)
+    diffusers_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            model.to(torch.float16)
+    finally:
+        diffusers_logging.disable_propagation()
+    assert [r for r in caplog.records if "kept in float32" in r.getMessage()]

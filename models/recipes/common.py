@@ -5,6 +5,7 @@ command continues where it stopped)."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -163,6 +164,16 @@ def save_atomically(obj: Any, path: Path) -> None:
     partial_path = path.with_name(path.name + ".partial")
     torch.save(obj, partial_path)
     os.replace(partial_path, path)
+
+
+def save_fp16_copy(model: nn.Module, folder: Path) -> None:
+    """Save an fp16 copy of a trained model with ``save_pretrained`` (fp16 keeps the zoo small), leaving
+    ``model`` itself untouched. The cast is ``nn.Module.to``: diffusers' ``ModelMixin.to`` warns about
+    "modules that should be kept in float32" on every dtype cast even when there are none (an empty
+    ``_keep_in_fp32_modules``), which filled the training logs at every save."""
+    fp16 = copy.deepcopy(model).eval()
+    nn.Module.to(fp16, torch.float16)
+    fp16.save_pretrained(folder)
 
 
 def step_generator() -> torch.Generator:

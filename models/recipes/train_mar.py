@@ -38,6 +38,7 @@ from mmspec.models.recipes.common import (
     cached_data,
     encode_image_set,
     init_from_folder,
+    save_fp16_copy,
     start_run,
     time_left,
     train_loop,
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
 
     def save(trained: EMATrainer) -> None:
         final = trained.averaged() if args.ema > 0 else copy.deepcopy(trained.model)
-        final.eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
+        save_fp16_copy(final, out)
         words.save(out / "text_vocab.json")
 
     device = torch.device(args.device)

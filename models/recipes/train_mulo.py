@@ -24,7 +24,6 @@ refines, the target's images, not rendered ones.
 from __future__ import annotations
 
 import argparse
-import copy
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ from mmspec.models.recipes.common import (
     args_key,
     cached_data,
     init_from_folder,
+    save_fp16_copy,
     start_run,
     train_loop,
 )
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
             return torch.nn.functional.cross_entropy(logits.flatten(0, 1), t.flatten())
 
         def save_drafter(model: LlamaGenTransformer) -> None:
-            copy.deepcopy(model).eval().to(torch.float16).save_pretrained(args.out / "mulo_drafter")
+            save_fp16_copy(model, args.out / "mulo_drafter")
 
         train_loop(drafter, drafter_loss, low.shape[0], steps=args.drafter_steps, batch=args.batch, lr=args.lr,
                    work=args.work / "drafter", save=save_drafter)
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
             return torch.nn.functional.cross_entropy(logits.flatten(0, 2), high[index].flatten())
 
         def save_upsampler(model: TokenUpsampler) -> None:
-            copy.deepcopy(model).eval().to(torch.float16).save_pretrained(args.out / "mulo_upsampler")
+            save_fp16_copy(model, args.out / "mulo_upsampler")
 
         train_loop(upsampler, upsampler_loss, high.shape[0], steps=args.upsampler_steps, batch=args.batch,
                    lr=args.lr, work=args.work / "upsampler", save=save_upsampler, weight_decay=0.0)

@@ -18,7 +18,6 @@ starts a later stage from a trained target (same architecture) with a fresh sche
 from __future__ import annotations
 
 import argparse
-import copy
 from functools import partial
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from mmspec.models.recipes.common import (
     cached_data,
     encode_image_set,
     init_from_folder,
+    save_fp16_copy,
     start_run,
     time_left,
     train_loop,
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
 
     def save(trained: LlamaGenTransformer) -> None:
-        copy.deepcopy(trained).eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
+        save_fp16_copy(trained, out)
         words.save(out / "text_vocab.json")
 
     device = torch.device(args.device)

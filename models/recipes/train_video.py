@@ -47,7 +47,6 @@ drafter). Run it in the background (``nohup nice -n 10 ... &``).
 from __future__ import annotations
 
 import argparse
-import copy
 import time
 from functools import partial
 from pathlib import Path
@@ -60,6 +59,7 @@ from mmspec.models.recipes.common import (
     add_device_argument,
     args_key,
     cached_data,
+    save_fp16_copy,
     start_run,
     time_left,
     train_loop,
@@ -322,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
 
     def save(trained: BlockCausalVideoTransformer) -> None:
-        copy.deepcopy(trained).eval().to(torch.float16).save_pretrained(out)  # fp16 keeps the zoo small
+        save_fp16_copy(trained, out)
         words.save(out / TEXT_VOCAB_FILE)
 
     device = torch.device(args.device)
