@@ -68,12 +68,12 @@ class SweepItem:
                 + ("" if self.refine is None else f" refine={self.refine:g}"))
 
 
-def case_kwargs(name: str, tau: float | None, reward: Any, common: dict, aggregate: str = "min",
-                refine: float | None = None) -> dict:
-    if name == "sdvg":
-        return {"method": "sdvg", "tau": tau, "reward": reward, "aggregate": aggregate,
-                "refine_rejected_from": refine, **common}
-    return {"method": name, **common}
+def case_kwargs(method: str, common: dict, item: SweepItem | None = None, reward: Any = None) -> dict:
+    """Pipeline arguments of a case: ``method`` with ``common``, plus the sweep item's routing for "sdvg"."""
+    if item is None:
+        return {"method": method, **common}
+    return {"method": "sdvg", "tau": item.tau, "reward": reward, "aggregate": item.aggregate,
+            "refine_rejected_from": item.refine, **common}
 
 
 def generate(pipe: Any, prompts: Sequence[Any], kwargs: dict, seed: int) -> tuple[np.ndarray, list[Any]]:
@@ -389,10 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit("--sweep imagereward:... needs the --imagereward-* files (no weights are downloaded)")
     common = {"num_inference_steps": args.steps, "sampler": args.sampler, "guidance_scale": args.guidance_scale,
               "draft_guidance_scale": args.draft_guidance_scale, "draft_num_inference_steps": args.draft_steps}
-    cases = {"none": case_kwargs("none", None, None, common), "draft": case_kwargs("draft", None, None, common)}
+    cases = {"none": case_kwargs("none", common), "draft": case_kwargs("draft", common)}
     for item in sweep:
-        cases[item.case_name] = case_kwargs("sdvg", item.tau, rewards[item.reward], common, item.aggregate,
-                                            item.refine)
+        cases[item.case_name] = case_kwargs("sdvg", common, item, rewards[item.reward])
     quality_prompts = make_video_prompt_set(args.quality_prompts)
     speed_prompts = make_video_prompt_set(args.speed_prompts, seed=args.seed + 1)
     results = run(pipe, cases, quality_prompts, speed_prompts, args.repeats, args.seed, scorer)

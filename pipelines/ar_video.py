@@ -667,8 +667,7 @@ def _refine_index(refine_rejected_from: float | None, timesteps: list[float]) ->
     try:
         value = float(refine_rejected_from)
     except (TypeError, ValueError):
-        raise ValueError(f"refine_rejected_from must be None or one of the target's timesteps {timesteps}, "
-                         f"got {refine_rejected_from!r}") from None
+        value = math.nan  # in no list of timesteps
     if value not in timesteps:
         raise ValueError(f"refine_rejected_from must be None or one of the target's timesteps {timesteps}, "
                          f"got {refine_rejected_from!r}")

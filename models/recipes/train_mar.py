@@ -160,8 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(args.out)
 
     def save(trained: EMATrainer) -> None:
-        final = trained.averaged() if args.ema > 0 else copy.deepcopy(trained.model)
-        save_fp16_copy(final, out)
+        save_fp16_copy(trained.averaged() if args.ema > 0 else trained.model, out)  # copies before the cast
         words.save(out / "text_vocab.json")
 
     device = torch.device(args.device)
