@@ -258,8 +258,9 @@ def to_markdown(results: dict, command: str) -> str:
               "videos' blocks after the first that the row's router (same reward, tau, worst frame) would keep; the "
               "first is the acceptance a drafter exactly as good as the target would get, the ceiling of this "
               "target for the row's reward and tau.", "",
-              "Passes count denoising steps and KV-cache writes (one pass at t=0 per cache update; the target's "
-              "cache is updated lazily, so a run of accepted blocks costs it one pass). `vs draft` is the "
+              "Passes count model calls: the prompt's, then denoising steps; blocks are written into a model's "
+              "cache at t=0 by its next denoising pass (`pending_clean`), not by passes of their own, so a run of "
+              "accepted blocks costs the target a few tokens more in its next pass. `vs draft` is the "
               "per-frame score minus draft-only's. CPU caveat (DESIGN.md section 4): at these sizes a forward "
               "costs roughly the same for any number of new tokens and per-call overheads weigh more than on a "
               "GPU, so the drafter's relative cost and the reward's (the exact evaluator parses every drafted "

@@ -313,10 +313,11 @@ class BlockCausalVideoTransformer(ParameterDtypeDeviceMixin, ModelMixin, ConfigM
         return cos.to(self.dtype), sin.to(self.dtype)
 
     def _run(self, x: torch.Tensor, cond: torch.Tensor, groups: torch.Tensor, mask: torch.Tensor | None,
-             cache: VideoCache | None, rows: torch.Tensor | None, write: bool,
+             cache: VideoCache | None, rows: torch.Tensor | None, write: int,
              rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """All layers over new tokens ``x [B, L, d]`` (conditioning ``cond [B, G, d]`` per token group
-        ``groups [L]``, rotary angles ``rope``) against the cache (read; appended when ``write``)."""
+        ``groups [L]``, rotary angles ``rope``) against the cache (read); the keys/values of the first
+        ``write`` new tokens are appended to it (0: read only)."""
         for i, block in enumerate(self.blocks):
             past = None
             if cache is not None and cache.length:
@@ -325,7 +326,7 @@ class BlockCausalVideoTransformer(ParameterDtypeDeviceMixin, ModelMixin, ConfigM
                     past = (past[0][rows], past[1][rows])
             x, k, v = block(x, cond, groups, mask, past, rope)
             if write:
-                cache.kv.update(i, k, v)
+                cache.kv.update(i, k[:, :, :write], v[:, :, :write])
         return x
 
     def _cache_mask(self, cache: VideoCache | None, rows: torch.Tensor | None, new: int,
@@ -378,50 +379,86 @@ class BlockCausalVideoTransformer(ParameterDtypeDeviceMixin, ModelMixin, ConfigM
         cond = self.text_cond.expand(x.shape[0], 1, -1)
         groups = torch.zeros(x.shape[1], dtype=torch.long, device=self.device)
         attn = mask[:, None, None, :].expand(-1, 1, x.shape[1], -1)
-        self._run(x, cond, groups, attn, cache, None, write=True)
+        self._run(x, cond, groups, attn, cache, None, write=x.shape[1])
         cache.key_mask[:, :c.text_length] = mask
         cache.prompt_length = c.text_length
 
     def predict_velocity(self, latents: torch.Tensor, timesteps: torch.Tensor | float, cache: VideoCache,
-                         frame_start: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+                         frame_start: int, rows: torch.Tensor | None = None,
+                         pending_clean: torch.Tensor | None = None) -> torch.Tensor:
         """One denoising pass of the frames ``[B, F, C, h, w]`` starting at ``frame_start`` at ``timesteps``
         (``[B]`` or a number, 0-1000) against ``cache`` (read only). ``rows``: LongTensor of cache rows
-        (default all). Returns the velocity ``eps - x0`` ``[B, F, C, h, w]``."""
+        (default all). Returns the velocity ``eps - x0`` ``[B, F, C, h, w]``.
+
+        ``pending_clean``: clean frames ``[B, P, C, h, w]`` (whole blocks, every cache row, ``rows`` None)
+        that follow the cached frames and precede ``latents`` (``frame_start = cache.num_frames + P``). They
+        are appended to the cache in this same pass with the keys/values :meth:`write_cache` gives them
+        (t=0, block-causal, blind to ``latents``), and ``latents`` attend to them: one pass instead of
+        ``write_cache`` + ``predict_velocity``, which on small blocks is mostly per-pass overhead."""
         latents = self.check_latents(latents, frame_start)
-        if frame_start != cache.num_frames:
-            raise ValueError(f"the cache holds {cache.num_frames} frames; the next block starts there, not at "
-                             f"frame {frame_start}")
-        b, num = latents.shape[:2]
+        pending = 0
+        if pending_clean is not None:
+            if rows is not None:
+                raise ValueError("pending_clean is written for every cache row; it cannot be combined with rows")
+            pending_clean = self._check_clean(pending_clean, cache, cache.num_frames, "pending_clean")
+            pending = pending_clean.shape[1]
+        if frame_start != cache.num_frames + pending:
+            raise ValueError(f"the cache holds {cache.num_frames} frames"
+                             + (f" and {pending} are pending" if pending else "")
+                             + f"; the next block starts there, not at frame {frame_start}")
+        b = latents.shape[0]
         expected = cache.batch_size if rows is None else len(rows)
         if b != expected:
             raise ValueError(f"latents have {b} rows but the cache (rows) has {expected}")
         t = torch.as_tensor(timesteps, dtype=torch.float32, device=self.device).reshape(-1).expand(b)
-        x = self._embed_frames(latents, frame_start)
-        cond = self._time_cond(t)[:, None]  # [B, 1, d]
-        groups = torch.zeros(x.shape[1], dtype=torch.long, device=self.device)
-        mask = self._cache_mask(cache, rows, x.shape[1], None)
-        out = self._run(x, cond, groups, mask, cache, rows, write=False, rope=self._rope(frame_start, num))
-        return self._output(out, cond, groups, num)
+        return self._frames_pass(cache, rows, pending_clean, latents, t)
 
     def write_cache(self, clean: torch.Tensor, cache: VideoCache, frame_start: int) -> None:
         """Append the clean frames ``[B, F, C, h, w]`` (whole blocks) to the cache: one pass at t=0,
         block-causal inside the pass (the same keys/values as one pass per block)."""
-        clean = self.check_latents(clean, frame_start, "clean")
+        clean = self._check_clean(clean, cache, frame_start, "clean")
+        self._frames_pass(cache, None, clean, None, None)
+
+    def _check_clean(self, clean: torch.Tensor, cache: VideoCache, frame_start: int, name: str) -> torch.Tensor:
+        """Checked clean frames to append: whole blocks right after the cached frames, one per cache row."""
+        clean = self.check_latents(clean, frame_start, name)
         fb = self.config.frames_per_block
-        if frame_start != cache.num_frames or frame_start % fb or clean.shape[1] % fb:
-            raise ValueError(f"write_cache appends whole blocks after the cached {cache.num_frames} frames; got "
-                             f"{clean.shape[1]} frames at frame {frame_start}")
+        if frame_start != cache.num_frames or frame_start % fb or clean.shape[1] % fb or not clean.shape[1]:
+            raise ValueError(f"{name}: the cache appends whole blocks after the cached {cache.num_frames} frames; "
+                             f"got {clean.shape[1]} frames at frame {frame_start}")
         if clean.shape[0] != cache.batch_size:
-            raise ValueError(f"clean has {clean.shape[0]} rows but the cache {cache.batch_size}")
-        x = self._embed_frames(clean, frame_start)
-        cond = self._time_cond(torch.zeros(1, device=self.device))[:, None].expand(x.shape[0], 1, -1)
-        groups = torch.zeros(x.shape[1], dtype=torch.long, device=self.device)
+            raise ValueError(f"{name} has {clean.shape[0]} rows but the cache {cache.batch_size}")
+        return clean
+
+    def _frames_pass(self, cache: VideoCache, rows: torch.Tensor | None, clean: torch.Tensor | None,
+                     noisy: torch.Tensor | None, timesteps: torch.Tensor | None) -> torch.Tensor | None:
+        """One pass over ``clean`` frames (appended to the cache: t=0, block-causal among themselves) and
+        then ``noisy`` frames at ``timesteps [B]`` (attending to the cache, the clean frames and each other),
+        either part optional, starting at the cache's next frame. Returns the noisy frames' velocity."""
+        first = cache.num_frames
+        parts, conds, group_ids = [], [], []
+        if clean is not None:
+            parts.append(self._embed_frames(clean, first))
+            conds.append(self._time_cond(torch.zeros(1, device=self.device))[:, None].expand(clean.shape[0], 1, -1))
+        if noisy is not None:
+            parts.append(self._embed_frames(noisy, first + (0 if clean is None else clean.shape[1])))
+            conds.append(self._time_cond(timesteps)[:, None])
+        for group, part in enumerate(parts):
+            group_ids.append(torch.full((part.shape[1],), group, dtype=torch.long, device=self.device))
+        x, cond, groups = torch.cat(parts, 1), torch.cat(conds, 1), torch.cat(group_ids)
+        written = 0 if clean is None else parts[0].shape[1]
         blocks = torch.arange(x.shape[1], device=self.device) // self.tokens_per_block
-        self_mask = None if clean.shape[1] == fb else blocks[None, :] <= blocks[:, None]
-        mask = self._cache_mask(cache, None, x.shape[1], self_mask)
+        self_mask = blocks[None, :] <= blocks[:, None]  # clean blocks see earlier clean blocks and themselves
+        self_mask[written:] = True  # the noisy frames see everything new
+        mask = self._cache_mask(cache, rows, x.shape[1], None if bool(self_mask.all()) else self_mask)
         start = cache.length
-        self._run(x, cond, groups, mask, cache, None, write=True, rope=self._rope(frame_start, clean.shape[1]))
-        cache.key_mask[:, start:cache.length] = True
+        num = x.shape[1] // self.tokens_per_frame
+        out = self._run(x, cond, groups, mask, cache, rows, write=written, rope=self._rope(first, num))
+        if written:
+            cache.key_mask[:, start:cache.length] = True
+        if noisy is None:
+            return None
+        return self._output(out[:, written:], cond, groups[written:], noisy.shape[1])
 
     # -- training -----------------------------------------------------------------------------------
     def forward_train(self, clean: torch.Tensor, noisy: torch.Tensor, timesteps: torch.Tensor,
@@ -470,7 +507,7 @@ class BlockCausalVideoTransformer(ParameterDtypeDeviceMixin, ModelMixin, ConfigM
         if self.config.rope:
             ctx_rope, noisy_rope = self._rope(0, num - fb, text_len), self._rope(0, num)
             rope = (torch.cat([ctx_rope[0], noisy_rope[0]]), torch.cat([ctx_rope[1], noisy_rope[1]]))
-        out = self._run(x, cond, groups, mask, None, None, write=False, rope=rope)
+        out = self._run(x, cond, groups, mask, None, None, write=0, rope=rope)
         return self._output(out[:, n0:], cond, groups[n0:], num)
 
 
@@ -500,16 +537,21 @@ def _at_least_fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def guided_velocity(model: BlockCausalVideoTransformer, x: torch.Tensor, timestep: float, cache: VideoCache,
-                    frame_start: int, rows: torch.Tensor | None = None, guidance_scale: float = 1.0) -> torch.Tensor:
-    """Velocity of ``x [R, F, C, h, w]`` (R = len(rows), or all videos) against the read-only cache, at least
-    fp32. Under guidance (``guidance_scale`` != 1) the cache holds ``[cond; uncond]`` rows (2B, the second
-    half conditioned on the null prompt); both predictions are made in one pass and combined."""
+                    frame_start: int, rows: torch.Tensor | None = None, guidance_scale: float = 1.0,
+                    pending_clean: torch.Tensor | None = None) -> torch.Tensor:
+    """Velocity of ``x [R, F, C, h, w]`` (R = len(rows), or all videos) against the cache, at least fp32.
+    Under guidance (``guidance_scale`` != 1) the cache holds ``[cond; uncond]`` rows (2B, the second half
+    conditioned on the null prompt); both predictions are made in one pass and combined. ``pending_clean``
+    ``[B, P, C, h, w]``: clean frames written into the cache in the same pass (both halves under guidance;
+    see ``predict_velocity``)."""
+    extra = {} if pending_clean is None else {"pending_clean": pending_clean}
     if guidance_scale == 1.0:
-        return _at_least_fp32(model.predict_velocity(x, timestep, cache, frame_start, rows))
+        return _at_least_fp32(model.predict_velocity(x, timestep, cache, frame_start, rows, **extra))
+    if pending_clean is not None:
+        extra["pending_clean"] = torch.cat([pending_clean, pending_clean])
     half = cache.batch_size // 2
-    both = torch.arange(half, device=x.device) if rows is None else rows
-    v = _at_least_fp32(model.predict_velocity(torch.cat([x, x]), timestep, cache, frame_start,
-                                              torch.cat([both, both + half])))
+    both = None if rows is None else torch.cat([rows, rows + half])
+    v = _at_least_fp32(model.predict_velocity(torch.cat([x, x]), timestep, cache, frame_start, both, **extra))
     cond, uncond = v.chunk(2)
     return uncond + guidance_scale * (cond - uncond)
 
@@ -517,8 +559,10 @@ def guided_velocity(model: BlockCausalVideoTransformer, x: torch.Tensor, timeste
 @torch.no_grad()
 def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_start: int, noise: torch.Tensor,
                   timesteps: Sequence[float], sampler: str = "euler", rows: torch.Tensor | None = None,
-                  guidance_scale: float = 1.0, start: torch.Tensor | None = None) -> torch.Tensor:
-    """Generate one block from its noise (read-only cache): ``len(timesteps)`` model passes.
+                  guidance_scale: float = 1.0, start: torch.Tensor | None = None,
+                  pending_clean: torch.Tensor | None = None) -> torch.Tensor:
+    """Generate one block from its noise: ``len(timesteps)`` model passes against the cache, which they
+    only read, except for ``pending_clean``.
 
     Args:
         noise: ``[S, R, F, C, h, w]``: ``noise[0]`` is the start x_1; ``noise[k]`` is the fresh noise of step
@@ -534,6 +578,8 @@ def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_s
         start: the block's state at ``timesteps[0]`` when it is not pure noise, e.g. a draft noised to that
             timestep by :func:`noised_to` (SDEdit-style refinement: the sampler skips the steps above it).
             Default ``noise[0]``.
+        pending_clean: clean frames ``[B, P, C, h, w]`` between the cached ones and this block (e.g. the
+            previous block), written into the cache by the first pass (``predict_velocity``'s; ``rows`` None).
     Returns:
         clean latents ``[R, F, C, h, w]``.
     """
@@ -543,7 +589,8 @@ def denoise_block(model: BlockCausalVideoTransformer, cache: VideoCache, frame_s
     x0 = x
     for k, timestep in enumerate(timesteps):
         t = timestep / NUM_TRAIN_TIMESTEPS
-        v = guided_velocity(model, x, timestep, cache, frame_start, rows, guidance_scale)
+        v = guided_velocity(model, x, timestep, cache, frame_start, rows, guidance_scale,
+                            pending_clean if k == 0 else None)
         x0 = x - t * v
         if k + 1 == len(timesteps):
             break

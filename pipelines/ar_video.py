@@ -17,12 +17,16 @@ method     what generates each block
            target's when ``force_reject_first``
 =========  ==============================================================================================
 
-Every final block (accepted draft or target block) is written into both models' caches by one pass at
-t=0, so the target conditions on accepted drafts exactly as on its own blocks. Both caches are brought
-up to date **lazily**: right before a model's next denoising pass, all frames it has not cached yet are
-written in one block-causal pass (the same keys/values as one pass per block). For the target, a run of
-accepted blocks therefore costs one pass when the next rejection comes, and nothing when none comes;
-``lazy_target_cache=False`` writes every block as soon as it is final (the paper's description).
+Every final block (accepted draft or target block) is written into both models' caches at t=0, so the
+target conditions on accepted drafts exactly as on its own blocks. Both caches are brought up to date
+**lazily** and **without passes of their own**: the frames a model has not cached yet ride along in its
+next denoising pass (``predict_velocity(pending_clean=...)``: the same keys/values as a block-causal
+``write_cache`` pass, written while the new block is denoised). For the target, a run of accepted
+blocks therefore costs a few more tokens in the pass that regenerates the next rejected block, and
+nothing when none comes. Only when the target regenerates some videos of a batch and not others do the
+pending blocks get a write pass of their own (the fused pass covers every cache row);
+``lazy_target_cache=False`` writes every block by its own pass as soon as it is final (the paper's
+description).
 ``refine_rejected_from=T`` (beyond the paper) lets the target refine a rejected draft from its timestep T
 (the draft noised back to T along its path to the block's noise) instead of redrawing it from noise.
 Every method draws the same noise per block from ``generator`` (drafter and target of a block share
@@ -411,16 +415,20 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
 
     # -- the model passes -----------------------------------------------------------------------------
     @staticmethod
-    def _catch_up(model: Any, cache: Any, video: torch.Tensor, upto: int, guidance_scale: float) -> int:
-        """Write the final frames ``video[:, cache.num_frames:upto]`` into ``cache`` in one pass (both halves
-        under guidance). Returns the passes made (0 or 1)."""
+    def _pending(model: Any, cache: Any, video: torch.Tensor, upto: int) -> torch.Tensor | None:
+        """The final frames ``video[:, cache.num_frames:upto]`` the cache does not hold yet (None: none), in
+        the model's dtype: written by the model's next pass (``pending_clean``) or by :meth:`_catch_up`."""
         start = cache.num_frames
-        if start >= upto:
+        return video[:, start:upto].to(model.dtype) if start < upto else None
+
+    @classmethod
+    def _catch_up(cls, model: Any, cache: Any, video: torch.Tensor, upto: int, guidance_scale: float) -> int:
+        """Write the pending frames up to ``upto`` into ``cache`` in a pass of their own (both halves under
+        guidance). Returns the passes made (0 or 1)."""
+        clean = cls._pending(model, cache, video, upto)
+        if clean is None:
             return 0
-        clean = video[:, start:upto]
-        if guidance_scale != 1.0:
-            clean = torch.cat([clean, clean])
-        model.write_cache(clean.to(model.dtype), cache, start)
+        model.write_cache(clean if guidance_scale == 1.0 else torch.cat([clean, clean]), cache, cache.num_frames)
         return 1
 
     def _new_cache(self, model: Any, ids: torch.Tensor, guidance_scale: float) -> Any:
@@ -503,7 +511,7 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
             generator: one ``torch.Generator`` for all noise (per block, shared by drafter and target).
             output_type: "pil", "np", "pt" or "latent" (no decoding).
             lazy_target_cache: write accepted blocks into the target's cache only when the target next needs it
-                (one pass for all of them); False: right after each block.
+                (inside its next denoising pass); False: by a pass of their own right after each block.
             context_frames: video extension: float frames ``[B or len(prompts), K, 3, H, W]`` in [0, 1], K a
                 multiple of the block length and fewer than ``num_blocks`` blocks, that the videos start from
                 (encoded by the vae, cached by both models like generated blocks); generation continues after
@@ -582,11 +590,10 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
             forced = method == "sdvg" and ((force_reject_first and n == 0) or router.tau == math.inf)
             if method == "draft" or (method == "sdvg" and not forced):
                 cache = cache_of("draft")
-                with stats.phase("cache"):
-                    stats.draft_calls += self._catch_up(self.drafter, cache, video, frame, scales["draft"])
-                with stats.phase("draft"):
+                with stats.phase("draft"):  # its first pass also writes the blocks the drafter has not cached
                     final = denoise_block(self.drafter, cache, frame, noise[:len(draft_timesteps)].to(self.drafter.dtype),
-                                          draft_timesteps, sampler, None, scales["draft"])
+                                          draft_timesteps, sampler, None, scales["draft"],
+                                          pending_clean=self._pending(self.drafter, cache, video, frame))
                 stats.draft_calls += len(draft_timesteps)
                 accepted[:, n] = True
             # 2. the core's reward router decides per video
@@ -607,8 +614,12 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
             if method != "draft" and len(rejected):
                 rows = None if len(rejected) == batch else rejected
                 cache = cache_of("target")
-                with stats.phase("cache"):
-                    stats.target_calls += self._catch_up(self.transformer, cache, video, frame, guidance_scale)
+                pending = None  # the accepted blocks the target has not cached: written by its first pass...
+                if rows is None:
+                    pending = self._pending(self.transformer, cache, video, frame)
+                else:  # ...which cannot also skip the accepted videos' rows: they get a pass of their own
+                    with stats.phase("cache"):
+                        stats.target_calls += self._catch_up(self.transformer, cache, video, frame, guidance_scale)
                 block_noise = (noise if rows is None else noise[:, rejected]).to(self.transformer.dtype)
                 target_timesteps, start = timesteps, None
                 if refine_index and final is not None:  # refine the rejected drafts instead of redrawing them
@@ -617,7 +628,7 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
                     block_noise = block_noise[refine_index:]  # the renoise sampler's fresh noise of those steps
                 with stats.phase("target"):
                     regenerated = denoise_block(self.transformer, cache, frame, block_noise, target_timesteps,
-                                                sampler, rows, guidance_scale, start=start)
+                                                sampler, rows, guidance_scale, start=start, pending_clean=pending)
                 stats.target_calls += len(target_timesteps)
                 if final is None:
                     final = regenerated

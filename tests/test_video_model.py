@@ -97,6 +97,76 @@ def test_cache_writes_multi_block_rollback_and_rows():
         one.crop_frames(8)
 
 
+def _cache_with_prompt(model: BlockCausalVideoTransformer, ids: torch.Tensor = IDS):
+    cache = model.new_cache(ids.shape[0])
+    model.encode_prompt(cache, ids)
+    return cache
+
+
+def test_pending_clean_frames_are_written_by_the_denoising_pass():
+    """predict_velocity(pending_clean=...) == write_cache(...) then predict_velocity: same velocity, same cache."""
+    model = tiny()
+    clean, noisy = latents(seed=1), latents(seed=2)
+    with torch.no_grad():
+        for first, pending in ((0, 2), (2, 4)):  # one pending block after an empty cache; two after one block
+            separate, fused = _cache_with_prompt(model), _cache_with_prompt(model)
+            if first:
+                model.write_cache(clean[:, :first], separate, 0)
+                model.write_cache(clean[:, :first], fused, 0)
+            end = first + pending
+            model.write_cache(clean[:, first:end], separate, first)
+            expected = model.predict_velocity(noisy[:, end:end + 2], torch.tensor([900.0, 300.0]), separate, end)
+            v = model.predict_velocity(noisy[:, end:end + 2], torch.tensor([900.0, 300.0]), fused, end,
+                                       pending_clean=clean[:, first:end])
+            assert torch.allclose(v, expected, atol=1e-10)
+            assert fused.num_frames == separate.num_frames == end and fused.length == separate.length
+            assert torch.allclose(fused.kv.keys[:, :, :, :fused.length], separate.kv.keys[:, :, :, :separate.length],
+                                  atol=1e-10)
+            assert torch.allclose(fused.kv.values[:, :, :, :fused.length],
+                                  separate.kv.values[:, :, :, :separate.length], atol=1e-10)
+            assert torch.equal(fused.key_mask, separate.key_mask)
+        # the pending frames are really read by the denoised block
+        other = _cache_with_prompt(model)
+        moved = model.predict_velocity(noisy[:, 2:4], 500.0, other, 2, pending_clean=clean[:, :2] + 1.0)
+        plain = model.predict_velocity(noisy[:, 2:4], 500.0, _cache_with_prompt(model), 2,
+                                       pending_clean=clean[:, :2])
+    assert not torch.allclose(moved, plain, atol=1e-3)
+
+
+def test_denoise_block_writes_pending_frames_in_its_first_pass_also_under_guidance():
+    model = tiny()
+    clean = latents(seed=1)
+    ids = IDS[:1].repeat(2, 1)
+    noise = torch.randn((2, 2, 2, 16, 8, 8), generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    halves = torch.cat([ids, torch.full_like(ids, -1)])
+    with torch.no_grad():
+        for scale, rows_ids in ((1.0, ids), (3.0, halves)):
+            separate, fused = _cache_with_prompt(model, rows_ids), _cache_with_prompt(model, rows_ids)
+            written = clean[:, :2] if scale == 1.0 else torch.cat([clean[:, :2], clean[:, :2]])
+            model.write_cache(written, separate, 0)
+            expected = denoise_block(model, separate, 2, noise, [1000.0, 500.0], guidance_scale=scale)
+            out = denoise_block(model, fused, 2, noise, [1000.0, 500.0], guidance_scale=scale,
+                                pending_clean=clean[:, :2])
+            assert torch.allclose(out, expected, atol=1e-10) and fused.num_frames == 2
+            assert torch.allclose(fused.kv.keys[:, :, :, :fused.length], separate.kv.keys[:, :, :, :separate.length],
+                                  atol=1e-10)
+
+
+def test_pending_clean_bad_input():
+    model = tiny()
+    x = latents()
+    cache = _cache_with_prompt(model)
+    with pytest.raises(ValueError, match="cannot be combined with rows"):
+        model.predict_velocity(x[:1, 2:4], 500.0, cache, 2, rows=torch.tensor([0]), pending_clean=x[:, :2])
+    with pytest.raises(ValueError, match="whole blocks"):
+        model.predict_velocity(x[:, 1:3], 500.0, cache, 1, pending_clean=x[:, :1])
+    with pytest.raises(ValueError, match="2 are pending; the next block starts there, not at frame 4"):
+        model.predict_velocity(x[:, 4:6], 500.0, cache, 4, pending_clean=x[:, :2])
+    with pytest.raises(ValueError, match="pending_clean has 1 rows but the cache 2"):
+        model.predict_velocity(x[:, 2:4], 500.0, cache, 2, pending_clean=x[:1, :2])
+    assert cache.num_frames == 0  # nothing was written by the refused calls
+
+
 def test_prompt_and_null_prompt_matter():
     model = tiny()
     noisy = latents(batch=1)
