@@ -170,34 +170,54 @@ def run(pipe: Any, cases: dict[str, dict], quality_prompts: Sequence[Any], speed
     report = run_benchmark({name: speed_case(kwargs) for name, kwargs in cases.items()}, baseline="none",
                            warmup=1, repeats=repeats, seed=seed, unit="videos")
     log(report.to_markdown())
-    speed = {name: {"speedup": c.speedup, "median_s": c.median_s, "iqr_s": c.iqr_s, "videos_per_s": c.items_per_s}
+    speed = {name: {"speedup": c.speedup, "paired_speedup_median": c.paired_speedup_median,
+                    "paired_speedup_range": c.paired_speedup_range, "median_s": c.median_s, "iqr_s": c.iqr_s,
+                    "videos_per_s": c.items_per_s}
              for name, c in report.cases.items()}
     return {"quality": quality, "speed": speed, "benchmark": report.to_dict()}
 
 
+def conservative_speedup(speed: dict) -> float:
+    """The lower of a case's two speedup estimates: the ratio of the median times and the median of the
+    per-pass ratios (result files written before the paired median was recorded: the first alone)."""
+    paired = speed.get("paired_speedup_median")
+    return speed["speedup"] if paired is None else min(speed["speedup"], paired)
+
+
 def best_tau(results: dict) -> tuple[str | None, str]:
     """The fastest sdvg case meeting both goals, and a sentence saying whether the goals were met (when not:
-    the fastest case that keeps the quality, its speedup to three decimals, since the table rounds to two)."""
+    the fastest case that keeps the quality, its speedup to three decimals, since the table rounds to two).
+    Speed counts by :func:`conservative_speedup`, so one slow pass of the baseline cannot carry a case over
+    the line."""
     none = results["quality"]["none"]["frame_score"]
     draft = results["quality"]["draft"]["frame_score"]
     keeps_quality = [n for n in results["quality"] if n.startswith("sdvg")
                      and results["quality"][n]["frame_score"] >= GOAL_QUALITY * none
                      and results["quality"][n]["frame_score"] > draft]
-    met = [n for n in keeps_quality if results["speed"][n]["speedup"] >= GOAL_SPEEDUP]
+    speed = {n: conservative_speedup(results["speed"][n]) for n in keeps_quality}
+    met = [n for n in keeps_quality if speed[n] >= GOAL_SPEEDUP]
     if not met:
         sentence = (f"**Goal not met in this run**: no tau reached >= {GOAL_SPEEDUP}x at >= {GOAL_QUALITY:.0%} of "
                     f"the target's per-frame score ({none:.3f}) while staying above draft-only ({draft:.3f}).")
         if keeps_quality:
-            closest = max(keeps_quality, key=lambda n: results["speed"][n]["speedup"])
+            closest = max(keeps_quality, key=speed.get)
             q = results["quality"][closest]
-            sentence += (f" Fastest at that quality: {closest}, {results['speed'][closest]['speedup']:.3f}x at "
+            sentence += (f" Fastest at that quality: {closest}, {speed[closest]:.3f}x at "
                          f"{_ratio(q['frame_score'], none):.1%}.")
         return None, sentence
-    best = max(met, key=lambda n: results["speed"][n]["speedup"])
-    q, s = results["quality"][best], results["speed"][best]
-    return best, (f"**Goal met**: {best} runs {s['speedup']:.2f}x faster than the target alone at "
-                  f"{_ratio(q['frame_score'], none):.1%} of its per-frame score ({q['frame_score']:.3f} vs {none:.3f}; "
-                  f"draft-only {draft:.3f}).")
+    best = max(met, key=speed.get)
+    q = results["quality"][best]
+    return best, (f"**Goal met**: {best} runs {speed[best]:.2f}x faster than the target alone (the lower of the "
+                  f"ratio of the medians and the median paired ratio) at {_ratio(q['frame_score'], none):.1%} of its "
+                  f"per-frame score ({q['frame_score']:.3f} vs {none:.3f}; draft-only {draft:.3f}).")
+
+
+def _paired_cell(speed: dict) -> str:
+    """``"1.56x (1.51-1.73)"``: the median and range of the per-pass speedups ("-" where not recorded)."""
+    median, spread = speed.get("paired_speedup_median"), speed.get("paired_speedup_range")
+    if median is None or spread is None:
+        return "-"
+    return f"{median:.2f}x ({spread[0]:.2f}-{spread[1]:.2f})"
 
 
 def _ratio(a: float, b: float) -> float:
@@ -223,7 +243,9 @@ def to_markdown(results: dict, command: str) -> str:
              f"Machine: {results['machine']}. Quality: {results['quality_prompts']} prompts of "
              f"`make_video_prompt_set` (one video each, same seeds in every case); speed: "
              f"{results['speed_prompts']} other prompts per timed call, batch 1, {results['repeats']} timed repeats "
-             f"after a warm-up (median, round-robin). Videos of {results['frames']} frames "
+             "after a warm-up (round-robin: each pass times every case once; `speedup` = the baseline's median "
+             "time over the case's, `paired speedup` = the per-pass ratios). "
+             f"Videos of {results['frames']} frames "
              f"({results['blocks']} blocks of {results['frames_per_block']}), {results['steps']} denoising steps per "
              f"block{_draft_steps(results)} ({results['sampler']} sampler), guidance {_guidance(results)}; target "
              f"{results['target_layers']} layers, drafter {results['drafter_layers']}. SDVG: worst frame (`mean`: the "
@@ -232,11 +254,12 @@ def to_markdown(results: dict, command: str) -> str:
              "`refine_rejected_from`); rewards: "
              "`fraction` = the exact per-frame score (fraction of the prompted objects found), `match` = the same "
              "with each found object weighted by its template-match quality (0.6-1).", "",
-             "| method | reward | tau | rejected blocks | speedup | accepted (routed blocks) | target's own blocks pass | "
+             "| method | reward | tau | rejected blocks | speedup | paired speedup: median (range) | "
+             "accepted (routed blocks) | target's own blocks pass | "
              "draft-only blocks pass | draft blocks | target passes / video | "
              "drafter passes / video | per-frame score | vs target | vs draft | clip accuracy |"
              + (" ImageReward |" if has_ir else ""),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if has_ir else "")]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if has_ir else "")]
     for name, q in results["quality"].items():
         s = results["speed"][name]
         item = results["sweep_items"].get(name)
@@ -245,7 +268,8 @@ def to_markdown(results: dict, command: str) -> str:
             "from noise" if item["refine"] is None else f"refined from {item['refine']:g}")
         acc = "-" if math.isnan(q["acceptance"]) else f"{q['acceptance']:.2f}"
         own = [f"{q[key]:.2f}" if key in q else "-" for key in ("target_blocks_pass", "draft_blocks_pass")]
-        row = (f"| {name.split(' ')[0]} | {reward} | {tau} | {rejected} | {s['speedup']:.2f}x | {acc} | {own[0]} | {own[1]} | "
+        row = (f"| {name.split(' ')[0]} | {reward} | {tau} | {rejected} | {s['speedup']:.2f}x | {_paired_cell(s)} | "
+               f"{acc} | {own[0]} | {own[1]} | "
                f"{q['draft_fraction']:.2f} | "
                f"{q['target_calls']:.1f} | {q['draft_calls']:.1f} | {q['frame_score']:.3f} | "
                f"{_ratio(q['frame_score'], none_q['frame_score']):.1%} | {q['frame_score'] - draft_q['frame_score']:+.3f} | "

@@ -115,6 +115,9 @@ class CaseReport:
     #: lowest and highest ratio baseline time / this case's time over the round-robin passes (each pass
     #: times every case once, one after the other): how far the speedup moves with the machine's state
     paired_speedup_range: tuple[float, float] | None = None
+    #: median of those per-pass ratios: unlike the ratio of the medians, a pass slowed down by the machine
+    #: moves it only when it slows the baseline and the case unequally, and one such pass barely moves it
+    paired_speedup_median: float | None = None
     mean_accepted_length: float | None = None
     tokens_per_target_call: float | None = None
     ideal_speedup: float | None = None  # tokens per target call relative to the baseline
@@ -465,6 +468,7 @@ def run_benchmark(
         c.speedup = base.median_s / c.median_s if c.median_s > 0 else float("inf")
         paired = [b / t for b, t in zip(base.times, c.times) if t > 0]
         c.paired_speedup_range = (min(paired), max(paired)) if paired else None
+        c.paired_speedup_median = statistics.median(paired) if paired else None
         if c.tokens_per_target_call and base.tokens_per_target_call:
             c.ideal_speedup = c.tokens_per_target_call / base.tokens_per_target_call
 

@@ -95,6 +95,7 @@ def test_paired_speedup_range_pairs_the_repeats_of_one_pass():
     case = report.cases["m"]
     assert case.speedup == pytest.approx(2.0)  # median 2.0 over median 1.0
     assert case.paired_speedup_range == pytest.approx((2.0, 4.0))  # 1/0.5, 2/1, 4/1
+    assert case.paired_speedup_median == pytest.approx(2.0)
     assert report.cases["none"].paired_speedup_range == pytest.approx((1.0, 1.0))
 
 

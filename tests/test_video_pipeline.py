@@ -563,6 +563,12 @@ def test_benchmark_goal_sentence_names_the_closest_case():
     assert name is None and "Goal not met" in sentence and "sdvg a, 1.498x at 99.0%" in sentence  # b is too lossy
     met = results({"none": 1.0, "draft": 10.0, "sdvg a": 1.52, "sdvg b": 1.8}, scores)
     assert best_tau(met)[0] == "sdvg a" and "Goal met" in best_tau(met)[1]
+    # the lower of the two estimates counts: a ratio of medians over the line with a median paired ratio below
+    met["speed"]["sdvg a"]["paired_speedup_median"] = 1.49
+    name, sentence = best_tau(met)
+    assert name is None and "sdvg a, 1.490x" in sentence
+    met["speed"]["sdvg a"]["paired_speedup_median"] = 1.55
+    assert best_tau(met)[0] == "sdvg a" and "1.52x faster" in best_tau(met)[1]
 
 
 @pytest.mark.slow
@@ -579,6 +585,7 @@ def test_benchmark_script_writes_its_table(pipe, tmp_path):
     assert "| sdvg | match | 0.5 | from noise |" in table and "| none | - | - | - | 1.00x |" in table
     assert "| sdvg | match mean | 0.5 | from noise |" in table and "Command: `" in table
     assert "| sdvg | match | 0.5 | refined from 750 |" in table and "4 denoising steps per block (drafter: 1)" in table
+    assert "| none | - | - | - | 1.00x | 1.00x (1.00-1.00) |" in table  # one pass: the paired ratio is the ratio
     data = json.loads(out.with_suffix(".json").read_text())
     assert set(data["quality"]) == {"none", "draft", "sdvg match tau=0.5", "sdvg match tau=0.5 mean",
                                     "sdvg match tau=0.5 refine=750"}
