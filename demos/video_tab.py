@@ -316,8 +316,9 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
     comparison.notes = [
         f"{len(prompts)} prompt(s) x {videos} video(s), {blocks} blocks of {pipe.frames_per_block} frames, {steps} "
         f"denoising steps per block, seed {seed}.",
-        "Calls count model passes (the prompt's and the denoising steps, which also write pending blocks into the cache); mean accepted length is a token-level "
-        "statistic and does not apply to blocks: see the block strip.",
+        "Calls count model passes (the prompt's and the denoising steps, which also write pending blocks into "
+        "the cache); mean accepted length is a token-level statistic and does not apply to blocks: see the "
+        "block strip.",
         "Drafter and target share each block's noise, so tau = +inf reproduces the baseline exactly and "
         "tau = -inf (first-block rule off) the drafter-only run.", CPU_NOTE]
     kinds = [[block["kind"] for block in row] for row in block_decisions(stats)]

@@ -436,21 +436,23 @@ class BlockCausalVideoTransformer(ParameterDtypeDeviceMixin, ModelMixin, ConfigM
         then ``noisy`` frames at ``timesteps [B]`` (attending to the cache, the clean frames and each other),
         either part optional, starting at the cache's next frame. Returns the noisy frames' velocity."""
         first = cache.num_frames
-        parts, conds, group_ids = [], [], []
+        parts, conds = [], []
         if clean is not None:
             parts.append(self._embed_frames(clean, first))
             conds.append(self._time_cond(torch.zeros(1, device=self.device))[:, None].expand(clean.shape[0], 1, -1))
         if noisy is not None:
             parts.append(self._embed_frames(noisy, first + (0 if clean is None else clean.shape[1])))
             conds.append(self._time_cond(timesteps)[:, None])
-        for group, part in enumerate(parts):
-            group_ids.append(torch.full((part.shape[1],), group, dtype=torch.long, device=self.device))
-        x, cond, groups = torch.cat(parts, 1), torch.cat(conds, 1), torch.cat(group_ids)
+        x, cond = torch.cat(parts, 1), torch.cat(conds, 1)
+        groups = torch.cat([torch.full((part.shape[1],), group, dtype=torch.long, device=self.device)
+                            for group, part in enumerate(parts)])
         written = 0 if clean is None else parts[0].shape[1]
-        blocks = torch.arange(x.shape[1], device=self.device) // self.tokens_per_block
-        self_mask = blocks[None, :] <= blocks[:, None]  # clean blocks see earlier clean blocks and themselves
-        self_mask[written:] = True  # the noisy frames see everything new
-        mask = self._cache_mask(cache, rows, x.shape[1], None if bool(self_mask.all()) else self_mask)
+        self_mask = None  # all new tokens see each other: one clean block, or a plain denoising pass
+        if written and x.shape[1] > self.tokens_per_block:
+            blocks = torch.arange(x.shape[1], device=self.device) // self.tokens_per_block
+            self_mask = blocks[None, :] <= blocks[:, None]  # clean blocks see earlier clean blocks and themselves
+            self_mask[written:] = True  # the noisy frames see everything new
+        mask = self._cache_mask(cache, rows, x.shape[1], self_mask)
         start = cache.length
         num = x.shape[1] // self.tokens_per_frame
         out = self._run(x, cond, groups, mask, cache, rows, write=written, rope=self._rope(first, num))
@@ -544,14 +546,15 @@ def guided_velocity(model: BlockCausalVideoTransformer, x: torch.Tensor, timeste
     conditioned on the null prompt); both predictions are made in one pass and combined. ``pending_clean``
     ``[B, P, C, h, w]``: clean frames written into the cache in the same pass (both halves under guidance;
     see ``predict_velocity``)."""
-    extra = {} if pending_clean is None else {"pending_clean": pending_clean}
-    if guidance_scale == 1.0:
-        return _at_least_fp32(model.predict_velocity(x, timestep, cache, frame_start, rows, **extra))
-    if pending_clean is not None:
-        extra["pending_clean"] = torch.cat([pending_clean, pending_clean])
-    half = cache.batch_size // 2
-    both = None if rows is None else torch.cat([rows, rows + half])
-    v = _at_least_fp32(model.predict_velocity(torch.cat([x, x]), timestep, cache, frame_start, both, **extra))
+    guided = guidance_scale != 1.0
+    if guided:  # one pass over both halves: the same inputs against the cond and the null-prompt rows
+        x = torch.cat([x, x])
+        rows = None if rows is None else torch.cat([rows, rows + cache.batch_size // 2])
+        pending_clean = None if pending_clean is None else torch.cat([pending_clean, pending_clean])
+    extra = {} if pending_clean is None else {"pending_clean": pending_clean}  # models without fusing work too
+    v = _at_least_fp32(model.predict_velocity(x, timestep, cache, frame_start, rows, **extra))
+    if not guided:
+        return v
     cond, uncond = v.chunk(2)
     return uncond + guidance_scale * (cond - uncond)
 

@@ -84,9 +84,10 @@ class VideoSpecStats(SpecStats):
     """:class:`~mmspec.stats.SpecStats` of a video call plus the per-block routing record.
 
     ``tokens`` counts generated frames (all videos, not a given context); ``target_calls`` /
-    ``draft_calls`` count model passes (the prompt's, the denoising steps, and the write passes of their own that
-    only ``lazy_target_cache=False`` and partial-batch regenerations need); ``phase_seconds`` has "target",
-    "draft", "cache" (prompts and write passes of their own), "decode", "reward". The token-level fields (``verify_steps``, ``mean_accepted_length``) are unused (0).
+    ``draft_calls`` count model passes (the prompt's, the denoising steps, and the write passes of their own
+    that only ``lazy_target_cache=False`` and partial-batch regenerations need); ``phase_seconds`` has
+    "target", "draft", "cache" (prompts and write passes of their own), "decode", "reward". The token-level
+    fields (``verify_steps``, ``mean_accepted_length``) are unused (0).
 
     Attributes:
         source: per video and block, who made the final block: ``"target"`` or ``"draft"`` (``[B][N]``).
