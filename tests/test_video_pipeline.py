@@ -16,6 +16,8 @@ import PIL.Image
 import pytest
 import torch
 
+from pipeline_utils import assert_same_across_instances
+
 from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward, parse_video_prompt
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import load_zoo_tokenizer
@@ -426,11 +428,12 @@ def test_drafter_sampling_defaults_are_saved_with_the_pipeline(pipe, tmp_path):
     explicit = pipe(PROMPTS[0], "draft", guidance_scale=3.0, draft_num_inference_steps=1, draft_guidance_scale=1.0,
                     generator=gen(), output_type="latent")
     by_default = loaded(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(), output_type="latent")
-    assert torch.equal(by_default.latents, explicit.latents) and by_default.stats.draft_calls == 1 + 4
+    assert_same_across_instances(by_default.latents, explicit.latents)  # another instance: see ACROSS_INSTANCES
+    assert by_default.stats.draft_calls == 1 + 4
     overridden = loaded(PROMPTS[0], "draft", guidance_scale=3.0, draft_num_inference_steps=4, draft_guidance_scale=3.0,
                         generator=gen(), output_type="latent")
-    assert torch.equal(overridden.latents, pipe(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(),
-                                                output_type="latent").latents)
+    assert_same_across_instances(overridden.latents, pipe(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(),
+                                                          output_type="latent").latents)
     assert pipe.config.draft_num_inference_steps is None  # a pipeline without settings drafts as the target
     for bad, match in (({"draft_num_inference_steps": 0}, "draft_num_inference_steps must be a positive integer"),
                        ({"draft_guidance_scale": float("nan")}, "draft_guidance_scale must be a number")):
@@ -447,7 +450,8 @@ def test_save_load_and_export(pipe, tmp_path):
     reward = ShapesFrameReward()
     a = pipe(PROMPTS, "sdvg", tau=0.5, reward=reward, generator=gen(), output_type="pt")
     b = again(PROMPTS, "sdvg", tau=0.5, reward=reward, generator=gen(), output_type="pt")
-    assert torch.equal(a.latents, b.latents) and a.stats.source == b.stats.source
+    assert_same_across_instances(b.latents, a.latents)
+    assert a.stats.source == b.stats.source
     lone = ARVideoPipeline.from_pretrained(tmp_path / "pipe", drafter=None)
     assert lone.drafter is None
     with pytest.raises(ValueError, match="unexpected keyword"):
