@@ -28,7 +28,8 @@ setup(
     packages=_packages(),
     package_dir=PACKAGE_DIRS,
     package_data={
-        "mmspec.models": ["zoo/**/*.json", "zoo/**/*.safetensors", "zoo/**/*.txt"],
+        # every file a zoo folder holds (weights, configs, tokenizer and processor files, chat templates)
+        "mmspec.models": ["zoo/**/*.json", "zoo/**/*.safetensors", "zoo/**/*.txt", "zoo/**/*.jinja"],
         "mmspec.evaluation": ["weights/*.safetensors"],
     },
     include_package_data=True,
