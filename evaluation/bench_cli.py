@@ -19,7 +19,7 @@ import torch
 from mmspec.cpu_gemm import add_cpu_gemm_argument
 from mmspec.validation import dtype_argument
 
-from .files import atomic_path
+from .files import write_json_atomic, write_text_atomic
 
 
 def new_parser(description: str | None) -> argparse.ArgumentParser:
@@ -141,8 +141,5 @@ def write_report(out: Path | None, table: str, payload: Any) -> None:
     print(table)
     if out is None:
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(out) as tmp:
-        Path(tmp).write_text(table)
-    with atomic_path(out.with_suffix(".json")) as tmp:
-        Path(tmp).write_text(json.dumps(payload, indent=1, default=str))
+    write_text_atomic(out, table)
+    write_json_atomic(out.with_suffix(".json"), payload, indent=1, default=str)

@@ -29,6 +29,7 @@ from mmspec.cpu_gemm import (
 )
 
 from .bench_cli import command_line, new_parser
+from .files import write_text_atomic
 
 DEFAULT_SHAPES = ("192x512", "512x192", "192x2048", "768x768", "4096x4096")
 
@@ -108,8 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"Command: `{command_line('mmspec.evaluation.bench_gemm', argv)}`\n")
     print(text)
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
+        write_text_atomic(args.out, text)
     return 0
 
 

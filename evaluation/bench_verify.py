@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import os
 import platform
 import statistics
@@ -35,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from mmspec.files import write_json_atomic, write_text_atomic
 
 HIDDEN = 1024
 CASES = ("matmul", "softmax", "verify_q", "verify_none", "verify_q_nochecks", "chain_verify_ref")
@@ -254,9 +255,8 @@ def main(argv: list[str] | None = None) -> None:
         tables.append(to_markdown(results, meta))
         runs.append({"meta": meta, "results": results})
     markdown = "\n".join(tables)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(markdown)
-    args.out.with_suffix(".json").write_text(json.dumps({"runs": runs}, indent=2) + "\n")
+    write_text_atomic(args.out, markdown)
+    write_json_atomic(args.out.with_suffix(".json"), {"runs": runs})
     print(markdown)
 
 

@@ -2,17 +2,16 @@
 
 Every tool reads its inputs through these functions so bad input fails the same way everywhere: a
 missing path raises FileNotFoundError, an empty folder or images of mixed sizes raise ValueError naming
-the argument and the offending files. Outputs are written to a temporary file in the destination folder
-and renamed into place, so an interrupted or failed run never leaves a half-written result behind.
+the argument and the offending files. Outputs are written with the package's atomic writers
+(:mod:`mmspec.files`, re-exported here), so an interrupted or failed run never leaves a half-written result
+behind, and the temporary files of a killed run are never listed as images.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,61 +19,16 @@ import numpy as np
 import torch
 from PIL import Image
 
+from mmspec.files import (  # noqa: F401  (re-exported: the evaluation tools' writers)
+    atomic_path,
+    is_temporary,
+    save_image_atomic,
+    write_json_atomic,
+    write_jsonl_atomic,
+    write_text_atomic,
+)
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".webp", ".bmp")
-
-
-# ----------------------------------------------------------------------------------------------
-# Atomic writes
-# ----------------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it onto ``path`` only if the block succeeds.
-
-    The temporary file lives in the same folder (same file system), so the final ``os.replace`` is atomic.
-    On any exception the temporary file is removed and ``path`` is left untouched.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    tmp_path = Path(tmp)
-    try:
-        yield tmp_path
-        # mkstemp creates 0600 (and some writers recreate the file): give the result normal permissions.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)
-        os.replace(tmp_path, path)
-    finally:
-        if tmp_path.exists():
-            tmp_path.unlink()
-
-
-def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temporary file, then rename)."""
-    with atomic_path(path) as tmp:
-        tmp.write_text(text, encoding="utf-8")
-    return Path(path)
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> Path:
-    """Write ``obj`` as indented JSON to ``path`` atomically."""
-    return write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
-
-
-def write_jsonl_atomic(path: str | os.PathLike, rows: Sequence[dict]) -> Path:
-    """Write one JSON object per line to ``path`` atomically."""
-    return write_text_atomic(path, "".join(json.dumps(row) + "\n" for row in rows))
-
-
-def save_image_atomic(image: Image.Image, path: str | os.PathLike) -> Path:
-    """Save a PIL image atomically; the format follows the suffix of ``path``."""
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        image.save(tmp, format=Image.registered_extensions().get(path.suffix.lower(), "PNG"))
-    return path
 
 
 def read_jsonl(path: str | os.PathLike, *, argument: str = "path") -> list[dict]:
@@ -102,14 +56,16 @@ def read_jsonl(path: str | os.PathLike, *, argument: str = "path") -> list[dict]
 
 
 def list_images(folder: str | os.PathLike, *, argument: str = "folder", recursive: bool = False) -> list[Path]:
-    """Sorted image files (png/jpg/jpeg/webp/bmp) in ``folder``; raises if the folder is missing or empty."""
+    """Sorted image files (png/jpg/jpeg/webp/bmp) in ``folder``, leaving out temporary files of interrupted
+    writers; raises if the folder is missing or has no images."""
     folder = Path(folder)
     if not folder.exists():
         raise FileNotFoundError(f"{argument}: no such folder: {folder}")
     if not folder.is_dir():
         raise ValueError(f"{argument}: expected a folder of images, got a file: {folder}")
     pattern = "**/*" if recursive else "*"
-    files = sorted(p for p in folder.glob(pattern) if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS)
+    files = sorted(p for p in folder.glob(pattern)
+                   if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS and not is_temporary(p))
     if not files:
         raise ValueError(f"{argument}: no images ({', '.join(IMAGE_EXTENSIONS)}) in {folder}")
     return files

@@ -9,6 +9,7 @@ anchors the scene). tau = +inf reproduces target-only generation, tau = -inf dra
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,7 @@ class RewardRouter:
     Args:
         reward_fn: ``(frames, prompt) -> scores`` with one score per frame: ``[F]`` for a single clip
             or ``[B, F]`` for a batch (tensor, array or nested list).
-        tau: acceptance threshold (may be +-inf, not NaN).
+        tau: acceptance threshold, a real number (may be +-inf, not NaN).
         aggregate: "min" (worst frame, the paper's choice) or "mean".
         force_reject_first: block 0 always goes to the target.
     """
@@ -48,12 +49,10 @@ class RewardRouter:
                  force_reject_first: bool = True) -> None:
         if not callable(reward_fn):
             raise ValueError(f"reward_fn must be callable (frames, prompt) -> per-frame scores, got {reward_fn!r}")
-        tau = float(tau)
-        if math.isnan(tau):
-            raise ValueError("tau must be a number or +-inf, got NaN")
-        if aggregate not in ("min", "mean"):
-            raise ValueError(f"aggregate must be 'min' or 'mean', got {aggregate!r}")
-        self.reward_fn, self.tau, self.aggregate = reward_fn, tau, aggregate
+        check_aggregate(aggregate)
+        if not isinstance(force_reject_first, bool):
+            raise ValueError(f"force_reject_first must be True or False, got {force_reject_first!r}")
+        self.reward_fn, self.tau, self.aggregate = reward_fn, check_tau(tau), aggregate
         self.force_reject_first = force_reject_first
 
     def skips_scoring(self, block_index: int) -> bool:
@@ -81,8 +80,26 @@ class RewardRouter:
         return RouteDecision(score >= self.tau, score, rewards)
 
 
+AGGREGATES = ("min", "mean")  # how a block's frame rewards combine into its score
+
+
+def check_tau(tau: Any) -> float:
+    """``tau`` as a float: a real number (+-inf allowed); NaN, booleans, strings and tensors are refused
+    with a ValueError naming ``tau``."""
+    if isinstance(tau, bool) or not isinstance(tau, numbers.Real):
+        raise ValueError(f"tau must be a real number (or +-inf), got {type(tau).__name__} {tau!r}")
+    if math.isnan(tau):
+        raise ValueError("tau must be a real number (or +-inf), got NaN")
+    return float(tau)
+
+
+def check_aggregate(aggregate: Any) -> None:
+    """``aggregate`` names one of :data:`AGGREGATES`."""
+    if not isinstance(aggregate, str) or aggregate not in AGGREGATES:
+        raise ValueError(f"aggregate must be one of {', '.join(map(repr, AGGREGATES))}, got {aggregate!r}")
+
+
 def aggregate_frame_rewards(frame_rewards: torch.Tensor, aggregate: str) -> torch.Tensor:
     """A block's score from its frames' rewards ``[..., F]``: the worst frame (``"min"``) or the mean."""
-    if aggregate not in ("min", "mean"):
-        raise ValueError(f"aggregate must be 'min' or 'mean', got {aggregate!r}")
+    check_aggregate(aggregate)
     return frame_rewards.min(-1).values if aggregate == "min" else frame_rewards.mean(-1)

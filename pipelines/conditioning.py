@@ -89,7 +89,8 @@ class WordVocabularyMixin:
                            **kwargs: Any) -> Any:
         """The pipeline of a ``save_pretrained`` folder: the word vocabulary (unless ``text_tokenizer`` is
         given), the components ``names`` (:func:`~mmspec.pipelines.hub.load_components`; keyword arguments
-        replace components), :meth:`_complete_components`, then ``_name_or_path`` recorded in the config."""
+        replace components, ``check_weights=False`` skips the refusal of NaN/inf weights),
+        :meth:`_complete_components`, then ``_name_or_path`` recorded in the config."""
         load_text_vocabulary(path, kwargs)
         components = load_components(cls, path, names, torch_dtype=torch_dtype, extra=("text_tokenizer",), **kwargs)
         pipe = cls(**cls._complete_components(components, path))

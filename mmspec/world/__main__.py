@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from mmspec.files import save_image_atomic
+
 from .datasets import ShapesImageDataset
 from .evaluator import evaluate, parse_image, scene_matches
 from .prompts import make_prompt_set, scene_for_prompt
@@ -69,7 +71,7 @@ def show(out: str, difficulty: float, image_size: int, rows: int, cols: int, see
 
     tiles = [render_scene(sample_scene(rng_for("test", seed, i)), image_size, difficulty) for i in range(rows * cols)]
     grid = np.concatenate([np.concatenate(tiles[r * cols : (r + 1) * cols], axis=1) for r in range(rows)], axis=0)
-    Image.fromarray(grid).save(out)
+    save_image_atomic(Image.fromarray(grid), out)
     print(f"wrote {out}")
 
 

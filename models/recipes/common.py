@@ -8,7 +8,6 @@ import argparse
 import copy
 import json
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
@@ -18,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mmspec.files import atomic_path
 from mmspec.validation import positive_int_argument
 from mmspec.world import ShapesImageDataset
 from mmspec.world.parallel import build_in_parts, concat_parts
@@ -158,12 +158,11 @@ def args_key(args: argparse.Namespace, *names: str, **extra: Any) -> dict[str, A
 
 
 def save_atomically(obj: Any, path: Path) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then rename it over ``path``. A run stopped while
+    """``torch.save`` to ``path`` atomically (:func:`mmspec.files.atomic_path`). A run stopped while
     writing (a lease's end, a killed session) leaves the previous file or none, never a truncated one that
     the next run's resume or data cache would fail to load."""
-    partial_path = path.with_name(path.name + ".partial")
-    torch.save(obj, partial_path)
-    os.replace(partial_path, path)
+    with atomic_path(path) as temporary:
+        torch.save(obj, temporary)
 
 
 def save_fp16_copy(model: nn.Module, folder: Path) -> None:
