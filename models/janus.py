@@ -42,6 +42,7 @@ from diffusers.configuration_utils import ConfigMixin
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
+from mmspec.files import write_text_atomic
 from mmspec.neighbors import nearest_neighbors
 from mmspec.validation import check_ndim, checks_enabled
 
@@ -245,7 +246,7 @@ class JanusImageGenerator(ModelMixin, ConfigMixin):
         os.makedirs(save_directory, exist_ok=True)
         self.model.save_pretrained(save_directory, **kwargs)
         settings = {"max_prompt_length": self.config.max_prompt_length}
-        (Path(save_directory) / SETTINGS_FILE).write_text(json.dumps(settings, indent=1))
+        write_text_atomic(Path(save_directory) / SETTINGS_FILE, json.dumps(settings, indent=1))
 
     # -- the target contract --------------------------------------------------------------------------
     @property
@@ -454,7 +455,7 @@ class JanusPromptTokenizer:
         if self.max_length is not None:
             settings = folder / SETTINGS_FILE
             saved = json.loads(settings.read_text()) if settings.is_file() else {}
-            settings.write_text(json.dumps({**saved, "max_prompt_length": self.max_length}, indent=1))
+            write_text_atomic(settings, json.dumps({**saved, "max_prompt_length": self.max_length}, indent=1))
 
 
 def _check_checkpoint_tokenizer(path: str) -> None:

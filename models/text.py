@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from mmspec.files import write_text_atomic
 from mmspec.world import split_words
 
 
@@ -37,7 +38,7 @@ class WordTokenizer:
         return out
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"words": self.words}, indent=0))
+        write_text_atomic(path, json.dumps({"words": self.words}, indent=0))
 
     @classmethod
     def load(cls, path: str | Path) -> WordTokenizer:

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmspec.files import write_json_atomic
 from mmspec.models.mar import MARModel
 from mmspec.models.recipes.common import save_zoo_folder
 from mmspec.models.text import WordTokenizer
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     result["command"] = "python -m mmspec.models.recipes.report_mar " + " ".join(sys.argv[1:] if argv is None else argv)
     print(json.dumps(result, indent=1))
     if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=1))
+        write_json_atomic(args.out, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from mmspec import CausalLMRunner, SamplingConfig, speculative_generate
+from mmspec.files import write_json_atomic
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.recipes.common import DEFAULT_VQ
 from mmspec.models.text import WordTokenizer
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             report[name]["mean_top_p90_set_size"] = sum(sizes) / len(sizes)
         print(name, json.dumps(report[name]), flush=True)
     if args.out is not None:
-        args.out.write_text(json.dumps(report, indent=2))
+        write_json_atomic(args.out, report, indent=2)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmspec.files import write_json_atomic
 from mmspec.models.recipes.common import save_zoo_folder
 from mmspec.models.recipes.train_video import DIFFICULTY, TEXT_VOCAB_FILE, build_data
 from mmspec.models.text import WordTokenizer
@@ -97,7 +98,7 @@ def report(folder: Path, num_prompts: int, threads: int, guidance_scale: float =
                         "motion": scores.motion, "seconds": round(time.perf_counter() - start, 1),
                         "per_prompt_frame_score": [round(float(np.mean(s.frame_scores)), 6) for s in scores.scores]}
         print(f"{name}: {({k: v for k, v in result[name].items() if k != 'per_prompt_frame_score'})}", flush=True)
-    (out or folder / "report.json").write_text(json.dumps(result, indent=1))
+    write_json_atomic((out or folder / "report.json"), result, indent=1)
     return result
 
 
@@ -176,7 +177,7 @@ def context_report(folder: Path, num_prompts: int, threads: int, guidance_scale:
     for name, value in result["frame_score_after_first_block"].items():
         print(f"{name}: {value:.3f}")
     print(f"sdvg (match, tau {tau}) continuing the real first block: acceptance {np.nanmean(accepted):.3f}")
-    (out or folder / "context_report.json").write_text(json.dumps(result, indent=1))
+    write_json_atomic((out or folder / "context_report.json"), result, indent=1)
     return result
 
 

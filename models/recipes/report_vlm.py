@@ -27,7 +27,6 @@ reference length, and the CPU generation time (shared machine: indicative only).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from mmspec.files import write_json_atomic
 from mmspec.models import shapes_vlm as sv
 from mmspec.world import qa_kind
 from mmspec.world.prompts import RELATION_PHRASES
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> None:
         report["draft"] = report_model(args.draft, counts, args.seed, args.batch, args.split)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        write_json_atomic(args.out, report, indent=1)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import torch
 
+from mmspec.files import write_json_atomic
 from mmspec.models.eagle import EagleHead, eagle_loss
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.recipes.common import (
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     report["own_greedy_top1"] = round(float(deep["top1"]), 4)
     report.update({f"own_greedy_{key}": round(float(value), 4) for key, value in deep.items()
                    if key.startswith(("top1_depth", "top1_future"))})
-    (args.work / "report.json").write_text(json.dumps(report))
+    write_json_atomic((args.work / "report.json"), report, indent=None)
     print("held-out", json.dumps(report), flush=True)
 
 
