@@ -285,7 +285,7 @@ def to_markdown(results: dict, command: str) -> str:
               "Passes count model calls: the prompt's, then denoising steps; blocks are written into a model's "
               "cache at t=0 by its next denoising pass (`pending_clean`), not by passes of their own, so a run of "
               "accepted blocks costs the target a few tokens more in its next pass. `vs draft` is the "
-              "per-frame score minus draft-only's. CPU caveat (DESIGN.md section 4): at these sizes a forward "
+              "per-frame score minus draft-only's. CPU caveat: at these sizes a forward "
               "costs roughly the same for any number of new tokens and per-call overheads weigh more than on a "
               "GPU, so the drafter's relative cost and the reward's (the exact evaluator parses every drafted "
               "frame, about 1 ms per frame) are higher here than in the paper's setting.", ""]

@@ -3,7 +3,7 @@
 #
 # torch is installed first at exactly 2.13.0 (the local CPU wheel on our machines, the PyPI wheel
 # elsewhere) and every later pip call gets requirements/constraints.txt, which pins it, so no
-# dependency can replace torch or pull CUDA packages (see ENVIRONMENT.md in the design docs).
+# dependency can replace torch or pull CUDA packages: the torch installed first is the one every later step uses.
 #
 # Usage: bash scripts/setup.sh            (idempotent; re-running only installs what changed)
 #        MMSPEC_VENV=/path bash scripts/setup.sh
