@@ -8,7 +8,13 @@ after the last try keeps the last proposal y ~ p, a documented bias towards p th
 probability (1 - TV(p, q))^max_tries per rejected element (counted in ``num_fallbacks``).
 
 Diffusion heads have no tractable density, so CSpD scores whole denoising trajectories: with the draft
-and target chains driven by the same noise, :func:`cspd_log_ratio` gives the surrogate log density ratio (:func:`cspd_log_ratio_terms` its two terms).
+and target chains driven by the same noise, :func:`cspd_log_ratio` gives the surrogate log density ratio
+(:func:`cspd_log_ratio_terms` its two terms).
+
+NaN never decides: samples, proposals and the chains' means and variances must be finite, and log densities
+must not be NaN or +inf (a log ratio of NaN would reject silently, an infinite density accept), else a
+:class:`~mmspec.validation.NonFiniteValuesError` names the value and its index (check the models for NaN
+weights, and the sampling temperature and guidance scale).
 """
 
 from __future__ import annotations
@@ -18,7 +24,11 @@ from typing import Any
 
 import torch
 
-from mmspec.validation import check_positive_int
+from mmspec.validation import NonFiniteValuesError, check_finite, check_positive_int
+
+#: What non-finite continuous values usually mean.
+_ADVICE = ("check the draft and target models for NaN or infinite weights, and that the sampling temperature "
+           "and guidance scale are in range")
 
 
 @dataclass
@@ -72,6 +82,7 @@ def verify_continuous(draft: Any, target: Any, samples: torch.Tensor, generator:
         max_tries: bound on residual proposals per rejected element.
     """
     check_positive_int(max_tries, "max_tries")
+    check_finite(samples, "samples (the draft's)", _ADVICE)
     log_p, log_q = target.log_prob(samples), draft.log_prob(samples)
     if log_p.shape != log_q.shape:
         raise ValueError(f"draft and target disagree on the batch shape: log_prob gives {tuple(log_q.shape)} "
@@ -81,8 +92,7 @@ def verify_continuous(draft: Any, target: Any, samples: torch.Tensor, generator:
     event_dims = samples.ndim - log_p.ndim
     if tuple(samples.shape[: log_p.ndim]) != tuple(log_p.shape):
         raise ValueError(f"samples {tuple(samples.shape)} do not start with the batch shape {tuple(log_p.shape)}")
-    if not (torch.isfinite(log_q) | (log_q == float("-inf"))).all() or torch.isnan(log_p).any():
-        raise ValueError("log densities are NaN: check the draft and target distributions")
+    _check_log_densities(log_p, "target log density", log_q, "draft log density")
 
     device = generator.device if generator is not None else samples.device
     u = torch.rand(log_p.shape, generator=generator, dtype=torch.float64, device=device).to(samples.device)
@@ -94,7 +104,10 @@ def verify_continuous(draft: Any, target: Any, samples: torch.Tensor, generator:
         if not pending.any():
             break
         proposal = sample_with_generator(target, generator)
+        check_finite(proposal, "residual proposal (a target sample)", _ADVICE)
         log_p_y, log_q_y = target.log_prob(proposal), draft.log_prob(proposal)
+        _check_log_densities(log_p_y, "target log density of a residual proposal", log_q_y,
+                             "draft log density of a residual proposal")
         keep_prob = (1 - torch.exp(log_q_y - log_p_y).double()).clamp_min(0)
         v = torch.rand(log_p.shape, generator=generator, dtype=torch.float64, device=device).to(samples.device)
         take = pending & (v < keep_prob)
@@ -105,6 +118,21 @@ def verify_continuous(draft: Any, target: Any, samples: torch.Tensor, generator:
         pending = pending & ~take
     leading = accepted.long().cumprod(-1).sum(-1) if accepted.ndim == 2 else accepted.long()
     return ContinuousVerification(accepted, leading, out, num_fallbacks)
+
+
+def _check_log_densities(log_p: torch.Tensor, p_name: str, log_q: torch.Tensor, q_name: str) -> None:
+    """Log densities may be -inf (a sample impossible under that side) but not NaN or +inf, and not -inf on
+    both sides at once (their ratio would be NaN)."""
+    for values, name in ((log_p, p_name), (log_q, q_name)):
+        bad = torch.isnan(values) | (values == float("inf"))
+        if bool(bad.any()):
+            index = [int(i) for i in bad.nonzero()[0]]
+            raise NonFiniteValuesError(f"{name} is NaN or +inf at batch index {index}: {_ADVICE}")
+    both = (log_p == float("-inf")) & (log_q == float("-inf"))
+    if bool(both.any()):
+        index = [int(i) for i in both.nonzero()[0]]
+        raise NonFiniteValuesError(f"{p_name} and {q_name} are both -inf at batch index {index} (the log "
+                                   f"ratio is NaN): {_ADVICE}")
 
 
 def _expand(mask: torch.Tensor, event_dims: int) -> torch.Tensor:
@@ -148,7 +176,11 @@ def cspd_log_ratio_terms(x0: torch.Tensor, target_means: torch.Tensor, target_va
         raise ValueError(f"per-step means/variances of both chains must share one shape [T, ..., D], got {shapes}")
     if tuple(target_means.shape[1:]) != tuple(x0.shape):
         raise ValueError(f"x0 {tuple(x0.shape)} must match the per-step shape {tuple(target_means.shape[1:])}")
-    if (target_vars <= 0).any() or (draft_vars <= 0).any():
+    named = (("x0", x0), ("target_means", target_means), ("target_vars", target_vars),
+             ("draft_means", draft_means), ("draft_vars", draft_vars))
+    for name, values in named:
+        check_finite(values, name, _ADVICE)
+    if not bool((target_vars > 0).all()) or not bool((draft_vars > 0).all()):
         raise ValueError("variances must be positive")
     log_det = 0.5 * (draft_vars[:-1].log() - target_vars[:-1].log()).sum(dim=(0, -1))
     last_step = gaussian_log_prob(x0, target_means[-1], target_vars[-1]) - gaussian_log_prob(x0, draft_means[-1], draft_vars[-1])

@@ -115,7 +115,8 @@ class ModelDrafter(Drafter):
     Args:
         model: a transformers causal LM (its own KV cache is managed by a :class:`CausalLMRunner`), or a
             runner (e.g. a :class:`~mmspec.runner.GuidedRunner` to draft under classifier-free guidance).
-        num_draft_tokens: K drafts per round (chain mode).
+        num_draft_tokens: K drafts per round (chain mode; fewer where less is left to generate,
+            :attr:`~mmspec.speculate.Drafter.draft_limit`).
         sampling: must equal the target's sampling config: drafts are drawn from the same processed
             distribution family (greedy drafting when ``do_sample=False``).
         tree: draft an EAGLE-2 dynamic tree instead of a chain (deterministic top-k expansion).
@@ -160,7 +161,8 @@ class ModelDrafter(Drafter):
         if self.tree is not None:
             return self._propose_tree(logits)
         chain = draft_chain(logits, lambda token: self.runner.forward(token.unsqueeze(1)).logits[:, 0],
-                            self.num_draft_tokens, self.sampling, self.generator, self.confidence_threshold)
+                            self.capped(self.num_draft_tokens), self.sampling, self.generator,
+                            self.confidence_threshold)
         self._drafted = chain.tokens.shape[1]  # K, or fewer when the chain stopped early
         return chain
 
@@ -175,7 +177,8 @@ class ModelDrafter(Drafter):
             return logits.log_softmax(-1)
 
         root = root_logits.log_softmax(-1)
-        return expand_dynamic_tree(root, step, self.tree.depth, self.tree.top_k, self.tree.total_tokens)
+        return expand_dynamic_tree(root, step, self.capped(self.tree.depth), self.tree.top_k,
+                                   self.tree.total_tokens)
 
     def commit(self, result: RoundResult) -> None:
         prefix = self._prefix_valid.shape[1]
@@ -207,7 +210,8 @@ class JacobiDrafter(Drafter):
 
     Args:
         vocab_size: target vocabulary size.
-        window: L draft slots per round (SJD uses 16 for images).
+        window: L draft slots per round (SJD uses 16 for images); a round proposes the first
+            :attr:`~mmspec.speculate.Drafter.draft_limit` of them where less is left to generate.
         sampling: the target's sampling config (greedy or sampled refinement).
         init: "random" or "left".
         token_range: ``(low, high)`` ids random initialisation draws from (e.g. the image-token range).
@@ -264,23 +268,27 @@ class JacobiDrafter(Drafter):
             self._probs = torch.cat([old, fresh], 1)
 
     def propose(self, pending: torch.Tensor) -> DraftChain:
-        return DraftChain(self._tokens.clone(), self._probs if self.sampling.do_sample else None)
+        width = self.capped(self.window)
+        probs = self._probs[:, :width] if self.sampling.do_sample else None
+        return DraftChain(self._tokens[:, :width].clone(), probs)
 
     def commit(self, result: RoundResult) -> None:
         if result.target_probs is None:
             raise ValueError("JacobiDrafter needs the round's target distributions")
         emitted = result.num_accepted + 1  # slots consumed per row (accepted drafts + corrected token)
-        # Redraw every slot from the target distribution this round computed for it.
-        target = result.target_probs[:, : self.window].to(self._dtype)  # [B, L, V] q for the next round
+        # Redraw every proposed slot (the window, or its first draft_limit) from the target distribution
+        # this round computed for it; slots past the proposed ones are dropped and refilled below.
+        proposed = result.target_probs.shape[1] - 1
+        target = result.target_probs[:, :proposed].to(self._dtype)  # [B, L, V] q for the next round
         redrawn = target.argmax(-1) if not self.sampling.do_sample else sample(target, self.generator)
         # Drop the consumed slots per row (shift left by `emitted`), then refill the end.
-        index = (torch.arange(self.window, device=redrawn.device).unsqueeze(0) + emitted.unsqueeze(1))
-        valid = index < self.window
-        tokens = redrawn.gather(1, index.clamp(max=self.window - 1))
+        index = (torch.arange(proposed, device=redrawn.device).unsqueeze(0) + emitted.unsqueeze(1))
+        valid = index < proposed
+        tokens = redrawn.gather(1, index.clamp(max=proposed - 1))
         keep = int(valid.sum(1).min())
         self._tokens = tokens[:, :keep]
         if self.sampling.do_sample:
-            probs = target.gather(1, index.clamp(max=self.window - 1).unsqueeze(-1).expand(-1, -1, target.shape[-1]))
+            probs = target.gather(1, index.clamp(max=proposed - 1).unsqueeze(-1).expand(-1, -1, target.shape[-1]))
             self._probs = probs[:, :keep]
         # Rows that consumed fewer slots than the batch maximum lose their extra kept slots: their
         # tokens were drawn from valid distributions, but slots must align across rows.

@@ -10,11 +10,16 @@ kept for no one. Two hooks read the two tensors as they pass and keep nothing el
 The hooks read exactly what transformers reports: the top hidden state is the decoder's
 ``last_hidden_state`` (``hidden_states[-1]``), the penultimate one the last decoder layer's input
 (``hidden_states[-2]``); tests check both against ``output_hidden_states=True``.
+
+Threads: a hook sits on a module that every thread using the model shares, so it also sees forwards that
+other threads run while it is registered (two pipeline calls on one model). :func:`thread_scoped` makes a
+hook fire only for forwards of the thread that registered it, so each call reads its own tensors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -39,8 +44,28 @@ def find_decoder(model: Any) -> nn.Module | None:
     return decoder
 
 
+def thread_scoped(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """``hook`` as a module hook that runs only for forwards of the calling thread (the one registering it).
+
+    Why: hooks live on the shared model, so without this a forward that another thread runs meanwhile would
+    overwrite what this call records (e.g. a decode step's ``[B, 1, D]`` embeddings replacing a prefill's
+    ``[B, T, D]``). Other threads' forwards pass through untouched. The wrapper takes any trailing hook
+    arguments: a thread that listed the hook just before its owner removed it may call it without the
+    ``kwargs`` of a ``with_kwargs`` pre-hook (PyTorch reads the hook table and the kwargs table separately).
+    """
+    owner = threading.get_ident()
+
+    def scoped(module: nn.Module, args: tuple, *rest: Any) -> Any:
+        if threading.get_ident() != owner:
+            return None
+        return hook(module, args, *rest)
+
+    return scoped
+
+
 class HiddenStateCapture:
-    """Forward hooks on one decoder that record its top and/or penultimate hidden states of a call.
+    """Forward hooks on one decoder that record its top and/or penultimate hidden states of a call (of the
+    calling thread only: :func:`thread_scoped`; several threads may record on one decoder at once).
 
     Example::
 
@@ -68,9 +93,10 @@ class HiddenStateCapture:
             grabbed["penultimate"] = args[0] if args else kwargs["hidden_states"]
 
         if top:
-            handles.append(self.decoder.register_forward_hook(read_top))
+            handles.append(self.decoder.register_forward_hook(thread_scoped(read_top)))
         if penultimate:
-            handles.append(self.last_layer.register_forward_pre_hook(read_penultimate, with_kwargs=True))
+            handles.append(self.last_layer.register_forward_pre_hook(thread_scoped(read_penultimate),
+                                                                     with_kwargs=True))
         try:
             yield grabbed
         finally:

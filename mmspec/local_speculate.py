@@ -46,10 +46,11 @@ import torch
 
 from mmspec.local2d import local_resample_sets
 from mmspec.rules import AcceptanceRule
-from mmspec.sampling import SamplingConfig, draw_uniforms, sample
+from mmspec.sampling import SamplingConfig, draw_uniforms
+from mmspec.sampling import draw as draw_tokens
 from mmspec.speculate import Target, default_rule, target_probs_fn
 from mmspec.stats import SpecStats
-from mmspec.validation import check_positive_int, value_checks
+from mmspec.validation import NonFiniteProbabilitiesError, blame_inputs, check_positive_int, value_checks
 
 #: How rejected drafts of a verified block are replaced (module docstring).
 RESAMPLE_MODES = ("parallel", "sequential", "reverify")
@@ -84,7 +85,10 @@ class LocalSpeculativeOutput:
     Attributes:
         sequences: LongTensor ``[B, H * W]`` image tokens in raster order.
         drafted: bool ``[B, H * W]``: True where the drafted token was kept, False where the target drew it.
-        stats: :class:`SpecStats` (``mean_accepted_length``: tokens per row and target verification).
+        stats: :class:`SpecStats`. ``mean_accepted_length``: per (row, target pass), the drafts it kept plus
+            one target token (blocks end with the image: nothing past it is counted). Under "reverify" that
+            adds up to every token of the image; "parallel" counts one target token per (row, pass) however
+            many the pass redrew.
     """
 
     sequences: torch.Tensor
@@ -182,7 +186,8 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
                             target, to_probs, source, draft_tokens, redraw, rewrite.shape[1], rule.greedy, generator)
                 else:
                     with stats.phase("verify"):
-                        final = torch.where(redraw, _draw(source, rule.greedy, generator), draft_tokens)
+                        redrawn = _draw(source, rule.greedy, generator, "residual", p, draft_probs)
+                        final = torch.where(redraw, redrawn, draft_tokens)
                     first = _commit_unchanged_prefix(target, final, draft_tokens, rewrite.shape[1])
                 row_passes = batch * (1 + extra_calls)  # each pass yields one target token per row
                 emitted = int((~redraw).sum()) + row_passes  # kept drafts + those target tokens
@@ -213,9 +218,16 @@ def _check_drafts(rule: AcceptanceRule, p: torch.Tensor, draft_probs: torch.Tens
     return draw_uniforms(draft_tokens.shape, p, generator) * draft_mass < target_mass
 
 
-def _draw(dist: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
-    """Redrawn tokens from ``dist [..., V]``: argmax for greedy rules, a sample otherwise."""
-    return dist.argmax(-1) if greedy else sample(dist, generator)
+def _draw(dist: torch.Tensor, greedy: bool, generator: torch.Generator | None, name: str,
+          target_probs: torch.Tensor | None = None, draft_probs: torch.Tensor | None = None) -> torch.Tensor:
+    """Redrawn tokens from ``dist [..., V]``: argmax for greedy rules, a sample otherwise. A NaN, infinite or
+    all-zero row raises naming the target's or the drafter's distribution it came from (``target_probs``,
+    ``draft_probs``) when one of them has a bad row, else ``name``."""
+    try:
+        return draw_tokens(dist, greedy, generator=generator, name=name)
+    except NonFiniteProbabilitiesError as error:
+        raise blame_inputs(error, ("target distribution", target_probs),
+                           ("draft distribution", draft_probs)) from None
 
 
 def _commit_unchanged_prefix(target: Target, final: torch.Tensor, draft_tokens: torch.Tensor, rewrite_len: int) -> int:
@@ -242,15 +254,15 @@ def _redraw_in_raster_order(target: Target, to_probs: Callable[[torch.Tensor], t
     columns = redraw.any(0).nonzero().flatten().tolist()
     final = draft_tokens.clone()
     fed_until = columns[0]
-    final[:, fed_until] = torch.where(redraw[:, fed_until], _draw(source[:, fed_until], greedy, generator),
-                                      final[:, fed_until])
+    redrawn = _draw(source[:, fed_until], greedy, generator, "residual")
+    final[:, fed_until] = torch.where(redraw[:, fed_until], redrawn, final[:, fed_until])
     target.commit(torch.arange(rewrite_len + fed_until, device=final.device).expand(batch, -1))
     for column in columns[1:]:
         target.begin_round()
         step = target.forward(final[:, fed_until:column])
         target.commit(torch.arange(column - fed_until, device=final.device).expand(batch, -1))
-        final[:, column] = torch.where(redraw[:, column], _draw(to_probs(step.logits[:, -1]), greedy, generator),
-                                       final[:, column])
+        redrawn = _draw(to_probs(step.logits[:, -1]), greedy, generator, "target distribution")
+        final[:, column] = torch.where(redraw[:, column], redrawn, final[:, column])
         fed_until = column
     return final, fed_until, len(columns) - 1
 
@@ -312,14 +324,14 @@ def _verify_in_raster_order(target: Target, rule: AcceptanceRule, to_probs: Call
             at = rejected_at.clamp(max=length - 1)
             residual = rule.residual(p[rows, at], None if draft_probs is None else draft_probs[rows, at],
                                      draft_tokens[rows, at])
-            draw = _draw(residual, rule.greedy, generator)
+            draw = _draw(residual, rule.greedy, generator, "residual", p, draft_probs)
             final[rows, at] = torch.where(redrawn, draw, final[rows, at])
         frontier = torch.where(active, (rejected_at + 1).clamp(max=length), frontier)
         # Jacobi refinement: every draft after a redrawn token is replaced by the target's own proposal from
         # this pass (all of them: keeping only those that passed a check would bias the proposals).
         stale = columns.unsqueeze(0) > rejected_at.unsqueeze(1)
         if bool(stale.any()):
-            proposal = _draw(p, rule.greedy, generator)
+            proposal = _draw(p, rule.greedy, generator, "target distribution")
             draft_tokens = torch.where(stale, proposal, draft_tokens)
             final = torch.where(stale, proposal, final)
             if draft_probs is not None:

@@ -106,13 +106,15 @@ class LookupTailDrafter(Drafter):
             if len(tail) >= self.lookup_only_from:  # the round starts inside a long run of one code
                 self._undrafted, self._proposed = True, [tail]
                 return DraftChain(torch.tensor([tail], dtype=pending.dtype, device=pending.device))  # point masses
+        self.inner.draft_limit = self.draft_limit  # the inner chain and the tail share the round's cap
         chain = self.inner.propose(pending)
         if isinstance(chain, DraftTree):
             raise ValueError("a lookup tail extends draft chains; the inner drafter proposed a tree "
                              "(draft chains, e.g. tree=None, to use a tail)")
         drafts = chain.tokens.tolist()
         rows = [generated + row for generated, row in zip(self._generated, drafts)]
-        tails = [lookup_tail(row, self._room(row), self.offset, self.stop_at_change) for row in rows]
+        tails = [lookup_tail(row, self._room(row, already=chain.tokens.shape[1]), self.offset, self.stop_at_change)
+                 for row in rows]
         width = max(len(tail) for tail in tails)
         if min(len(tail) for tail in tails) < width:  # rows whose tail ended early go on copying
             tails = [lookup_tail(row, width, self.offset, stop_at_change=False) for row in rows]
@@ -125,11 +127,11 @@ class LookupTailDrafter(Drafter):
             probs = torch.cat([probs, one_hot_probs(tail_tokens, self.vocab_size).to(probs.dtype)], 1)
         return DraftChain(torch.cat([chain.tokens, tail_tokens], 1), probs)
 
-    def _room(self, sequence: list[int]) -> int:
-        """The longest tail after ``sequence``: ``length``, cut where it would pass ``max_length``."""
-        if self.max_length is None:
-            return self.length
-        return max(0, min(self.length, self.max_length - len(sequence)))
+    def _room(self, sequence: list[int], already: int = 0) -> int:
+        """The longest tail after ``sequence``: ``length``, cut where it would pass ``max_length`` and to what
+        the round's :attr:`draft_limit` leaves after ``already`` drafted tokens."""
+        room = self.length if self.max_length is None else min(self.length, self.max_length - len(sequence))
+        return max(0, self.capped(already + room) - already)
 
     def commit(self, result: RoundResult) -> None:
         if self._undrafted:

@@ -17,6 +17,12 @@ Residual of relaxed rules: for any rule whose relaxed mass satisfies p~(y) >= p(
 residual norm(max(0, p - q * f)) with f(y) = min(1, p~(y)/q(y)) simplifies to norm(max(0, p - q)):
 where q(y) < p(y) <= p~(y) we get p - q, elsewhere 0. So LANTERN and GSD share the exact residual by
 default; LANTERN offers the official code's heuristic (also zero the draft's latent neighbours).
+
+Bad rows: while value checks are on, every public method refuses NaN, infinite, negative or all-zero rows of
+its inputs (:func:`check_rule_inputs`). Verification checks its inputs once and calls the rules with the
+checks off; there a NaN row still never becomes a token: its masses are NaN, every acceptance test
+``u * draft_mass < target_mass`` (and each greedy comparison) is False for NaN, so the token is rejected, and
+the residual it leaves is NaN, which the draw refuses (:mod:`mmspec.sampling`).
 """
 
 from __future__ import annotations
@@ -26,9 +32,21 @@ from dataclasses import dataclass, field
 import torch
 
 from mmspec import kernels
-from mmspec.validation import check_ndim, check_positive_int
+from mmspec.sampling import top_token
+from mmspec.validation import check_ndim, check_positive_int, check_probability_rows, checks_enabled
 
 RESIDUAL_EPS = 1e-9  # a residual with less total mass than this falls back to the target distribution
+
+
+def check_rule_inputs(target_probs: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
+    """While value checks are on, refuse NaN, infinite, negative or all-zero rows of a rule's distributions
+    with a :class:`~mmspec.validation.NonFiniteProbabilitiesError` naming the distribution and the row (see
+    the module docstring for what happens with the checks off)."""
+    if not checks_enabled():
+        return
+    check_probability_rows(target_probs, "target distribution (target_probs)")
+    if draft_probs is not None:
+        check_probability_rows(draft_probs, "draft distribution (draft_probs)")
 
 
 def one_hot_like(tokens: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
@@ -43,7 +61,9 @@ def gather_token(probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
 
 def exact_residual(target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
                    tokens: torch.Tensor) -> torch.Tensor:
-    """``max(0, p - q)`` (q a point mass at ``tokens`` when None), or p where that has no mass."""
+    """``max(0, p - q)`` (q a point mass at ``tokens`` when None), or p where that has no mass (p = q up to
+    rounding: a legitimate fallback). NaN rows stay NaN, for the draw to refuse."""
+    check_rule_inputs(target_probs, draft_probs)
     q = one_hot_like(tokens, target_probs) if draft_probs is None else draft_probs
     residual = (target_probs - q).clamp_min_(0)
     empty = residual.sum(-1, keepdim=True) <= RESIDUAL_EPS
@@ -90,6 +110,7 @@ class ExactRule(AcceptanceRule):
     fused_kernel = "sample"
 
     def masses(self, target_probs, draft_probs, tokens):
+        check_rule_inputs(target_probs, draft_probs)
         p = gather_token(target_probs, tokens)
         q = torch.ones_like(p) if draft_probs is None else gather_token(draft_probs, tokens)
         return p, q
@@ -103,10 +124,13 @@ class GreedyRule(AcceptanceRule):
     fused_kernel = "greedy"
 
     def masses(self, target_probs, draft_probs, tokens):
-        match = (target_probs.argmax(-1) == tokens).to(target_probs.dtype)
+        check_rule_inputs(target_probs, draft_probs)
+        best, argmax = top_token(target_probs)  # a NaN row's argmax is the NaN's index: never a match
+        match = ((argmax == tokens) & (best > 0)).to(target_probs.dtype)
         return match, torch.ones_like(match)
 
     def residual(self, target_probs, draft_probs, tokens):
+        check_rule_inputs(target_probs, draft_probs)
         return target_probs
 
 
@@ -190,6 +214,7 @@ class LanternRule(AcceptanceRule):
         return p + _neighbor_mass(target_probs, tokens, self.neighbors, self.k, budget)[1]
 
     def masses(self, target_probs, draft_probs, tokens):
+        check_rule_inputs(target_probs, draft_probs)
         relaxed = self.relaxed_mass(target_probs, tokens)
         if self.greedy:
             is_max = (relaxed >= target_probs.max(-1).values).to(relaxed.dtype)
@@ -199,6 +224,7 @@ class LanternRule(AcceptanceRule):
 
     def residual(self, target_probs, draft_probs, tokens):
         if self.greedy:
+            check_rule_inputs(target_probs, draft_probs)
             return target_probs
         residual = exact_residual(target_probs, draft_probs, tokens)
         if self.residual_mode == "official":
@@ -282,9 +308,10 @@ class GroupedRule(AcceptanceRule):
         return mask.scatter_(-1, members, keep)
 
     def masses(self, target_probs, draft_probs, tokens):
-        if self.G == 1:
+        if self.G == 1:  # (the delegates check the inputs)
             return ExactRule().masses(target_probs, draft_probs, tokens) if not self.greedy \
                 else GreedyRule().masses(target_probs, draft_probs, tokens)
+        check_rule_inputs(target_probs, draft_probs)
         group = self.group_mask(target_probs, tokens).to(target_probs.dtype)
         p_group = (target_probs * group).sum(-1)
         if self.greedy:
@@ -294,7 +321,10 @@ class GroupedRule(AcceptanceRule):
         return p_group, q_group
 
     def residual(self, target_probs, draft_probs, tokens):
-        return target_probs if self.greedy else exact_residual(target_probs, draft_probs, tokens)
+        if self.greedy:
+            check_rule_inputs(target_probs, draft_probs)
+            return target_probs
+        return exact_residual(target_probs, draft_probs, tokens)
 
 
 @dataclass(frozen=True)
@@ -324,10 +354,12 @@ class PoolingThresholdRule(AcceptanceRule):
         return gather_token(target_probs, tokens) + _neighbor_mass(target_probs, tokens, self.neighbors, self.k)[0]
 
     def masses(self, target_probs, draft_probs, tokens):
+        check_rule_inputs(target_probs, draft_probs)
         accept = (self.pooled_mass(target_probs, tokens) >= self.tau).to(target_probs.dtype)
         return accept, torch.ones_like(accept)
 
     def residual(self, target_probs, draft_probs, tokens):
+        check_rule_inputs(target_probs, draft_probs)
         if self.greedy or draft_probs is None:
             return target_probs
         every = torch.arange(target_probs.shape[-1], device=tokens.device).expand_as(target_probs)

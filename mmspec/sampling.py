@@ -6,15 +6,32 @@ respect to the distribution it is given: what you process here is what the outpu
 
 Random draws use inverse-CDF sampling with uniforms taken from an optional ``torch.Generator`` so that the
 torch reference and the Triton kernels (which receive the same uniforms) pick identical tokens.
+
+Every draw (:func:`sample_inverse_cdf`, :func:`greedy_tokens`, :func:`draw`) refuses rows that no token can
+come from, NaN, infinite or all-zero ones, with a :class:`~mmspec.validation.NonFiniteProbabilitiesError`
+naming the step (``name``) and the row: a NaN weight in a model, or logits overflowed by a near-zero
+temperature or a huge guidance scale, would otherwise become token 0 or the last token without a word. The
+check reads one number per draw (see :func:`~mmspec.validation.check_row_scales`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Integral
 
 import torch
 
-from mmspec.validation import check_positive_int
+from mmspec.validation import (
+    check_finite_rows,
+    check_guidance_scale,
+    check_positive_int,
+    check_probability_rows,
+    check_row_scales,
+    check_temperature,
+    checks_enabled,
+    is_number,
+)
 
 
 @dataclass(frozen=True)
@@ -23,11 +40,14 @@ class SamplingConfig:
 
     Attributes:
         do_sample: False means greedy decoding (temperature 0): acceptance is an argmax match.
-        temperature: softmax temperature (> 0), ignored when ``do_sample`` is False.
+        temperature: softmax temperature, finite and >= :data:`~mmspec.validation.MIN_TEMPERATURE` (0.01:
+            smaller ones overflow float32 logits); ignored when ``do_sample`` is False (it must still not be
+            NaN or infinite).
         top_k: keep the k most likely tokens (0 or None: no limit).
         top_p: nucleus sampling mass in (0, 1]; 1.0 disables it.
-        guidance_scale: classifier-free guidance scale; 1.0 disables it. With guidance the logits come
-            as a doubled batch ``[cond; uncond]`` and are merged as ``uncond + s * (cond - uncond)``.
+        guidance_scale: classifier-free guidance scale in [0, :data:`~mmspec.validation.MAX_GUIDANCE_SCALE`];
+            1.0 disables it. With guidance the logits come as a doubled batch ``[cond; uncond]`` and are
+            merged as ``uncond + s * (cond - uncond)``.
     """
 
     do_sample: bool = True
@@ -37,14 +57,17 @@ class SamplingConfig:
     guidance_scale: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.do_sample and not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0 when sampling, got {self.temperature}")
-        if self.top_k is not None and self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.guidance_scale < 0:
-            raise ValueError(f"guidance_scale must be >= 0, got {self.guidance_scale}")
+        if self.do_sample:
+            check_temperature(self.temperature, "temperature", hint=" when sampling (near 0 the scaled "
+                              "logits overflow float32; for greedy decoding pass do_sample=False)")
+        elif is_number(self.temperature) and not math.isfinite(self.temperature):
+            raise ValueError(f"temperature must be a finite number, got {self.temperature!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, Integral) or isinstance(self.top_k, bool)
+                                       or self.top_k < 0):
+            raise ValueError(f"top_k must be an integer >= 0 (0 or None disables it), got {self.top_k!r}")
+        if not is_number(self.top_p) or not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        check_guidance_scale(self.guidance_scale, "guidance_scale")
 
     def check_vocab(self, vocab_size: int) -> None:
         """Raise if ``top_k`` cannot apply to a vocabulary of ``vocab_size`` tokens."""
@@ -60,22 +83,29 @@ def apply_guidance(logits: torch.Tensor, guidance_scale: float) -> torch.Tensor:
     Returns:
         ``[B, ..., V]`` guided logits ``uncond + s * (cond - uncond)``.
     """
+    if not isinstance(guidance_scale, torch.Tensor):  # per-token scale tensors are the caller's to check
+        check_guidance_scale(guidance_scale, "guidance_scale")
     if logits.shape[0] % 2:
         raise ValueError(f"guidance expects a doubled batch [cond; uncond], got batch {logits.shape[0]}")
     cond, uncond = logits.chunk(2, dim=0)
     return uncond + guidance_scale * (cond - uncond)
 
 
-def logits_to_probs(logits: torch.Tensor, config: SamplingConfig = SamplingConfig()) -> torch.Tensor:
+def logits_to_probs(logits: torch.Tensor, config: SamplingConfig = SamplingConfig(),
+                    name: str = "logits") -> torch.Tensor:
     """Processed probabilities ``[..., V]`` from raw logits ``[..., V]`` (guidance already applied).
 
     Greedy configs return the one-hot distribution of the argmax, so greedy decoding is "sampling"
-    from a point mass and the same code path serves both.
+    from a point mass and the same code path serves both; a row with a NaN or infinite logit raises there
+    (``name`` says whose logits), since its argmax would be the NaN's index. Sampled rows with one come out
+    NaN (softmax normalises by a NaN sum), which the draws refuse.
     """
     config.check_vocab(logits.shape[-1])
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     if not config.do_sample:
-        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).to(logits.dtype)
+        best, tokens = top_token(logits)  # NaN where the row holds one
+        check_finite_rows(best, logits, name)
+        return torch.nn.functional.one_hot(tokens, logits.shape[-1]).to(logits.dtype)
     if config.temperature != 1.0:  # (dividing by 1 changes nothing and costs an operation per call)
         logits = logits / config.temperature
     if config.top_k:
@@ -101,28 +131,70 @@ def draw_uniforms(shape: tuple[int, ...], like: torch.Tensor, generator: torch.G
     return u.clamp_(max=1.0 - torch.finfo(like.dtype).eps)
 
 
-def sample_inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def sample_inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, name: str = "weights") -> torch.Tensor:
     """Draw one index per row of non-negative ``weights [..., V]`` (need not be normalised).
 
-    Picks the smallest j with ``cumsum(w)[j] > u * sum(w)``, so zero-weight entries are never chosen.
-    Rows whose weights sum to zero are the caller's bug: they get index 0 and should be avoided
-    upstream (``residual`` functions fall back to the target distribution for that reason).
+    Picks the smallest j with ``cumsum(w)[j] > u * sum(w)``, so zero-weight entries are never chosen. A row
+    whose total is not a positive finite number (NaN or infinite entries, or all zero) raises
+    :class:`~mmspec.validation.NonFiniteProbabilitiesError` naming ``name`` and the row: it has no token to
+    give. (``residual`` functions fall back to the target distribution where a residual has no mass.)
+    Negative entries are the callers' to refuse (:func:`sample` and the verification entry points do).
 
     Args:
         weights: ``[..., V]`` non-negative.
         uniforms: ``[...]`` in [0, 1).
+        name: the step the rows belong to, for the error ("target distribution", "residual", ...).
     Returns:
         LongTensor ``[...]``.
     """
     cdf = weights.cumsum(-1)
-    threshold = (uniforms.to(cdf.dtype) * cdf[..., -1]).unsqueeze(-1)
+    total = cdf[..., -1]
+    check_row_scales(total, weights, name)
+    threshold = (uniforms.to(cdf.dtype) * total).unsqueeze(-1)
     index = torch.searchsorted(cdf.contiguous(), threshold.contiguous(), right=True).squeeze(-1)
     return index.clamp_(max=weights.shape[-1] - 1)
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of ``probs [..., V]``, deterministic under ``generator``."""
-    return sample_inverse_cdf(probs, draw_uniforms(probs.shape[:-1], probs, generator))
+def top_token(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(value, index)`` of the first maximum of each row of ``weights [..., V]`` (NaN counts as the
+    maximum, as in ``argmax``). An argmax and a gather: ``max(dim)`` opens a parallel region on small CPU
+    tensors, which took milliseconds instead of microseconds on a busy machine."""
+    tokens = weights.argmax(-1)
+    return weights.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), tokens
+
+
+def greedy_tokens(weights: torch.Tensor, name: str = "weights") -> torch.Tensor:
+    """The most likely index of each row of non-negative ``weights [..., V]`` (the first on ties, as argmax).
+
+    A row whose maximum is not a positive finite number (NaN, infinite or all zero) raises as in
+    :func:`sample_inverse_cdf`: the argmax of a NaN row is the NaN's index, a valid-looking token.
+    """
+    best, tokens = top_token(weights)
+    check_row_scales(best, weights, name)
+    return tokens
+
+
+def draw(weights: torch.Tensor, greedy: bool, *, generator: torch.Generator | None = None,
+         uniforms: torch.Tensor | None = None, name: str = "weights") -> torch.Tensor:
+    """One index per row of ``weights [..., V]``: :func:`greedy_tokens` when ``greedy``, else an inverse-CDF
+    draw with ``uniforms [...]`` (drawn from ``generator`` when None; greedy draws consume none)."""
+    if greedy:
+        return greedy_tokens(weights, name)
+    if uniforms is None:
+        uniforms = draw_uniforms(weights.shape[:-1], weights, generator)
+    return sample_inverse_cdf(weights, uniforms, name)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
+           name: str = "probs") -> torch.Tensor:
+    """One token per row of ``probs [..., V]``, deterministic under ``generator``.
+
+    Raises :class:`~mmspec.validation.NonFiniteProbabilitiesError` naming ``name`` and the first row that is
+    NaN or infinite, all zero, or (while value checks are on) has a negative entry.
+    """
+    if checks_enabled() and probs.numel() and float(probs.amin()) < 0:  # NaN rows are left to the draw
+        check_probability_rows(probs, name)
+    return sample_inverse_cdf(probs, draw_uniforms(probs.shape[:-1], probs, generator), name)
 
 
 def top_k_tokens(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,11 @@ The loop runs any :class:`Drafter` against any target (a :class:`Target`, e.g.
 3. the core verifies (``verify_tokens`` / ``verify_tree``), the only accept/reject decision;
 4. target and drafter keep the accepted slots of their caches and the new pending token is appended.
 
+A round drafts at most what the longest active row has left to generate minus one (the target's token
+completes it): :attr:`Drafter.draft_limit`. Any ``num_draft_tokens`` is therefore capped by
+``max_new_tokens`` (a round whose rows need one token is a target-only forward), which never changes what a
+lossless method outputs, and a batch-1 round never places a token past prompt + ``max_new_tokens``.
+
 ``drafter=None`` is the target-only baseline in the same code path (one token per target forward),
 which is what ``method="none"`` of every pipeline runs.
 """
@@ -18,13 +23,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
 from mmspec.rules import AcceptanceRule, ExactRule, GreedyRule
 from mmspec.runner import StepOutput
-from mmspec.sampling import SamplingConfig, logits_to_probs, sample
+from mmspec.sampling import SamplingConfig, draw, logits_to_probs
 from mmspec.stats import SpecStats
 from mmspec.tree import DraftTree, tree_attention_mask, tree_position_offsets, verify_tree
 from mmspec.validation import check_ndim, check_positive_int, value_checks
@@ -104,6 +109,14 @@ class Drafter(ABC):
 
     #: whether the drafter wants the target's top hidden states (feature-level drafters)
     needs_target_hidden: bool = False
+    #: the most drafts the next ``propose`` may return (a chain's length, a tree's depth): set by
+    #: :func:`speculative_generate` before every round to what its longest active row has left to generate
+    #: minus one (drafts past that would be discarded); None (outside the loop): no limit
+    draft_limit: int | None = None
+
+    def capped(self, num_tokens: int) -> int:
+        """``num_tokens`` cut to :attr:`draft_limit` (what a drafter drafts this round instead of its K)."""
+        return num_tokens if self.draft_limit is None else min(num_tokens, self.draft_limit)
 
     @property
     def calls(self) -> int:
@@ -197,7 +210,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
         probs = to_probs(out.logits[:, -1])
         rule.check_vocab(probs.shape[-1])
         batch = probs.shape[0]  # B rows (a guided target takes 2B prompt rows)
-        pending = probs.argmax(-1) if rule.greedy else sample(probs, generator)
+        pending = draw(probs, rule.greedy, generator=generator, name="target distribution")
     if drafter is not None:
         with stats.phase("draft"):
             drafter.prefill(PrefillContext(input_ids, attention_mask, out, pending, model_inputs))
@@ -208,22 +221,35 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
     if callback is not None:
         callback(*output.taken_tensors(new_tokens, drafted, taken))
     while not output.all_done():
-        active = [not done for done in output.done]
-        if drafter is None:
-            new_tokens, drafted, pending = _target_only_round(target, pending, to_probs, rule, generator, stats)
+        limit = output.draft_limit()
+        if drafter is None or limit == 0:  # no drafts (or none any row could keep): one target token per row
+            step = _target_only_round(target, pending, to_probs, rule, generator, stats)
         else:
-            new_tokens, drafted, pending = _speculative_round(target, drafter, pending, to_probs, rule, generator,
-                                                              stats, active)
-        taken = output.append(new_tokens, drafted)
+            drafter.draft_limit = limit
+            step = _speculative_round(target, drafter, pending, to_probs, rule, generator, stats)
+        pending = step.next_tokens
+        taken = output.append(step.tokens, step.accepted)
+        stats.record_verification(step.accepted, step.checked, kept=taken)
         if callback is not None:
-            callback(*output.taken_tensors(new_tokens, drafted, taken))
+            callback(*output.taken_tensors(step.tokens, step.accepted, taken))
+    if drafter is not None:
+        drafter.draft_limit = None
     lengths = output.lengths
     stats.tokens += sum(lengths)
     return SpeculativeOutput(output.sequences(pad_token_id), torch.tensor(lengths, device=device),
                              output.drafted_mask(), stats)
 
 
-def _target_only_round(target, pending, to_probs, rule, generator, stats):
+class _Round(NamedTuple):
+    """What a round produced, before the output cuts rows at their EOS / length limit."""
+
+    tokens: torch.Tensor  # [B, M] each row's accepted drafts, then the target's token (-1 pad)
+    accepted: list[int]  # accepted drafts per row (the first ones of its new tokens)
+    checked: int | torch.Tensor  # draft positions checked along the accepted chain: K, or per-row tree depths
+    next_tokens: torch.Tensor  # [B] the new pending token
+
+
+def _target_only_round(target, pending, to_probs, rule, generator, stats) -> _Round:
     with stats.phase("target"):
         target.begin_round()
         out = target.forward(pending.unsqueeze(1))
@@ -231,15 +257,12 @@ def _target_only_round(target, pending, to_probs, rule, generator, stats):
         stats.target_calls += 1
     with stats.phase("verify"):
         probs = to_probs(out.logits[:, 0])
-        next_tokens = probs.argmax(-1) if rule.greedy else sample(probs, generator)
-    no_drafts = [0] * pending.shape[0]
-    stats.record_verification(no_drafts, 0)
-    return next_tokens.unsqueeze(1), no_drafts, next_tokens
+        next_tokens = draw(probs, rule.greedy, generator=generator, name="target distribution")
+    return _Round(next_tokens.unsqueeze(1), [0] * pending.shape[0], 0, next_tokens)
 
 
-def _speculative_round(target, drafter, pending, to_probs, rule, generator, stats, active):
-    """One round; returns ``(new tokens [B, M] (-1 pad), accepted drafts per row (a list: the first ones of
-    each row's new tokens), the next pending token [B])``."""
+def _speculative_round(target, drafter, pending, to_probs, rule, generator, stats) -> _Round:
+    """One round: draft, score, verify, commit."""
     with stats.phase("draft"):
         calls = drafter.calls
         proposal = drafter.propose(pending)
@@ -264,7 +287,6 @@ def _speculative_round(target, drafter, pending, to_probs, rule, generator, stat
             result = verify_tokens(proposal.tokens, proposal.probs, probs, rule, generator)
             counts = result.accepted_counts()
             path, depth = None, proposal.tokens.shape[1]
-        stats.record_verification(counts, depth, active)
     with stats.phase("commit"):
         # a chain whose rows all kept as many drafts (every batch-1 round) keeps a prefix: slices, no masks
         prefix = counts[0] + 1 if path is None and min(counts) == max(counts) else None
@@ -286,7 +308,7 @@ def _speculative_round(target, drafter, pending, to_probs, rule, generator, stat
         drafter.commit(RoundResult(committed, result.num_accepted, next_tokens, hidden, path, probs, penultimate,
                                    accepted_counts=counts))
         stats.draft_calls += drafter.calls - calls
-    return result.tokens, counts, next_tokens
+    return _Round(result.tokens, counts, depth, next_tokens)
 
 
 def _committed_rows(values: torch.Tensor | None, keep: torch.Tensor, prefix: int | None = None
@@ -326,6 +348,10 @@ class _OutputBuffer:
     @property
     def lengths(self) -> list[int]:
         return [len(row) for row in self.tokens]
+
+    def draft_limit(self) -> int:
+        """Drafts a round may usefully propose: the most tokens an active row has left, minus the target's."""
+        return max(self.max_new_tokens - len(row) for row, done in zip(self.tokens, self.done) if not done) - 1
 
     def append(self, new_tokens: torch.Tensor, num_drafted: list[int]) -> list[int]:
         """Append each row's new tokens up to its EOS / length limit; returns how many of each row's

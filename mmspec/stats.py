@@ -1,8 +1,13 @@
 """Speculation statistics shared by every pipeline.
 
-``mean_accepted_length`` counts the tokens a row gains per target verification call *including* the
-bonus/corrected token (so target-only decoding has exactly 1.0 and a perfect K-token drafter K+1). Papers
-differ here (ViSpec reports tau without the bonus); ``mean_accepted_drafts`` is that other convention.
+Every count is of tokens the output kept: a verification's tokens past a row's EOS or its
+``max_new_tokens`` are discarded and not counted. ``mean_accepted_length`` is the kept tokens per
+(row, target verification), the bonus/corrected token included: target-only decoding has exactly 1.0, a
+perfect K-token drafter K+1 except where a row ends, and a batch-1 run has
+``(tokens - 1) / (target_calls - 1)`` in :func:`~mmspec.speculate.speculative_generate`
+(the prefill's token is the only one no verification produced).
+Papers differ here (ViSpec reports tau without the bonus); ``mean_accepted_drafts`` is that other
+convention, one less.
 """
 
 from __future__ import annotations
@@ -24,9 +29,12 @@ class SpecStats:
         target_calls: target forward passes (prefill included).
         draft_calls: drafter forward passes.
         tokens: tokens produced (all rows, committed output only).
-        verify_steps: (row, verification) pairs: the denominator of the mean accepted length.
-        emitted: tokens gained in verification steps (accepted drafts + one per step).
-        position_attempts / position_accepts: per draft position i, how often it was verified / accepted.
+        verify_steps: (row, verification) pairs of rows still generating: the denominator of the mean
+            accepted length.
+        emitted: tokens those verifications added to the output: each row's accepted drafts and the
+            target's token, cut at the row's EOS / ``max_new_tokens``.
+        position_attempts / position_accepts: per draft position i, how often it was verified / accepted,
+            counting only positions whose token the output kept.
         phase_seconds: wall time per phase ("prefill", "draft", "target", "verify", ...).
     """
 
@@ -41,12 +49,12 @@ class SpecStats:
 
     @property
     def mean_accepted_length(self) -> float:
-        """Tokens gained per (row, target verification), bonus/corrected token included."""
+        """Kept tokens per (row, target verification), bonus/corrected token included."""
         return self.emitted / self.verify_steps if self.verify_steps else 0.0
 
     @property
     def mean_accepted_drafts(self) -> float:
-        """Accepted drafted tokens per (row, verification), bonus excluded."""
+        """:attr:`mean_accepted_length` without the target's token of each verification (ViSpec's tau)."""
         return (self.emitted - self.verify_steps) / self.verify_steps if self.verify_steps else 0.0
 
     @property
@@ -59,41 +67,45 @@ class SpecStats:
         return sum(self.phase_seconds.values())
 
     def record_verification(self, num_accepted: torch.Tensor | list[int], num_drafted: int | torch.Tensor,
-                            active: torch.Tensor | list[bool] | None = None) -> None:
+                            active: torch.Tensor | list[bool] | None = None, kept: list[int] | None = None) -> None:
         """Count one verification of the rows in ``active`` (bool ``[B]``, a tensor or a list; all rows when None).
-        ``num_accepted``: accepted drafts per row, ``[B]`` or a list.
 
-        ``num_drafted`` is the number of draft positions checked along the accepted chain (K for chains,
-        the path depth bound for trees), scalar or per row.
+        ``num_accepted``: accepted drafts per row, ``[B]`` or a list. ``num_drafted``: the draft positions
+        checked along the accepted chain (K for chains, the path depth bound for trees), scalar or per row.
+        ``kept``: how many of each row's new tokens (its accepted drafts, then the target's token) the output
+        took before the row's EOS / length limit; None: all of them. A row that kept none had finished and
+        is not counted; positions past what a row kept count neither as verified nor as accepted.
         """
         # plain Python lists: this runs once per round, right after the target's forward, where every
         # small tensor operation costs several times its isolated time
         accepted = num_accepted if isinstance(num_accepted, list) else num_accepted.tolist()
-        kept = [True] * len(accepted) if active is None else \
-            active if isinstance(active, list) else active.tolist()
-        drafted = [num_drafted] * len(accepted) if isinstance(num_drafted, int) else \
-            torch.as_tensor(num_drafted).expand(len(accepted)).tolist()
-        rows = [(n, k) for n, k, keep in zip(accepted, drafted, kept) if keep]
-        self.verify_steps += len(rows)
-        self.emitted += sum(n + 1 for n, _ in rows)
-        longest = max(drafted, default=0)
-        while len(self.position_attempts) < longest:
+        rows = len(accepted)
+        counted = [True] * rows if active is None else active if isinstance(active, list) else active.tolist()
+        taken = [n + 1 for n in accepted] if kept is None else kept
+        drafted = [num_drafted] * rows if isinstance(num_drafted, int) else \
+            torch.as_tensor(num_drafted).expand(rows).tolist()
+        steps = [(n, k, t) for n, k, t, keep in zip(accepted, drafted, taken, counted) if keep and t > 0]
+        self.verify_steps += len(steps)
+        self.emitted += sum(min(n + 1, t) for n, _, t in steps)
+        self.grow_positions(max(drafted, default=0))
+        for n, k, t in steps:
+            # position i is verified iff every earlier one was accepted, and kept iff i < t
+            for i in range(min(n + 1, k, t)):
+                self.position_attempts[i] += 1
+            for i in range(min(n, t)):
+                self.position_accepts[i] += 1
+
+    def grow_positions(self, length: int) -> None:
+        """Per-position counters for at least ``length`` draft positions."""
+        while len(self.position_attempts) < length:
             self.position_attempts.append(0)
             self.position_accepts.append(0)
-        for n, k in rows:
-            # position i is verified iff every earlier one was accepted
-            for i in range(min(n + 1, k)):
-                self.position_attempts[i] += 1
-            for i in range(n):
-                self.position_accepts[i] += 1
 
     def record_position_checks(self, accepted: torch.Tensor) -> None:
         """Per-position acceptance of drafts that are *all* verified (block-wise drafting, MuLo-SD):
         ``accepted`` bool ``[B, L]``; unlike a chain, a rejection does not stop later positions."""
         batch, length = accepted.shape
-        while len(self.position_attempts) < length:
-            self.position_attempts.append(0)
-            self.position_accepts.append(0)
+        self.grow_positions(length)
         for i, count in enumerate(accepted.long().sum(0).tolist()):
             self.position_attempts[i] += batch
             self.position_accepts[i] += count

@@ -11,6 +11,11 @@ a rejected sibling turns the target distribution into the rule's residual before
 tried (multi-candidate speculative sampling, SpecInfer / EAGLE), which keeps :class:`ExactRule`
 lossless both for deterministic top-k siblings (residual = p with the rejected token zeroed) and for
 siblings drawn from q (residual = norm(max(0, p - q))).
+
+A NaN, infinite, negative or all-zero row of the target or draft distributions raises
+:class:`~mmspec.validation.NonFiniteProbabilitiesError` naming it and the row, as in :mod:`mmspec.verify`:
+at the entry while value checks are on, else when the final token would be drawn from it (a NaN row rejects
+every sibling, so it reaches the draw).
 """
 
 from __future__ import annotations
@@ -21,8 +26,19 @@ from dataclasses import dataclass
 import torch
 
 from mmspec.rules import AcceptanceRule, ExactRule
-from mmspec.sampling import draw_uniforms, sample_inverse_cdf
-from mmspec.validation import check_ndim, check_positive_int, check_probs, check_token_ids
+from mmspec.sampling import draw, draw_uniforms
+from mmspec.validation import (
+    NonFiniteProbabilitiesError,
+    blame_inputs,
+    check_ndim,
+    check_positive_int,
+    check_probs,
+    check_token_ids,
+    value_checks,
+)
+
+#: How errors name the distributions of a tree.
+TARGET_NAME, DRAFT_NAME = "target distribution (target_probs)", "draft distribution (tree.draft_probs)"
 
 ROOT = -1  # parent index of the root's children
 
@@ -294,19 +310,23 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRul
         raise ValueError(f"target_probs must have shape [B, N+1, V] = [{batch}, {num_nodes + 1}, V], "
                          f"got {tuple(target_probs.shape)}")
     vocab = target_probs.shape[-1]
-    check_probs(target_probs, "target_probs")
+    check_probs(target_probs, TARGET_NAME)
     if tree.draft_probs is not None:
         if tree.draft_probs.shape != (batch, num_nodes, vocab):
             raise ValueError(f"tree.draft_probs must have shape [B, N, V] = [{batch}, {num_nodes}, {vocab}], "
                              f"got {tuple(tree.draft_probs.shape)}")
-        check_probs(tree.draft_probs, "tree.draft_probs")
+        check_probs(tree.draft_probs, DRAFT_NAME)
     check_token_ids(tree.tokens, vocab, "tree.tokens")
     rule.check_vocab(vocab)
 
     accept_u = draw_uniforms((batch, num_nodes), target_probs, generator)
     sample_u = draw_uniforms((batch,), target_probs, generator)
-    num_accepted, path, current = _walk(tree, target_probs, rule, accept_u)
-    next_tokens = current.argmax(-1) if rule.greedy else sample_inverse_cdf(current, sample_u)
+    with value_checks(False):  # checked above: the rule need not scan the rows at every sibling
+        num_accepted, path, current = _walk(tree, target_probs, rule, accept_u)
+    try:
+        next_tokens = draw(current, rule.greedy, uniforms=sample_u, name="residual")
+    except NonFiniteProbabilitiesError as error:  # name the distribution the bad row came from
+        raise blame_inputs(error, (TARGET_NAME, target_probs), (DRAFT_NAME, tree.draft_probs)) from None
     rows = torch.arange(batch, device=tree.tokens.device)
     tokens = torch.where(path >= 0, tree.tokens.gather(1, path.clamp_min(0)), -1)
     tokens = torch.cat([tokens, tokens.new_full((batch, 1), -1)], 1)

@@ -3,6 +3,12 @@
 Verification sits in every decoding loop, so the checks are cheap (shape/dtype logic plus a few
 reductions) and can be switched off for hot loops that already validated their inputs once
 (``MMSPEC_CHECKS=0`` or :func:`checks_enabled`).
+
+Probability rows that no token can be drawn from (NaN or infinite entries, negative entries, all zero) raise
+:class:`NonFiniteProbabilitiesError`. The full per-row scan (:func:`check_probability_rows`) is one of the
+switchable value checks; the draws themselves (``mmspec.sampling``) always check each row's total or maximum
+(:func:`check_row_scales`, one small reduction and one host read), so a NaN from a model is refused inside the
+decoding loops too.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from contextlib import contextmanager
+from numbers import Real
 
 import torch
 
@@ -22,15 +28,20 @@ def checks_enabled() -> bool:
     return _CHECKS
 
 
-@contextmanager
-def value_checks(enabled: bool):
-    """Temporarily switch the probability value checks on or off (shape checks always run)."""
-    global _CHECKS
-    previous, _CHECKS = _CHECKS, enabled
-    try:
-        yield
-    finally:
-        _CHECKS = previous
+class value_checks:  # noqa: N801 (used as a function: ``with value_checks(False):``)
+    """Temporarily switch the probability value checks on or off (shape checks and the draws' row checks
+    always run). A class rather than a generator: verification enters it on every call."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.previous = enabled, _CHECKS
+
+    def __enter__(self) -> None:
+        global _CHECKS
+        self.previous, _CHECKS = _CHECKS, self.enabled
+
+    def __exit__(self, *exc_info: object) -> None:
+        global _CHECKS
+        _CHECKS = self.previous
 
 
 def check_positive_int(value: int, name: str) -> None:
@@ -64,11 +75,49 @@ def check_callable(value: object, name: str) -> None:
         raise ValueError(f"{name} must be callable or None, got {type(value).__name__}")
 
 
+#: Smallest sampling temperature accepted. Below it a distribution is greedy for every practical purpose
+#: (use ``do_sample=False``), and dividing float32 logits by a subnormal temperature such as 1e-45 turns them
+#: into infinities, whose softmax is NaN. Logits up to 3e36 in magnitude stay finite divided by 1e-2.
+MIN_TEMPERATURE = 1e-2
+#: Largest noise temperature of continuous (diffusion-head) sampling: it multiplies every step's standard
+#: deviation, so variances grow with its square (1e4 at most); MAR samples near 1.
+MAX_NOISE_TEMPERATURE = 1e2
+#: Largest classifier-free guidance scale accepted. Published scales stay below 50; at 1e3 guided logits
+#: ``uncond + s (cond - uncond)`` are at most about 2e3 times the raw ones (finite in float32, also divided
+#: by :data:`MIN_TEMPERATURE`), while ``inf`` or 1e300 make them infinite and every distribution NaN.
+MAX_GUIDANCE_SCALE = 1e3
+
+
+def is_number(value: object) -> bool:
+    """A real number (Python or NumPy), not a boolean, a string or a tensor."""
+    return isinstance(value, Real) and not isinstance(value, bool)
+
+
 def check_guidance_scale(value: float, name: str) -> None:
-    """``value`` is a classifier-free guidance scale: a finite real number >= 0 (NaN, inf, booleans and
-    strings rejected)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
-        raise ValueError(f"{name} must be a number >= 0 (a finite number), got {value!r}")
+    """``value`` is a classifier-free guidance scale: a real number in [0, :data:`MAX_GUIDANCE_SCALE`]
+    (NaN, inf, booleans and strings rejected)."""
+    if not is_number(value) or not 0 <= value <= MAX_GUIDANCE_SCALE:
+        raise ValueError(f"{name} must be a number in [0, {MAX_GUIDANCE_SCALE:g}] (a finite classifier-free "
+                         f"guidance scale; larger scales overflow the guided logits), got {value!r}")
+
+
+def check_temperature(value: float, name: str, maximum: float = math.inf, hint: str = "") -> None:
+    """``value`` is a sampling temperature: a finite real number in [:data:`MIN_TEMPERATURE`, ``maximum``]
+    (NaN, inf, booleans and strings rejected); ``hint`` ends the error message."""
+    if not is_number(value) or not MIN_TEMPERATURE <= value <= maximum or not math.isfinite(value):
+        upper = f"{maximum:g}]" if math.isfinite(maximum) else "inf)"
+        raise ValueError(f"{name} must be a finite number in [{MIN_TEMPERATURE:g}, {upper}, "
+                         f"got {value!r}{hint}")
+
+
+def guidance_scale_argument(text: str) -> float:
+    """argparse ``type=`` of a guidance scale (``--guidance-scale``): checked before any work."""
+    value = float(text)
+    try:
+        check_guidance_scale(value, "the guidance scale")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return value
 
 
 def check_unit_interval(value: float, name: str) -> None:
@@ -84,17 +133,147 @@ def check_ndim(tensor: torch.Tensor, ndim: int, name: str, layout: str) -> None:
         raise ValueError(f"{name} must have shape {layout}, got {tuple(tensor.shape)}")
 
 
+class NonFiniteValuesError(ValueError):
+    """Values that must be finite are NaN or infinite (a latent, a density, a sample)."""
+
+
+#: What a bad probability row usually means, and what to check.
+_BAD_ROW_ADVICE = ("no token can be drawn from it. Check the model for NaN or infinite weights or "
+                   f"activations (an LM head, a drafter), that temperature >= {MIN_TEMPERATURE:g} and "
+                   f"guidance_scale <= {MAX_GUIDANCE_SCALE:g}, and that probabilities (not logits) "
+                   "were given")
+
+
+class NonFiniteProbabilitiesError(NonFiniteValuesError):
+    """A probability row is NaN or infinite, negative or all zero, so no token can be drawn from it.
+
+    Attributes:
+        name: the step or argument the row belongs to ("target distribution", "draft distribution",
+            "residual", "probs", ...).
+        row: index of the first bad row (the leading indices of the ``[..., V]`` tensor).
+        problem: what is wrong with that row.
+    """
+
+    def __init__(self, name: str, row: tuple[int, ...], problem: str) -> None:
+        self.name, self.row, self.problem = name, row, problem
+        super().__init__(f"{name}: row {list(row)} {problem}; {_BAD_ROW_ADVICE}")
+
+    def __reduce__(self) -> tuple:  # picklable across processes despite the custom signature
+        return type(self), (self.name, self.row, self.problem)
+
+
+def describe_bad_row(row: torch.Tensor) -> str:
+    """What makes the probability row ``row [V]`` unusable, in words ("" when nothing does)."""
+    if bool(torch.isnan(row).any()):
+        return "contains NaN"
+    if bool(torch.isinf(row).any()):
+        return "contains an infinite value"
+    if bool((row < 0).any()):
+        return f"contains negative probabilities (min {float(row.min()):.4g})"
+    total = float(row.sum(dtype=torch.float64))
+    if total == 0:
+        return "is all zero"
+    if not math.isfinite(total):
+        return "sums to infinity"
+    return ""
+
+
+def _bad_row_error(rows: torch.Tensor, bad: torch.Tensor, name: str) -> NonFiniteProbabilitiesError:
+    """The error for the first True entry of ``bad [...]`` (one per row of ``rows [..., V]``)."""
+    index = tuple(int(i) for i in bad.nonzero()[0])
+    problem = describe_bad_row(rows[index]) or "has a total or maximum that is not a positive finite number"
+    return NonFiniteProbabilitiesError(name, index, problem)
+
+
+def probability_row_error(probs: torch.Tensor, name: str) -> NonFiniteProbabilitiesError | None:
+    """The error for the first row of ``probs [..., V]`` that is not finite, has a negative entry or is all
+    zero, or None: a full scan (three reductions), for entry points and error paths."""
+    if probs.numel() == 0:
+        return None
+    sums = probs.sum(-1)  # NaN or inf anywhere makes the row's sum non-finite
+    good = torch.isfinite(sums) & (sums > 0) & (probs.amin(-1) >= 0)
+    return None if bool(good.all()) else _bad_row_error(probs, ~good, name)
+
+
+def check_probability_rows(probs: torch.Tensor, name: str) -> None:
+    """Raise :class:`NonFiniteProbabilitiesError` naming ``name`` and the first bad row of ``probs [..., V]``
+    (see :func:`probability_row_error`)."""
+    error = probability_row_error(probs, name)
+    if error is not None:
+        raise error
+
+
+#: Up to this many values, :func:`positive_and_finite` reads them all and compares them on the host.
+_HOST_COMPARE_LIMIT = 64
+
+
+def positive_and_finite(scales: torch.Tensor) -> bool:
+    """Whether every entry of ``scales`` lies in (0, inf), in one host read. A few values (one per row of a
+    draw: the usual case) are read and compared on the host, with no tensor operation (NaN compares False);
+    more are reduced first: the sum of the logs is finite exactly when each lies in (0, inf) (log 0 = -inf,
+    log inf = inf, and the log of NaN or of a negative number is NaN)."""
+    if scales.numel() <= _HOST_COMPARE_LIMIT:
+        values = scales.tolist()  # (flattening first would copy: row totals are often a strided view)
+        for _ in range(scales.ndim - 1):
+            values = [value for row in values for value in row]
+        return all(0.0 < value < math.inf for value in (values if scales.ndim else [values]))
+    return math.isfinite(float(scales.log().sum(dtype=torch.float32)))
+
+
+def check_row_scales(scales: torch.Tensor, rows: torch.Tensor, name: str) -> None:
+    """Raise :class:`NonFiniteProbabilitiesError` unless each entry of ``scales [...]`` (a total or the
+    maximum of the matching row of ``rows [..., V]``) is a positive finite number.
+
+    Every draw runs this check, so it costs what :func:`positive_and_finite` costs (one host read); the bad
+    row is located only after a failure.
+    """
+    if not positive_and_finite(scales):
+        raise _bad_row_error(rows, ~((scales > 0) & (scales < math.inf)), name)
+
+
+def check_finite_rows(values: torch.Tensor, rows: torch.Tensor, name: str) -> None:
+    """Raise :class:`NonFiniteProbabilitiesError` unless each entry of ``values [...]`` (the maximum logit of
+    the matching row of ``rows [..., V]``) is finite: a NaN anywhere in a row makes its maximum NaN."""
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
+        raise _bad_row_error(rows, ~finite, name)
+
+
+def blame_inputs(error: NonFiniteProbabilitiesError, *inputs: tuple[str, torch.Tensor | None]
+                 ) -> NonFiniteProbabilitiesError:
+    """The error to report when a row derived from ``inputs`` (a residual) was refused: the first bad row of
+    the first named input that has one (the distribution a model produced), else ``error`` itself. Runs only
+    after a failure, so it may scan everything."""
+    for name, probs in inputs:
+        found = None if probs is None else probability_row_error(probs, name)
+        if found is not None:
+            return found
+    return error
+
+
+def check_finite(values: torch.Tensor, name: str, advice: str) -> None:
+    """Raise :class:`NonFiniteValuesError` naming ``name`` and the first NaN or infinite entry of ``values``
+    (``advice``: what to check)."""
+    finite = torch.isfinite(values)
+    if bool(finite.all()):
+        return
+    index = [int(i) for i in (~finite).nonzero()[0]]
+    raise NonFiniteValuesError(f"{name} contains NaN or infinite values (first at index {index}): {advice}")
+
+
 def check_probs(probs: torch.Tensor, name: str, atol: float = 1e-3) -> None:
-    """Probabilities must be floating, finite, non-negative and sum to 1 over the last dim."""
+    """Probabilities must be floating, finite, non-negative, not all zero and sum to 1 over the last dim.
+
+    The value part is switchable (:func:`value_checks`); the draws still refuse NaN, infinite and all-zero
+    rows when it is off (:func:`check_row_scales`)."""
     if not probs.is_floating_point():
         raise ValueError(f"{name} must be a floating tensor of probabilities, got {probs.dtype}")
     if not _CHECKS or probs.numel() == 0:
         return
     sums = probs.sum(-1)  # one pass: NaN/inf anywhere makes its row sum non-finite
-    if not torch.isfinite(sums).all():
-        raise ValueError(f"{name} contains NaN or infinite values")
-    if probs.amin() < 0:
-        raise ValueError(f"{name} contains negative probabilities")
+    good = torch.isfinite(sums) & (sums > 0) & (probs.amin(-1) >= 0)
+    if not bool(good.all()):
+        raise _bad_row_error(probs, ~good, name)
     worst = (sums - 1).abs().max().item()
     if worst > atol:
         raise ValueError(f"{name} is not normalised over the vocabulary (a row sums to {1 + worst:.4g} or "

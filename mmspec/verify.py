@@ -3,6 +3,12 @@
 ``verify_tokens`` is the single accept/reject decision point for chain drafts in the project (trees go
 through :mod:`mmspec.tree`, continuous tokens through :mod:`mmspec.continuous`). It is batched: every
 row has its own accepted length.
+
+Distributions with a NaN, infinite, negative or all-zero row raise
+:class:`~mmspec.validation.NonFiniteProbabilitiesError` naming the distribution ("target distribution",
+"draft distribution") and the row: at the entry while value checks are on; with them off (the decoding
+loops), when the token drawn at the end of the chain comes from such a row (a NaN row rejects every draft,
+see :mod:`mmspec.rules`), or before the fused kernel runs.
 """
 
 from __future__ import annotations
@@ -13,8 +19,21 @@ import torch
 
 from mmspec import kernels
 from mmspec.rules import AcceptanceRule, ExactRule, GreedyRule
-from mmspec.sampling import draw_uniforms, sample_inverse_cdf
-from mmspec.validation import check_ndim, check_probs, check_token_ids
+from mmspec.sampling import draw, draw_uniforms, top_token
+from mmspec.validation import (
+    NonFiniteProbabilitiesError,
+    blame_inputs,
+    check_ndim,
+    check_probability_rows,
+    check_probs,
+    check_token_ids,
+    checks_enabled,
+    positive_and_finite,
+    value_checks,
+)
+
+#: How errors name the two distributions of a chain.
+TARGET_NAME, DRAFT_NAME = "target distribution (target_probs)", "draft distribution (draft_probs)"
 
 
 @dataclass
@@ -58,7 +77,7 @@ def check_chain_inputs(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
     if target_probs.shape[:2] != (batch, num_draft + 1):
         raise ValueError(f"target_probs must have shape [B, K+1, V] = [{batch}, {num_draft + 1}, V] for "
                          f"draft_tokens {tuple(draft_tokens.shape)}, got {tuple(target_probs.shape)}")
-    check_probs(target_probs, "target_probs")
+    check_probs(target_probs, TARGET_NAME)
     if draft_probs is not None:
         check_ndim(draft_probs, 3, "draft_probs", "[B, K, V]")
         if draft_probs.shape[-1] != vocab:
@@ -67,7 +86,7 @@ def check_chain_inputs(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
         if draft_probs.shape[:2] != (batch, num_draft):
             raise ValueError(f"draft_probs must have shape [B, K, V] = [{batch}, {num_draft}, {vocab}], "
                              f"got {tuple(draft_probs.shape)}")
-        check_probs(draft_probs, "draft_probs")
+        check_probs(draft_probs, DRAFT_NAME)
     check_token_ids(draft_tokens, vocab, "draft_tokens")
     rule.check_vocab(vocab)
     return batch, num_draft, vocab
@@ -96,13 +115,34 @@ def verify_tokens(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, 
     sample_u = draw_uniforms((batch,), target_probs, generator)
 
     if fused:
+        if not checks_enabled():  # the kernel's draws cannot refuse a bad row: check the rows' totals first
+            _check_row_totals(target_probs, draft_probs)
         num_accepted, next_tokens = kernels.chain_verify(draft_tokens, draft_probs, target_probs, accept_u,
                                                          sample_u, greedy=rule.fused_kernel == "greedy",
                                                          check_values=False)
     else:
-        num_accepted, next_tokens = _verify_chain_torch(draft_tokens, draft_probs, target_probs, rule,
-                                                        accept_u, sample_u)
+        with value_checks(False):  # checked above: the rule need not scan the rows again
+            num_accepted, next_tokens = _verify_chain_torch(draft_tokens, draft_probs, target_probs, rule,
+                                                            accept_u, sample_u)
     return Verification(num_accepted, assemble_tokens(draft_tokens, num_accepted, next_tokens))
+
+
+def _check_row_totals(target_probs: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
+    """Refuse NaN, infinite and all-zero rows of the chain's distributions from their totals (one reduction
+    each and one host read in all); the full scan that names the row runs only after a failure."""
+    totals = target_probs.sum(-1).flatten()
+    if draft_probs is not None:
+        totals = torch.cat([totals, draft_probs.sum(-1).flatten()])
+    if not positive_and_finite(totals):
+        _raise_bad_input(target_probs, draft_probs)
+
+
+def _raise_bad_input(target_probs: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
+    """Raise naming the first bad row of the target, else of the draft distribution (one of them has one)."""
+    check_probability_rows(target_probs, TARGET_NAME)
+    if draft_probs is not None:
+        check_probability_rows(draft_probs, DRAFT_NAME)
+    raise AssertionError("a bad row was detected but not found")  # unreachable: the scans see what totals see
 
 
 def _verify_greedy_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor) -> Verification:
@@ -112,8 +152,13 @@ def _verify_greedy_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor)
     token is the argmax at the first mismatch, or the bonus position), decided on the host from one read
     of the argmaxes and the drafts, without drawing the uniforms that path ignores for this rule: it runs
     once per round of every greedy chain, right after the target's forward, where each small tensor
-    operation costs several times its isolated time (cold caches), and a chain is a few tokens per row."""
-    best = target_probs.argmax(-1).tolist()  # [B, K+1]
+    operation costs several times its isolated time (cold caches), and a chain is a few tokens per row.
+    Rows whose maximum is not a positive finite number (NaN, all zero) raise: the maxima are read with the
+    argmaxes and compared on the host."""
+    top, best = top_token(target_probs)  # [B, K+1]; a NaN row's maximum is NaN
+    best = best.tolist()
+    if not positive_and_finite(top):
+        _raise_bad_input(target_probs, None)
     rows, counts = [], []
     for row_best, row_drafts in zip(best, draft_tokens.tolist()):
         count = 0
@@ -138,7 +183,10 @@ def _verify_chain_torch(draft_tokens, draft_probs, target_probs, rule, accept_u,
                             draft_tokens[rows, at])  # [B, V]
     all_accepted = (num_accepted == num_draft).unsqueeze(-1)
     weights = torch.where(all_accepted, target_probs[:, num_draft], weights)
-    next_tokens = weights.argmax(-1) if rule.greedy else sample_inverse_cdf(weights, sample_u)
+    try:
+        next_tokens = draw(weights, rule.greedy, uniforms=sample_u, name="residual")
+    except NonFiniteProbabilitiesError as error:  # name the distribution the bad residual came from
+        raise blame_inputs(error, (TARGET_NAME, target_probs), (DRAFT_NAME, draft_probs)) from None
     return num_accepted, next_tokens
 
 

@@ -379,7 +379,8 @@ class EagleDrafter(Drafter):
     Args:
         head: a trained (or untrained: correctness never depends on it) :class:`EagleHead`, bound to
             the target's embedding and LM head.
-        num_draft_tokens: chain length; tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig`. A head with
+        num_draft_tokens: chain length; tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig` (both capped
+            where less is left to generate: :attr:`~mmspec.speculate.Drafter.draft_limit`). A head with
             ``num_future`` K > 1 drafts the chain in blocks of K tokens, one head forward each (chains only).
         blocks: for a head with ``num_future`` > 1: True / None draft blocks of K tokens, False drafts token by
             token from the head's first future alone (chains or trees).
@@ -512,7 +513,7 @@ class EagleDrafter(Drafter):
             state["feature"] = out.hidden[:, -1]  # the last pair's prediction(s)
             return out.logits[:, -1]
 
-        return draft_chain(logits, step, self.num_draft_tokens, self.sampling, self.generator,
+        return draft_chain(logits, step, self.capped(self.num_draft_tokens), self.sampling, self.generator,
                            self.confidence_threshold, argmax=self.argmax_drafts)
 
     def _propose_tree(self, root_logits: torch.Tensor, root_feature: torch.Tensor) -> DraftTree:
@@ -538,7 +539,8 @@ class EagleDrafter(Drafter):
             return out.logits.log_softmax(-1)
 
         root = root_logits.log_softmax(-1)
-        return expand_dynamic_tree(root, step, self.tree.depth, self.tree.top_k, self.tree.total_tokens)
+        return expand_dynamic_tree(root, step, self.capped(self.tree.depth), self.tree.top_k,
+                                   self.tree.total_tokens)
 
     def commit(self, result: RoundResult) -> None:
         self.runner.commit(self._prefix_keep)

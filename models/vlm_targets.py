@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from mmspec.cache import SlotState
+from mmspec.hidden_capture import thread_scoped
 from mmspec.runner import CausalLMRunner, StepOutput, prompt_attention_mask
 
 #: supported transformers classes -> family name used in this module
@@ -203,7 +204,8 @@ class VLMRunner(CausalLMRunner):
         def grab_embeddings(module, args, kwargs):  # what the language model reads, images merged in
             captured["inputs_embeds"] = kwargs.get("inputs_embeds")
 
-        handle = self.language_model.register_forward_pre_hook(grab_embeddings, with_kwargs=True)
+        # thread-scoped: the language model is shared, another thread's forward must not overwrite the capture
+        handle = self.language_model.register_forward_pre_hook(thread_scoped(grab_embeddings), with_kwargs=True)
         try:
             out = self._run(input_ids, attention_mask, positions, prefill=True, **model_inputs)
         finally:

@@ -57,6 +57,7 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from mmspec.cpu_gemm import PackedCPUGemmMixin
+from mmspec.files import atomic_path, save_image_atomic
 from mmspec.inference_mode import inference_call, outside_inference_mode
 from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
 from mmspec.models.text import WordTokenizer
@@ -64,6 +65,7 @@ from mmspec.models.video import NUM_TRAIN_TIMESTEPS, check_timesteps, denoise_bl
 from mmspec.pipelines.conditioning import WordVocabularyMixin, as_prompt_list
 from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.reward import RewardRouter
+from mmspec.shared_locks import shared_lock
 from mmspec.stats import SpecStats
 from mmspec.validation import check_guidance_scale
 from mmspec.world.video import VideoPrompt
@@ -176,7 +178,8 @@ def _to_pil_list(frames: Any) -> list[PIL.Image.Image]:
 def export_video(frames: Any, path: str | os.PathLike, fps: int = 4, scale: int = 1) -> Path:
     """Write one video (PIL list, uint8/float array ``[F, H, W, 3]`` or tensor ``[F, 3, H, W]``) to ``path``:
     ``.gif`` with PIL (always available), ``.mp4`` with diffusers' ``export_to_video`` (imageio-ffmpeg or
-    opencv must be installed). ``scale`` upscales by nearest neighbour."""
+    opencv must be installed). ``scale`` upscales by nearest neighbour. The file is written atomically
+    (:mod:`mmspec.files`): an interrupted write leaves the previous file or none, never a truncated one."""
     path = Path(path)
     if not isinstance(fps, int) or fps < 1:
         raise ValueError(f"fps must be a positive integer, got {fps!r}")
@@ -185,15 +188,15 @@ def export_video(frames: Any, path: str | os.PathLike, fps: int = 4, scale: int 
     images = _to_pil_list(frames)
     if scale > 1:
         images = [im.resize((im.width * scale, im.height * scale), PIL.Image.NEAREST) for im in images]
-    path.parent.mkdir(parents=True, exist_ok=True)
     suffix = path.suffix.lower()
     if suffix == ".gif":
-        images[0].save(path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+        save_image_atomic(images[0], path, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
     elif suffix == ".mp4":
         from diffusers.utils import export_to_video
 
         try:
-            export_to_video(images, str(path), fps=fps)
+            with atomic_path(path, keep_suffix=True) as temporary:  # the encoder reads the format off the suffix
+                export_to_video(images, str(temporary), fps=fps)
         except ImportError as error:
             raise ImportError(f"writing .mp4 needs imageio and imageio-ffmpeg (or opencv): {error}; or save a .gif"
                               ) from error
@@ -371,10 +374,11 @@ class ARVideoPipeline(WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline
         if callable(reward) and not isinstance(reward, str):
             return resolve_reward(reward, **kwargs)
         key = (reward, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
-        if key not in self._reward_cache:
-            with outside_inference_mode():  # scorers are kept beyond the call that builds them
-                self._reward_cache[key] = resolve_reward(reward, **kwargs)
-        return self._reward_cache[key]
+        with shared_lock(self):  # concurrent calls build a scorer once
+            if key not in self._reward_cache:
+                with outside_inference_mode():  # scorers are kept beyond the call that builds them
+                    self._reward_cache[key] = resolve_reward(reward, **kwargs)
+            return self._reward_cache[key]
 
     def check_inputs(self, prompt: Any, method: str, num_blocks: int, tau: float, aggregate: str,
                      guidance_scale: float, num_videos_per_prompt: int, output_type: str, sampler: str,

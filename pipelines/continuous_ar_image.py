@@ -69,13 +69,22 @@ from mmspec.pipelines.conditioning import (
 )
 from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.stats import SpecStats
-from mmspec.validation import check_callable
+from mmspec.validation import (
+    MAX_NOISE_TEMPERATURE,
+    NonFiniteValuesError,
+    check_callable,
+    check_guidance_scale,
+    check_temperature,
+)
 
 METHODS = ("none", "cspd")
 OUTPUT_TYPES = ("pil", "np", "pt", "latent")
 VERIFY_ORDERS = ("chain", "iteration", "independent")
 VERIFY_CONTEXTS = ("round", "exact")
 CFG_SCHEDULES = ("linear", "constant")
+#: Largest ``density_temperature`` accepted: the official code's "inner temperature" is about 42-50, and the
+#: acceptance densities' variances grow with its square (1e6 at most: finite in float32 and bfloat16).
+DENSITY_TEMPERATURE_MAX = 1e3
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -375,10 +384,8 @@ class ContinuousARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, Diffusi
         if num_diffusion_steps is not None and (not isinstance(num_diffusion_steps, int)
                                                 or not 1 <= num_diffusion_steps <= 1000):
             raise ValueError(f"num_diffusion_steps must be an integer in [1, 1000], got {num_diffusion_steps!r}")
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if not guidance_scale >= 0:
-            raise ValueError(f"guidance_scale must be >= 0, got {guidance_scale}")
+        check_temperature(temperature, "temperature", MAX_NOISE_TEMPERATURE)  # scales the noise (inf: NaN)
+        check_guidance_scale(guidance_scale, "guidance_scale")
         if cfg_schedule not in CFG_SCHEDULES:
             raise ValueError(f"cfg_schedule must be one of {list(CFG_SCHEDULES)}, got {cfg_schedule!r}")
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
@@ -393,8 +400,7 @@ class ContinuousARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, Diffusi
             raise ValueError(f"verify_order must be one of {list(VERIFY_ORDERS)}, got {verify_order!r}")
         if verify_context not in VERIFY_CONTEXTS:
             raise ValueError(f"verify_context must be one of {list(VERIFY_CONTEXTS)}, got {verify_context!r}")
-        if not density_temperature > 0:
-            raise ValueError(f"density_temperature must be > 0, got {density_temperature}")
+        check_temperature(density_temperature, "density_temperature", DENSITY_TEMPERATURE_MAX)
         if not isinstance(max_tries, int) or max_tries < 1:
             raise ValueError(f"max_tries must be a positive integer, got {max_tries!r}")
         if method == "cspd" and self.draft_transformer is None:
@@ -500,6 +506,10 @@ class ContinuousARImagePipeline(WordVocabularyMixin, PackedCPUGemmMixin, Diffusi
         drafted = torch.zeros_like(state.drafted).scatter(1, orders, state.drafted)
         side = config.grid_size
         latents = grid_tokens.reshape(batch, side, side, channels)
+        if not bool(torch.isfinite(latents).all()):  # never hand out NaN latents (nor images made of them)
+            raise NonFiniteValuesError("the generated latents contain NaN or infinite values: check the "
+                                       "transformer and its diffusion head (and the draft model) for NaN or "
+                                       "infinite weights")
         images: Any = None
         if output_type != "latent":
             pixels = self.vae.decode(latents.float()).float().clamp(0.0, 1.0)                        # [B, 3, H, W]
@@ -709,9 +719,7 @@ def _record_positions(stats: SpecStats, rows: torch.Tensor, local: torch.Tensor,
     if local.numel() == 0:
         return
     length = int(local.max()) + 1
-    while len(stats.position_attempts) < length:
-        stats.position_attempts.append(0)
-        stats.position_accepts.append(0)
+    stats.grow_positions(length)
     attempts = torch.bincount(local, minlength=length).tolist()
     accepts = torch.bincount(local[accepted], minlength=length).tolist()
     for i in range(length):

@@ -23,6 +23,12 @@ target's distribution (the acceptance rule is exact speculative sampling). Heads
 Streaming: ``callback_on_step_end`` sees every verification round; :meth:`VLMPipeline.stream` yields
 :class:`VLMStreamChunk` text deltas per row (with which tokens were drafted and accepted), and
 ``streamer=`` takes a transformers streamer (``TextStreamer``, ``TextIteratorStreamer``) for batch 1.
+
+Threads: one pipeline may serve several threads at once (``__call__`` and :meth:`VLMPipeline.stream`
+alike). Each call decodes with its own runner, KV cache and drafter, and the hooks a call puts on the
+shared models read only its own thread's forwards; only the processor call is serialised (the fast
+tokenizer's padding settings are shared state, :mod:`mmspec.shared_locks`). Results equal those of the
+same calls made one after another.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner, vlm_family
 from mmspec.pipelines.hub import load_components, resolve_pretrained
 from mmspec.sampling import SamplingConfig
+from mmspec.shared_locks import shared_lock
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
 from mmspec.validation import check_callable
@@ -156,7 +163,9 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> VLMPipeline:
         """Load a saved pipeline folder or a zoo id (``mmspec/shapes-vlm``, offline). Weights stored in fp16
-        (the zoo) are computed in ``torch_dtype`` (default float32: exact greedy comparisons, fast on CPU)."""
+        (the zoo) are computed in ``torch_dtype`` (default float32: exact greedy comparisons, fast on CPU).
+        Loading errors name the file and the component; a target or head with NaN/inf weights is refused
+        unless ``check_weights=False`` (:func:`~mmspec.pipelines.hub.load_components`)."""
         path = resolve_pretrained(pretrained_model_name_or_path)
         if (Path(path) / "model_index.json").is_file():
             torch_dtype = kwargs.pop("torch_dtype", torch.float32)
@@ -201,11 +210,12 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
             raise ValueError("every prompt needs at least one image (or video frame); got a prompt without any")
         texts = [self.format_prompt(text, len(frames)) for text, frames in zip(prompts, visual)]
         flat = [_to_pil(frame) for frames in visual for frame in frames]
-        try:
-            inputs = self.processor(text=texts, images=flat, padding=True, return_tensors="pt")
-        except (ValueError, TypeError) as error:
-            raise ValueError(f"the processor rejected the inputs: {error}") from error
-        self._check_known_words(prompts, inputs["input_ids"])
+        with shared_lock(self.tokenizer):  # the fast tokenizer's padding settings are shared by all calls
+            try:
+                inputs = self.processor(text=texts, images=flat, padding=True, return_tensors="pt")
+            except (ValueError, TypeError) as error:
+                raise ValueError(f"the processor rejected the inputs: {error}") from error
+            self._check_known_words(prompts, inputs["input_ids"])
         inputs = {k: v.to(self.target.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         if "pixel_values" in inputs and inputs["pixel_values"].is_floating_point():
             inputs["pixel_values"] = inputs["pixel_values"].to(self.target.dtype)
@@ -232,6 +242,38 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
         component = METHOD_COMPONENTS.get(method)
         if component is not None and getattr(self, component) is None:
             raise ValueError(f"method={method!r} needs a {component}; this pipeline has none")
+
+    def position_limits(self, method: str) -> dict[str, int]:
+        """``max_position_embeddings`` of the models a call of ``method`` runs over the prompt's positions: the
+        target's language model and the method's draft model or head (those that declare one)."""
+        names = ["target"] + ([METHOD_COMPONENTS[method]] if method in METHOD_COMPONENTS else [])
+        limits = {name: _max_positions(getattr(self, name)) for name in names}
+        return {name: limit for name, limit in limits.items() if limit is not None}
+
+    def check_context_length(self, batch: _Batch, max_new_tokens: int, method: str) -> None:
+        """Refuse a call whose longest prompt (image and video tokens included, as the processor expanded
+        them) plus ``max_new_tokens`` exceeds a model's ``max_position_embeddings``: past it the model runs
+        without error on positions it never learnt and answers nonsense. Counts tokens, which for M-RoPE
+        models (Qwen2-VL; image tokens share positions) bounds the positions from above.
+
+        Raises:
+            ValueError: naming the prompt's positions, ``max_new_tokens`` and the limit.
+        """
+        mask = batch.inputs.get("attention_mask")
+        ids = batch.inputs["input_ids"]
+        prompt = int(mask.sum(-1).max()) if mask is not None else int(ids.shape[-1])
+        for name, limit in self.position_limits(method).items():
+            if prompt + max_new_tokens <= limit:
+                continue
+            model = "the target's" if name == "target" else f"the {name}'s"
+            if prompt >= limit:
+                raise ValueError(f"the prompt takes {prompt} positions (image and video tokens included), but "
+                                 f"{model} max_position_embeddings is {limit}: shorten the prompt or use fewer "
+                                 "images or video frames")
+            raise ValueError(f"the prompt takes {prompt} positions (image and video tokens included) and "
+                             f"max_new_tokens={max_new_tokens} more, but {model} max_position_embeddings is "
+                             f"{limit}: lower max_new_tokens to at most {limit - prompt}, shorten the prompt or "
+                             "use fewer images or video frames")
 
     def make_drafter(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
                      num_draft_tokens: int, tree: TreeConfig | None, confidence_threshold: float = 0.0) -> Any:
@@ -275,7 +317,10 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
             videos: instead of ``images``: per prompt a list of frames (the frames enter the prompt as a
                 sequence of images, the way the zoo captioner and LLaVA read video).
             do_sample / temperature / top_k / top_p: sampling; greedy decoding when ``do_sample=False``.
-            max_new_tokens: generation limit per row (EOS stops a row earlier).
+            max_new_tokens: generation limit per row (EOS stops a row earlier). The longest prompt (image and
+                video tokens included) plus ``max_new_tokens`` must fit the target's and the drafter's
+                ``max_position_embeddings``; otherwise ValueError before any forward
+                (:meth:`check_context_length`).
             generator: one ``torch.Generator`` for every random draw.
             num_draft_tokens: draft chain length K (FLASH: tokens per semi-autoregressive forward).
             tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig` instead of a chain (heads that support it).
@@ -302,6 +347,7 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
         if streamer is not None and rows != 1:
             raise ValueError(f"streamer= works for one prompt at a time (got {rows}); use stream() for batches")
         drafter = self.make_drafter(method, sampling, generator, num_draft_tokens, tree, draft_confidence_threshold)
+        self.check_context_length(batch, max_new_tokens, method)  # before any forward
         needs_hidden = bool(getattr(drafter, "needs_target_hidden", False))
         target = VLMRunner(self.target, return_hidden=needs_hidden, return_penultimate=method == "specvlm")
         rounds = [0]
@@ -392,6 +438,17 @@ class _IncrementalDecoder:
         previous = self.text.get(row, "")
         self.text[row] = text
         return text[len(previous):] if text.startswith(previous) else text
+
+
+def _max_positions(model: Any) -> int | None:
+    """``max_position_embeddings`` of a transformers VLM's language model or of a draft head's config (None
+    when it declares none)."""
+    config = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else \
+        getattr(config, "max_position_embeddings", None)
+    return int(value) if value is not None else None
 
 
 def _bind(head: Any, target: Any) -> None:

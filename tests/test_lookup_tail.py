@@ -89,6 +89,19 @@ def test_tails_follow_each_rows_committed_tokens():
     assert drafter.propose(torch.tensor([11, 12])).tokens.tolist() == [[5, 11, 5], [6, 12, 6]]
 
 
+def test_the_round_cap_covers_the_inner_chain_and_the_tail():
+    """The loop's ``draft_limit`` (what is left to generate, minus the bonus token) reaches the inner drafter
+    and cuts the tail: a round proposes at most that many tokens."""
+    inner = _ScriptedDrafter([[5]])
+    drafter = LookupTailDrafter(inner, 4, offset=1, vocab_size=32, stop_at_change=False)
+    ids = torch.zeros(1, 1, dtype=torch.long)
+    drafter.prefill(PrefillContext(ids, torch.ones_like(ids), None, torch.tensor([9])))
+    assert drafter.propose(torch.tensor([9])).tokens.shape[1] == 1 + 4  # uncapped: the chain and a 4-token tail
+    drafter.draft_limit = 3
+    assert drafter.propose(torch.tensor([9])).tokens.tolist() == [[5, 5, 5]]
+    assert inner.draft_limit == 3
+
+
 class _SkippableDrafter(_ScriptedDrafter):
     """A scripted drafter that can also learn rounds it did not draft."""
 

@@ -139,7 +139,7 @@ def test_sampling_preserves_the_target_distribution(mode):
     out = speculative_generate(CausalLMRunner(target), drafter, ids, max_new_tokens=3, sampling=sampling,
                                generator=torch.Generator().manual_seed(2))
     longest = 4.0 if mode.startswith("jacobi") or mode == "chain-tail" else 3.0  # window 3 / three drafts, or two
-    assert 1.05 < out.stats.mean_accepted_length < longest  # drafts are both accepted and rejected
+    assert 1.02 < out.stats.mean_accepted_length < longest  # drafts are both accepted and rejected
     for j, marginal in enumerate(_exact_marginals(target, prompt, 3)):
         assert chi_square_pvalue(empirical(out.sequences[:, j], vocab), marginal) > P_VALUE_FLOOR, f"token {j}"
 
