@@ -270,34 +270,40 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
             fields["guidance_scale"] = gr.Number(value=3.0, label="guidance scale", elem_id=f"{elem}-guidance")
         with gr.Row():
             fields.update(_sampling_row(elem, greedy=False))
+        # the method's settings are the checkpoint's stored ones (speculation_config.json); a field left empty
+        # keeps the stored value, a value replaces it (ar_image_tab.method_config)
+        gr.Markdown("Method settings: the checkpoint's recommended ones; fill a field to change that setting.")
         with gr.Group(visible=True) as eagle_group:
             with gr.Row():
-                fields["num_draft_tokens"] = gr.Number(value=8, precision=0, label="K (draft tokens, chains)",
+                fields["num_draft_tokens"] = gr.Number(value=None, precision=0, label="K (draft tokens, chains)",
                                                        elem_id=f"{elem}-k")
-                fields["lookup_tail"] = gr.Number(value=0, precision=0, label="lookup tail (free copies of the row above)",
+                fields["lookup_tail"] = gr.Number(value=None, precision=0,
+                                                  label="lookup tail (free copies of the row above; 0: none)",
                                                   elem_id=f"{elem}-lookup-tail")
                 fields.update(_tree_row(elem))
         with gr.Group(visible=False) as lantern_group, gr.Row():
-            fields["lantern_k"] = gr.Number(value=ar_image_tab.DEFAULT_LANTERN_K, precision=0, label="LANTERN k (codebook neighbours)",
+            fields["lantern_k"] = gr.Number(value=None, precision=0, label="LANTERN k (codebook neighbours)",
                                             elem_id=f"{elem}-lantern-k")
-            fields["lantern_delta"] = gr.Number(value=0.2, label="LANTERN delta (TV budget)",
+            fields["lantern_delta"] = gr.Number(value=None, label="LANTERN delta (TV budget)",
                                                 elem_id=f"{elem}-lantern-delta")
-            fields["lantern_lam"] = gr.Number(value=ar_image_tab.DEFAULT_LANTERN_LAM, label="LANTERN++ bound lam (0: use delta)",
+            fields["lantern_lam"] = gr.Number(value=None, label="LANTERN++ bound lam (0: use delta)",
                                               elem_id=f"{elem}-lantern-lam")
             fields["argmax_drafts"] = gr.Checkbox(value=True, label="argmax drafts (sampling)",
                                                   elem_id=f"{elem}-argmax-drafts")
         with gr.Group(visible=False) as jacobi_group, gr.Row():
-            fields["sjd_window"] = gr.Number(value=8, precision=0, label="Jacobi window (SJD/GSD)",
+            fields["sjd_window"] = gr.Number(value=None, precision=0, label="Jacobi window (SJD/GSD)",
                                              elem_id=f"{elem}-window")
-            fields["gsd_group_size"] = gr.Number(value=6, precision=0, label="GSD group size G",
+            fields["gsd_group_size"] = gr.Number(value=None, precision=0, label="GSD group size G",
                                                  elem_id=f"{elem}-gsd-g")
         with gr.Group(visible=False) as mulo_group, gr.Row():
-            fields["mulo_tau"] = gr.Number(value=0.3, label="MuLo tau (pooled threshold)", elem_id=f"{elem}-mulo-tau")
-            fields["mulo_radius"] = gr.Number(value=1, precision=0, label="MuLo radius l", elem_id=f"{elem}-mulo-radius")
+            fields["mulo_tau"] = gr.Number(value=None, label="MuLo tau (pooled threshold)", elem_id=f"{elem}-mulo-tau")
+            fields["mulo_radius"] = gr.Number(value=None, precision=0, label="MuLo radius l",
+                                              elem_id=f"{elem}-mulo-radius")
             fields["mulo_resample"] = gr.Dropdown(
-                choices=[("parallel (the paper's)", "parallel"), ("sequential (keeps quality, slower)", "sequential"),
+                choices=[("the checkpoint's", ar_image_tab.STORED), ("parallel (the paper's; costs quality)", "parallel"),
+                         ("sequential (keeps quality, slower)", "sequential"),
                          ("reverify (raster + Jacobi passes)", "reverify")],
-                value="reverify", label="MuLo resampling", elem_id=f"{elem}-mulo-resample")
+                value=ar_image_tab.STORED, label="MuLo resampling", elem_id=f"{elem}-mulo-resample")
 
         def on_method(name: str) -> list[Any]:
             return [gr.update(visible=name in ("eagle", "lantern")), gr.update(visible=name == "lantern"),

@@ -9,11 +9,16 @@ another seed ("none, seed 2") states how much GenEval and FID move by chance alo
 
     python -m mmspec.evaluation.bench_ar_image --out docs/benchmarks/ar_image_cpu.md
 
-Method knobs can be overridden with ``--method-kwargs '{"lantern": {"lantern_delta": 0.3}}'``. A case may
+A case named after a method (``eagle``, ``lantern``, ...) calls the pipeline with nothing but ``method=``: the
+settings stored with the checkpoint (``speculation_config.json``) for the mode and batch, as a user's call
+gets them. ``M (reference)`` runs the same method with :data:`REFERENCE_CONFIGS`, the settings the benchmark
+measured fastest on the zoo before they were stored, as explicit configs, so a run shows both. A case's
+config fields override the stored (or reference) settings: ``--method-kwargs '{"lantern": {"delta": 0.3}}'``
+(the fields of the method's config, :mod:`mmspec.methods`; a ``"tree"`` as a JSON object). A case may
 draft with another EAGLE head than the pipeline's by naming its folder, so two heads are compared in one
 run: ``--method-kwargs '{"eagle, other head": {"like": "eagle", "eagle_head": "runs/x/head"}}'``; likewise
 another MuLo-SD drafter and up-sampler, from a pipeline folder that holds them:
-``'{"mulo, other pair": {"like": "mulo, reverify", "mulo_models": "runs/x"}}'``.
+``'{"mulo, other pair": {"like": "mulo", "mulo_models": "runs/x"}}'``.
 """
 
 from __future__ import annotations
@@ -31,7 +36,11 @@ import numpy as np
 import torch
 
 from mmspec.cpu_gemm import CPU_GEMM_MODES, pack_cpu_linears
-from mmspec.pipelines.ar_image import FAST_LANTERN_RULE, fast_method_kwargs
+from mmspec.methods import MethodConfig
+from mmspec.methods.eagle import EagleConfig, LanternConfig
+from mmspec.methods.jacobi import GSDConfig, SJDConfig
+from mmspec.methods.mulo import MuLoConfig
+from mmspec.pipelines.ar_image import MOVED_KEYWORDS
 from mmspec.stats import SpecStats
 from mmspec.validation import dtype_argument
 from mmspec.world import make_prompt_set
@@ -60,32 +69,72 @@ from .bench_images import (
 )
 from .speed import SPEEDUP_CELL_NOTE, RunResult, run_benchmark, speedup_cell
 
-DEFAULT_METHODS = ("none", "eagle", "lantern", "lantern++", "sjd", "gsd", "mulo", "mulo, sequential",
-                   "mulo, reverify", "mulo, reverify, exact")
-_MULO = {"mulo_k": 16, "mulo_tau": 0.3, "mulo_radius": 1}
+DEFAULT_METHODS = ("none", "eagle", "eagle (reference)", "lantern", "lantern (reference)", "lantern, TV budget",
+                   "sjd", "sjd (reference)", "gsd", "gsd (reference)", "mulo", "mulo (reference)", "mulo, parallel",
+                   "mulo, sequential", "mulo, reverify, exact")
+
+_BLOCK_CHAIN = dict(num_draft_tokens=4, draft_confidence_threshold=0.3, lookup_tail=16, lookup_only_from=4)
+_LANTERN_RULE = dict(k=512, lam=10.0)
+
+#: The settings this benchmark measured fastest on the zoo (2-core CPU, float32, CFG 3, a block head with
+#: ``num_future`` 4 and a 2048-code VQ) before they were stored with the checkpoint: per method, per decoding
+#: mode ("greedy" / "sampled") and images per call ("one" / "several"; "any": every case). The "M (reference)"
+#: cases run them as explicit configs next to the stored settings ("M"). What each was measured against is in
+#: ``models/recipes/build_zoo_t2i.py`` (``SPECULATION_SETTINGS``, the stored table they were copied into).
+REFERENCE_CONFIGS: dict[str, dict[str, MethodConfig]] = {
+    "eagle": {
+        "greedy, one": EagleConfig(**_BLOCK_CHAIN),  # one block from the block head, a lookup tail
+        "sampled, one": EagleConfig(num_draft_tokens=8, draft_confidence_threshold=0.5),
+        "greedy, several": EagleConfig(num_draft_tokens=5, draft_confidence_threshold=0.5),
+        "sampled, several": EagleConfig(num_draft_tokens=2, draft_confidence_threshold=0.5),
+    },
+    "lantern": {
+        "greedy, one": LanternConfig(**_BLOCK_CHAIN),
+        "sampled, one": LanternConfig(argmax_drafts=True, **_BLOCK_CHAIN, **_LANTERN_RULE),  # argmax blocks, LANTERN++
+        "greedy, several": LanternConfig(num_draft_tokens=5, draft_confidence_threshold=0.5),
+        "sampled, several": LanternConfig(argmax_drafts=True, num_draft_tokens=4, draft_confidence_threshold=0.5,
+                                          **_LANTERN_RULE),
+    },
+    "sjd": {"any": SJDConfig(window=8, init="left")},
+    "gsd": {"any": GSDConfig(window=8, init="left", group_size=6, prob_threshold=1.0)},
+    "mulo": {"any": MuLoConfig(resample="reverify")},
+}
 
 
-def default_kwargs(greedy: bool, batch_size: int = 1, num_future: int = 1) -> dict[str, dict[str, Any]]:
-    """Per-case keyword arguments of the pipeline call in one decoding mode and batch size (overridable
-    with --method-kwargs); a case named other than its pipeline method says which with a "method" key.
-    EAGLE and LANTERN chains are the fastest measured for the mode, batch and the pipeline's head
-    (``fast_method_kwargs``: longer for greedy decoding at batch 1; for a head that drafts ``num_future`` > 1
-    tokens per forward one block and a lookup tail there, and argmax blocks with the tail for LANTERN sampling
-    one image with such a head)."""
-    eagle = fast_method_kwargs("eagle", greedy, batch_size, num_future)
-    lantern = fast_method_kwargs("lantern", greedy, batch_size, num_future)  # sampling one image: argmax blocks
-    return {
-        "none": {},
-        "eagle": eagle,
-        "lantern": {**lantern, "lantern_k": 64, "lantern_delta": 0.2, "lantern_lam": None},  # the TV budget
-        "lantern++": {**lantern, "method": "lantern", **FAST_LANTERN_RULE},
-        "sjd": fast_method_kwargs("sjd", greedy, batch_size),
-        "gsd": fast_method_kwargs("gsd", greedy, batch_size),
-        "mulo": dict(_MULO),
-        "mulo, sequential": {**_MULO, "method": "mulo", "mulo_resample": "sequential"},
-        "mulo, reverify": {**_MULO, "method": "mulo", "mulo_resample": "reverify"},
-        "mulo, reverify, exact": {"method": "mulo", "mulo_resample": "reverify", "rule": "exact"},
-    }
+def reference_config(method: str, greedy: bool, batch_size: int) -> MethodConfig:
+    """:data:`REFERENCE_CONFIGS`'s config of ``method`` for a decoding mode and images per call."""
+    table = REFERENCE_CONFIGS[method]
+    key = f"{'greedy' if greedy else 'sampled'}, {'one' if batch_size == 1 else 'several'}"
+    return table.get(key, table.get("any"))
+
+
+def default_cases() -> dict[str, dict[str, Any]]:
+    """The benchmark's cases (overridable with --method-kwargs): a case named other than its pipeline method
+    says which with a "method" key; ``"reference": True`` starts from :func:`reference_config` instead of
+    the checkpoint's stored settings; other keys are fields of the method's config (applied over those
+    settings), ``"rule": "exact"``, pipeline call keywords (``guidance_scale``) or :func:`generate`'s
+    ``eagle_head``, ``mulo_models``, ``dtype`` and ``cpu_gemm``. A case without config fields calls the
+    pipeline with nothing but ``method=`` (the stored settings, as a user's call)."""
+    cases: dict[str, dict[str, Any]] = {"none": {}}
+    for method in REFERENCE_CONFIGS:
+        cases[method] = {}
+        cases[f"{method} (reference)"] = {"method": method, "reference": True}
+    cases.update({
+        # LANTERN's TV budget over the stored chains, and an explicit LANTERN++ bound (also when greedy)
+        "lantern, TV budget": {"method": "lantern", "k": 64, "delta": 0.2, "lam": None},
+        "lantern++": {"method": "lantern", **_LANTERN_RULE},
+        # MuLo-SD's resampling modes: the paper's parallel one (fastest; the zoo's images collapse, so never a
+        # default), sequential, and the stored reverify with the exact rule (lossless)
+        "mulo, parallel": {"method": "mulo", "resample": "parallel"},
+        "mulo, sequential": {"method": "mulo", "resample": "sequential"},
+        "mulo, reverify": {"method": "mulo", "resample": "reverify"},
+        "mulo, reverify, exact": {"method": "mulo", "resample": "reverify", "rule": "exact"},
+    })
+    return cases
+
+
+#: case keys that are not config fields: what :func:`generate` and the pipeline call read
+CASE_KEYS = ("method", "reference", "rule", "guidance_scale", "eagle_head", "mulo_models", "dtype", "cpu_gemm")
 
 
 MODES = {"greedy": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
@@ -201,46 +250,105 @@ def pipeline_variant(pipe: Any, dtype: str | None = None, cpu_gemm: str | None =
     return copies[key]
 
 
-def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: dict, batch: int, seed: int
-             ) -> tuple[list[np.ndarray], list[Any]]:
-    """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``; the pipeline
-    method is ``kwargs["method"]`` when given, else the case's name; ``kwargs["eagle_head"]``, a folder,
-    drafts with that head instead of the pipeline's, ``kwargs["mulo_models"]``, a pipeline folder, with its
-    MuLo-SD drafter and up-sampler; ``kwargs["dtype"]`` (``"float32"`` or ``"bfloat16"``)
-    and ``kwargs["cpu_gemm"]`` (``"packed"`` or ``"plain"``) run the case so instead of the run's ``--dtype``
-    and ``--cpu-gemm``."""
-    kwargs = dict(kwargs)
-    method = kwargs.pop("method", case)
-    head_folder, mulo_folder = kwargs.pop("eagle_head", None), kwargs.pop("mulo_models", None)
-    pipe = pipeline_variant(pipe, kwargs.pop("dtype", None), kwargs.pop("cpu_gemm", None))
+def case_method(pipe: Any, case: str, spec: dict[str, Any], mode: dict, batch_size: int
+                ) -> tuple[str | MethodConfig, dict[str, Any]]:
+    """The ``method=`` of a case for one mode and batch size, and its other keywords: the method's name when
+    the case sets no config field (the checkpoint's stored settings), else the stored (or, with
+    ``"reference"``, :func:`reference_config`'s) config with the case's fields replaced. A key that is
+    neither a field of the method's config nor in :data:`CASE_KEYS` is a command-line error naming it."""
+    spec = dict(spec)
+    method, reference = spec.pop("method", case), spec.pop("reference", False)
+    extra = {key: spec.pop(key) for key in CASE_KEYS if key in spec}
+    greedy = not mode.get("do_sample", True)
+    if method != "none" and method not in pipe.methods():
+        raise SystemExit(f"--method-kwargs: case {case!r} names method {method!r}; methods: {pipe.methods()}")
+    if method == "none" or not (spec or reference):
+        if spec:
+            raise SystemExit(f"--method-kwargs: case {case!r} runs target-only decoding, which has no "
+                             f"settings; got {sorted(spec)}")
+        return method, extra
+    if reference and method not in REFERENCE_CONFIGS:
+        raise SystemExit(f"case {case!r}: no reference settings for {method!r} (REFERENCE_CONFIGS has "
+                         f"{list(REFERENCE_CONFIGS)})")
+    base = reference_config(method, greedy, batch_size) if reference else pipe.method_config(
+        method, do_sample=not greedy, batch_size=batch_size, guidance_scale=extra.get("guidance_scale", 3.0))
+    unknown = [key for key in spec if key not in base.field_names()]
+    if unknown:
+        moved = MOVED_KEYWORDS.get(unknown[0])
+        hint = f" ({unknown[0]} is now the config field {moved[0]!r})" if moved else ""
+        raise SystemExit(f"--method-kwargs: case {case!r} sets {unknown[0]!r}, which is neither a field of "
+                         f"{type(base).__name__} ({', '.join(base.field_names())}) nor a case key "
+                         f"({', '.join(CASE_KEYS)}){hint}")
+    try:
+        return type(base).from_dict({**base.to_dict(), **spec}, source=f"case {case!r}"), extra
+    except ValueError as error:
+        raise SystemExit(f"--method-kwargs: {error}") from None
+
+
+def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: dict, batch: int, seed: int,
+             settings_batch: int | None = None) -> tuple[list[np.ndarray], list[Any]]:
+    """Images (float [H, W, 3]) and per-call stats for ``prompts`` in chunks of ``batch``; the case's
+    ``method=`` is :func:`case_method`'s for ``settings_batch`` images per call (default ``batch``; the quality
+    runs generate in larger chunks with the settings of one image per call, passed as that explicit config);
+    ``kwargs["eagle_head"]``, a folder, drafts with that head instead of the pipeline's,
+    ``kwargs["mulo_models"]``, a pipeline folder, with its MuLo-SD drafter and up-sampler;
+    ``kwargs["dtype"]`` (``"float32"`` or ``"bfloat16"``) and ``kwargs["cpu_gemm"]`` (``"packed"`` or
+    ``"plain"``) run the case so instead of the run's ``--dtype`` and ``--cpu-gemm``."""
+    settings_batch = batch if settings_batch is None else settings_batch
+    method, extra = case_method(pipe, case, kwargs, mode, settings_batch)
+    if isinstance(method, str) and method != "none" and settings_batch != min(batch, len(prompts)):
+        method = pipe.method_config(method, do_sample=mode.get("do_sample", True), batch_size=settings_batch,
+                                    guidance_scale=extra.get("guidance_scale", 3.0))
+    head_folder, mulo_folder = extra.pop("eagle_head", None), extra.pop("mulo_models", None)
+    pipe = pipeline_variant(pipe, extra.pop("dtype", None), extra.pop("cpu_gemm", None))
     generator = torch.Generator().manual_seed(seed)
     images, stats = [], []
     with drafting_with_head(pipe, head_folder), drafting_with_mulo(pipe, mulo_folder):
         for start in range(0, len(prompts), batch):
             out = pipe(list(prompts[start:start + batch]), method=method, output_type="np", generator=generator,
-                       **mode, **call_kwargs(kwargs, greedy=not mode.get("do_sample", True)))
+                       **mode, **call_kwargs(extra, greedy=not mode.get("do_sample", True)))
             images += list(out.images)
             stats.append(out.stats)
     return images, stats
 
 
-def run(pipe: Any, methods: Sequence[str], kwargs_by_case: dict[str, dict[str, dict[str, dict]]], modes: Sequence[str],
+def resolved_configs(pipe: Any, cases: dict[str, dict], modes: Sequence[str], batch_sizes: Sequence[int]
+                     ) -> dict[str, dict[str, dict[str, Any]]]:
+    """What every case ran as, per mode and batch size (JSON): its config's fields (None: target-only), the
+    stored ones for a case that passes only ``method=``."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for mode_name in modes:
+        mode = MODES[mode_name]
+        out[mode_name] = {}
+        for batch in batch_sizes:
+            configs = {}
+            for case, spec in cases.items():
+                method, extra = case_method(pipe, case, spec, mode, batch)
+                if isinstance(method, str):
+                    method = pipe.method_config(method, do_sample=mode.get("do_sample", True), batch_size=batch,
+                                                guidance_scale=extra.get("guidance_scale", 3.0))
+                configs[case] = None if method is None else {"config": type(method).__name__, **method.to_dict()}
+            out[mode_name][str(batch)] = configs
+    return out
+
+
+def run(pipe: Any, methods: Sequence[str], cases: dict[str, dict[str, Any]], modes: Sequence[str],
         batch_sizes: Sequence[int], speed_prompts: Sequence[Any], quality_prompts: Sequence[Any], real: torch.Tensor,
         repeats: int, quality_batch: int, seed: int, quality_seeds: int = 1, log=print) -> dict:
-    """Every measurement of the table. ``kwargs_by_case[mode][str(batch)][method]`` are the pipeline
-    keywords of a timed batch size; quality is measured with those of batch 1 (the headline settings),
-    generated in chunks of ``quality_batch``, once per generation seed ``seed .. seed + quality_seeds - 1``
-    (:func:`~.bench_images.seeded_quality`: the mean and the spread across seeds). The chance row "none, seed
-    2" uses the next seed, one no method row used (no seeds: ``mean_quality`` refuses). Returns a JSON-able
-    dict."""
+    """Every measurement of the table. ``cases[method]`` is a case's spec (:func:`default_cases`), resolved
+    per mode and timed batch size by :func:`case_method`; quality is measured with the settings of one image
+    per call (the headline settings), generated in chunks of ``quality_batch``, once per generation seed
+    ``seed .. seed + quality_seeds - 1`` (:func:`~.bench_images.seeded_quality`: the mean and the spread
+    across seeds). The chance row "none, seed 2" uses the next seed, one no method row used (no seeds:
+    ``mean_quality`` refuses). Returns a JSON-able dict."""
     results: dict[str, Any] = {"modes": {}}
     for mode_name in modes:
-        mode, kwargs = MODES[mode_name], kwargs_by_case[mode_name]["1"]
+        mode = MODES[mode_name]
         texts = [p.text for p in quality_prompts]
         scores: dict[str, dict[str, Any]] = {}
         for method in methods:
             start = time.perf_counter()
-            image_sets = (generate(pipe, texts, method, kwargs[method], mode, quality_batch, s)[0]
+            image_sets = (generate(pipe, texts, method, cases[method], mode, quality_batch, s, settings_batch=1)[0]
                           for s in range(seed, seed + quality_seeds))
             scores[method] = seeded_quality(image_sets, quality_prompts, real)
             log(f"[{mode_name}] quality {method}: {scores[method]['per_seed']} "
@@ -252,9 +360,8 @@ def run(pipe: Any, methods: Sequence[str], kwargs_by_case: dict[str, dict[str, d
         by_batch = {}
         speed_texts = [p.text for p in speed_prompts]
         for batch in batch_sizes:
-            cases = {m: _speed_case(pipe, speed_texts, m, kwargs_by_case[mode_name][str(batch)][m], mode, batch, seed)
-                     for m in methods}
-            report = run_benchmark(cases, baseline=methods[0], warmup=1, repeats=repeats, seed=seed, unit="images")
+            timed = {m: _speed_case(pipe, speed_texts, m, cases[m], mode, batch, seed) for m in methods}
+            report = run_benchmark(timed, baseline=methods[0], warmup=1, repeats=repeats, seed=seed, unit="images")
             for method, c in report.cases.items():
                 c.quality.update({key: scores[method][key] for key in ("geneval", "fid")})
             by_batch[str(batch)] = report.to_dict()
@@ -318,29 +425,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     from mmspec.pipelines import ARImagePipeline
-    from mmspec.pipelines.ar_image import head_num_future
 
     pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline, args.dtype, args.cpu_gemm)
-
-    def case_kwargs(mode: str, batch: int) -> dict[str, dict[str, Any]]:
-        """Every method's keywords for one mode and batch size: defaults, --method-kwargs, --guidance-scale."""
-        defaults = default_kwargs(not MODES[mode].get("do_sample", True), batch, head_num_future(pipe))
-        by_method = method_kwargs(args.methods, defaults, args.method_kwargs, derived_cases=True)
-        if args.guidance_scale is not None:
-            for case in by_method.values():
-                case["guidance_scale"] = args.guidance_scale
-        return by_method
-
-    kwargs = {mode: {str(batch): case_kwargs(mode, batch) for batch in sorted({1, *args.batch_sizes})}
-              for mode in args.modes}
+    cases = method_kwargs(args.methods, default_cases(), args.method_kwargs, derived_cases=True)
+    if args.guidance_scale is not None:
+        for case in cases.values():
+            case["guidance_scale"] = args.guidance_scale
+    configs = resolved_configs(pipe, cases, args.modes, sorted({1, *args.batch_sizes}))  # checks every case too
     speed_prompts = make_prompt_set(n_per_category=args.speed_prompts, seed=args.seed + 7)
     quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
     image_size = pipe.grid_size * int(getattr(pipe.vqvae.config, "patch_size", 1))
     real = reference_images(quality_prompts, args.difficulty, image_size, args.seed)
-    results = run(pipe, args.methods, kwargs, args.modes, args.batch_sizes, speed_prompts, quality_prompts, real,
+    results = run(pipe, args.methods, cases, args.modes, args.batch_sizes, speed_prompts, quality_prompts, real,
                   args.repeats, args.quality_batch, args.seed, args.quality_seeds)
     results.update(machine=machine_line(args.dtype, args.cpu_gemm), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
-                   quality_seeds=args.quality_seeds, repeats=args.repeats, kwargs=kwargs)
+                   quality_seeds=args.quality_seeds, repeats=args.repeats, cases=cases, configs=configs)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_ar_image", argv))
     write_report(args.out, table, results)
     return 0

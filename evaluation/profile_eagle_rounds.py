@@ -1,7 +1,7 @@
 """Where the time of EAGLE decoding goes: target calls and head steps by their position in a round.
 
 A diagnostic for docs/pipeline_ar_image.md (the greedy speed goal). It runs ``ARImagePipeline`` with
-``method="eagle"`` (greedy, the benchmark's fastest chain by default) and times every model call the
+``method="eagle"`` (greedy, the checkpoint's stored settings by default) and times every model call the
 speculation loop makes through :class:`~mmspec.runner.CausalLMRunner` (``_run``: the model's forward and
 its cache bookkeeping), grouped by model and, for the EAGLE head, by its position in the round: step 0
 feeds the previous round's accepted tokens and returns the first draft (in an image's first round, the
@@ -67,29 +67,30 @@ def timing_model_calls(head_type: type) -> Iterator[dict[str, list[float]]]:
         CausalLMRunner._run = original
 
 
-def profile(pipe: Any, prompts: list[str], repeats: int = 2, **call_kwargs: Any) -> dict[str, Any]:
+def profile(pipe: Any, prompts: list[str], repeats: int = 2, method: Any = "eagle") -> dict[str, Any]:
     """Per-call milliseconds (mean over the last of ``repeats`` passes; the first warms up) of target and head
-    calls under ``method="eagle"`` and of target calls under ``method="none"``, plus call counts per image."""
+    calls under ``method`` (``"eagle"``: the checkpoint's stored settings, or an ``EagleConfig``) and of target
+    calls under ``method="none"``, plus call counts per image; the result's keys are ``"eagle"`` and ``"none"``."""
     from mmspec.models.eagle import EagleHead
 
     if repeats < 1 or not prompts:
         raise ValueError("need at least one prompt and one repeat")
     result: dict[str, Any] = {}
-    for method in ("eagle", "none"):
+    for name, run_method in (("eagle", method), ("none", "none")):
         for _ in range(repeats):
             phases: dict[str, float] = defaultdict(float)
             with timing_model_calls(EagleHead) as times:
                 start = time.perf_counter()
                 for text in prompts:
-                    out = pipe(text, method=method, do_sample=False, output_type="tokens",
-                               generator=torch.Generator().manual_seed(0), **(call_kwargs if method == "eagle" else {}))
+                    out = pipe(text, method=run_method, do_sample=False, output_type="tokens",
+                               generator=torch.Generator().manual_seed(0))
                     for phase, phase_seconds in out.stats.phase_seconds.items():
                         phases[phase] += phase_seconds
                 seconds = time.perf_counter() - start
         calls = {key: {"calls_per_image": len(v) / len(prompts), "ms_per_call": 1e3 * sum(v) / len(v)}
                  for key, v in sorted(times.items())}
         per_image = {phase: 1e3 * value / len(prompts) for phase, value in phases.items()}
-        result[method] = {"ms_per_image": 1e3 * seconds / len(prompts), "calls": calls, "phases": per_image,
+        result[name] = {"ms_per_image": 1e3 * seconds / len(prompts), "calls": calls, "phases": per_image,
                           "outside_phases": 1e3 * (seconds - sum(phases.values())) / len(prompts)}
     result["speedup"] = result["none"]["ms_per_image"] / result["eagle"]["ms_per_image"]
     return result
@@ -103,20 +104,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=1)
     add_cpu_gemm_argument(parser)
     parser.add_argument("--method-kwargs", default=None,
-                        help="JSON keywords of the eagle call (default: the benchmark's greedy chain)")
+                        help="JSON of EagleConfig fields over the checkpoint's stored greedy settings, e.g. "
+                             "'{\"num_draft_tokens\": 8}' (default: the stored settings as they are)")
     args = parser.parse_args(argv)
     if args.prompts <= 0:
         raise ValueError("--prompts must be positive")
     from mmspec.pipelines import ARImagePipeline
-    from mmspec.pipelines.ar_image import fast_method_kwargs, head_num_future
     from mmspec.world import make_prompt_set
 
     torch.set_num_threads(args.threads)
     pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline, cpu_gemm=args.cpu_gemm)
     prompts = [p.text for p in make_prompt_set(n_per_category=args.prompts, seed=7)]
-    kwargs = json.loads(args.method_kwargs) if args.method_kwargs else \
-        fast_method_kwargs("eagle", greedy=True, num_future=head_num_future(pipe))
-    print(json.dumps(profile(pipe, prompts, args.repeats, **kwargs), indent=1))
+    method: Any = "eagle"
+    if args.method_kwargs:
+        method = pipe.method_config("eagle", do_sample=False).replace(**json.loads(args.method_kwargs))
+    print(json.dumps(profile(pipe, prompts, args.repeats, method), indent=1))
 
 
 if __name__ == "__main__":

@@ -40,9 +40,9 @@ class SamplingConfig:
 
     Attributes:
         do_sample: False means greedy decoding (temperature 0): acceptance is an argmax match.
-        temperature: softmax temperature, finite and >= :data:`~mmspec.validation.MIN_TEMPERATURE` (0.01:
-            smaller ones overflow float32 logits); ignored when ``do_sample`` is False (it must still not be
-            NaN or infinite).
+        temperature: softmax temperature, finite and >= :data:`~mmspec.validation.MIN_TEMPERATURE` (0.01;
+            near-zero ones such as 1e-45 overflow float32 logits); ignored when ``do_sample`` is False (it
+            must still not be NaN or infinite).
         top_k: keep the k most likely tokens (0 or None: no limit).
         top_p: nucleus sampling mass in (0, 1]; 1.0 disables it.
         guidance_scale: classifier-free guidance scale in [0, :data:`~mmspec.validation.MAX_GUIDANCE_SCALE`];
@@ -192,7 +192,7 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
     Raises :class:`~mmspec.validation.NonFiniteProbabilitiesError` naming ``name`` and the first row that is
     NaN or infinite, all zero, or (while value checks are on) has a negative entry.
     """
-    if checks_enabled() and probs.numel() and float(probs.amin()) < 0:  # NaN rows are left to the draw
+    if checks_enabled() and probs.numel() and float(probs.detach().amin()) < 0:  # NaN rows: left to the draw
         check_probability_rows(probs, name)
     return sample_inverse_cdf(probs, draw_uniforms(probs.shape[:-1], probs, generator), name)
 

@@ -212,6 +212,8 @@ def positive_and_finite(scales: torch.Tensor) -> bool:
     draw: the usual case) are read and compared on the host, with no tensor operation (NaN compares False);
     more are reduced first: the sum of the logs is finite exactly when each lies in (0, inf) (log 0 = -inf,
     log inf = inf, and the log of NaN or of a negative number is NaN)."""
+    if scales.requires_grad:  # (a scalar read of a graph tensor warns)
+        scales = scales.detach()
     if scales.numel() <= _HOST_COMPARE_LIMIT:
         values = scales.tolist()  # (flattening first would copy: row totals are often a strided view)
         for _ in range(scales.ndim - 1):

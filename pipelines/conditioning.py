@@ -90,11 +90,20 @@ class WordVocabularyMixin:
         """The pipeline of a ``save_pretrained`` folder: the word vocabulary (unless ``text_tokenizer`` is
         given), the components ``names`` (:func:`~mmspec.pipelines.hub.load_components`; keyword arguments
         replace components, ``check_weights=False`` skips the refusal of NaN/inf weights),
-        :meth:`_complete_components`, then ``_name_or_path`` recorded in the config."""
+        :meth:`_complete_components`, then ``_name_or_path`` recorded in the config. A pipeline with stored
+        method settings (:class:`~mmspec.pipelines.method_settings.MethodSettingsMixin`) reads the folder's
+        ``speculation_config.json``, unless ``speculation_settings=`` (a ``SpeculationSettings`` or its JSON
+        mapping) is given: those replace the file's."""
+        stores_settings = hasattr(cls, "read_speculation_settings")
+        settings = kwargs.pop("speculation_settings", None) if stores_settings else None
         load_text_vocabulary(path, kwargs)
         components = load_components(cls, path, names, torch_dtype=torch_dtype, extra=("text_tokenizer",), **kwargs)
         pipe = cls(**cls._complete_components(components, path))
         pipe.register_to_config(_name_or_path=str(path))
+        if settings is not None:
+            pipe.set_speculation_settings(settings)
+        elif stores_settings:
+            pipe.read_speculation_settings(path)
         return pipe
 
     @classmethod

@@ -1,7 +1,9 @@
 """``mmspec generate``: images from prompts with a discrete AR image pipeline, speculatively.
 
-Runs the chosen method and, with the same prompts and seed, the target-only baseline, writes PNGs
-(plus acceptance overlays) and prints wall time, speedup, mean accepted length and target calls.
+Runs the chosen method with the checkpoint's stored settings for the decoding mode and batch (exactly what
+``pipe(..., method=name)`` runs; ``--method-kwargs`` replaces config fields) and, with the same prompts and
+seed, the target-only baseline, writes PNGs (plus acceptance overlays; each atomically, so a killed run
+leaves no truncated image) and prints wall time, speedup, mean accepted length and target calls.
 """
 
 from __future__ import annotations
@@ -16,14 +18,19 @@ from typing import Any
 import torch
 
 from mmspec.cpu_gemm import add_cpu_gemm_argument
-from mmspec.pipelines.ar_image import METHODS, ARImagePipeline, fast_method_kwargs, head_num_future
-from mmspec.validation import dtype_argument
+from mmspec.files import save_image_atomic
+from mmspec.methods import available
+from mmspec.pipelines.ar_image import MOVED_KEYWORDS, ARImagePipeline
+from mmspec.validation import dtype_argument, guidance_scale_argument
+
+#: the largest side, in pixels, of a PNG that ``--scale`` may write (64 MB of RGB in memory)
+MAX_OUTPUT_SIDE = 4096
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompts", nargs="+", help="text prompts (the shapes zoo knows the shapes world's words)")
     parser.add_argument("--pipeline", default="mmspec/shapes-t2i", help="zoo id or a saved pipeline folder")
-    parser.add_argument("--method", default="eagle", choices=METHODS)
+    parser.add_argument("--method", default="eagle", choices=["none", *available("ar_image")])
     parser.add_argument("--outdir", type=Path, default=Path("outputs"))
     parser.add_argument("--num-images", type=int, default=1, help="images per prompt")
     parser.add_argument("--seed", type=int, default=0)
@@ -31,11 +38,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--guidance-scale", type=float, default=3.0)
+    parser.add_argument("--guidance-scale", type=guidance_scale_argument, default=3.0)
     parser.add_argument("--method-kwargs", default="{}",
-                        help='JSON of extra pipeline arguments, e.g. \'{"lantern_delta": 0.3}\', over the '
-                             "method's fast settings (fast_method_kwargs in mmspec.pipelines.ar_image)")
-    parser.add_argument("--scale", type=int, default=8, help="nearest-neighbour upscaling of the written PNGs")
+                        help='JSON of the method\'s config fields, e.g. \'{"delta": 0.3}\' for lantern, over the '
+                             "checkpoint's stored settings (pipe.method_config(method, ...).replace(**fields); "
+                             '"tree" as a JSON object)')
+    parser.add_argument("--scale", type=int, default=8,
+                        help=f"nearest-neighbour upscaling of the written PNGs (at most {MAX_OUTPUT_SIDE} px a side)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the target-only comparison run")
     parser.add_argument("--dtype", type=dtype_argument, default=torch.float32,
                         help="compute precision, float32 (default) or bfloat16 (faster verification on CPUs "
@@ -43,14 +52,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_cpu_gemm_argument(parser)
 
 
+def image_side(pipe: ARImagePipeline) -> int | None:
+    """Pixels per side of the pipeline's images: its token grid times the tokenizer's pixels per token
+    (``patch_size`` of the zoo's VQ tokenizer, ``downsample_factor`` of LlamaGen's VQ), or the decoder's
+    configured ``image_size`` (Janus); None when the tokenizer states neither."""
+    config = getattr(pipe.vqvae, "config", None)
+    per_token = getattr(config, "patch_size", None) or getattr(pipe.vqvae, "downsample_factor", None)
+    if per_token:
+        return pipe.grid_size * int(per_token)
+    size = getattr(config, "image_size", None)
+    return int(size) if size else None
+
+
+def check_scale(scale: int, side: int | None = None) -> None:
+    """``--scale`` is at least 1 and keeps the written PNGs at most :data:`MAX_OUTPUT_SIDE` pixels a side
+    (``side``: the generated images' side; None checks the scale alone). Why: the upscaled image is built
+    in memory before it is written, so an unbounded scale exhausts memory instead of writing a file."""
+    if scale < 1:
+        raise SystemExit("--scale must be >= 1")
+    if (side or 1) * scale > MAX_OUTPUT_SIDE:
+        wanted = f"{side * scale}x{side * scale} px PNGs from {side}x{side} px images" if side else \
+            f"PNGs at least {scale} px a side"
+        raise SystemExit(f"--scale {scale} would write {wanted}; the limit is {MAX_OUTPUT_SIDE} px a side "
+                         f"(use --scale {max(1, MAX_OUTPUT_SIDE // (side or 1))} or less)")
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "prompt"
 
 
-def _timed(pipe: ARImagePipeline, prompts: list[str], method: str, seed: int, kwargs: dict) -> tuple[Any, float]:
+def _timed(pipe: ARImagePipeline, prompts: list[str], method: Any, seed: int, kwargs: dict) -> tuple[Any, float]:
     start = time.perf_counter()
     out = pipe(prompts, method=method, generator=torch.Generator().manual_seed(seed), **kwargs)
     return out, time.perf_counter() - start
+
+
+def method_for(pipe: ARImagePipeline, method: str, fields: dict[str, Any], *, do_sample: bool, batch_size: int,
+               guidance_scale: float) -> Any:
+    """``method=`` of the run: the name alone (the checkpoint's stored settings) without ``fields``, else the
+    stored config with ``fields`` replaced. A field the method's config lacks exits naming it."""
+    if not fields:
+        return method
+    if method == "none":
+        raise SystemExit(f"--method-kwargs: method 'none' (target only) has no settings; got {sorted(fields)}")
+    config = pipe.method_config(method, do_sample=do_sample, batch_size=batch_size, guidance_scale=guidance_scale)
+    unknown = [name for name in fields if name not in config.field_names()]
+    if unknown:
+        moved = MOVED_KEYWORDS.get(unknown[0])
+        hint = f"; {unknown[0]} is now the field {moved[0]!r}" if moved and moved[0] in config.field_names() else ""
+        raise SystemExit(f"--method-kwargs: {type(config).__name__} (method {method!r}) has no field {unknown[0]!r}; "
+                         f"its fields are {', '.join(config.field_names())}{hint}")
+    try:
+        return type(config).from_dict({**config.to_dict(), **fields}, source="--method-kwargs")
+    except ValueError as error:
+        raise SystemExit(f"--method-kwargs: {error}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,27 +115,29 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"--method-kwargs is not valid JSON: {error}") from None
     if not isinstance(extra, dict):
         raise SystemExit("--method-kwargs must be a JSON object")
-    if args.scale < 1:
-        raise SystemExit("--scale must be >= 1")
+    check_scale(args.scale)
     try:
         pipe = ARImagePipeline.from_pretrained(args.pipeline, torch_dtype=args.dtype)
     except (FileNotFoundError, OSError, ValueError) as error:
         raise SystemExit(f"cannot load {args.pipeline!r}: {error}") from None
+    check_scale(args.scale, image_side(pipe))
     pipe.set_progress_bar_config(disable=True)
     pipe.set_cpu_gemm(args.cpu_gemm)
     batch = len(args.prompts) * args.num_images  # one call generates every image
-    # a tree replaces the fast chain; the image vocabulary caps LANTERN's fast neighbourhood on small codebooks
-    fast = {} if "tree" in extra else \
-        fast_method_kwargs(args.method, args.greedy, batch, head_num_future(pipe), int(pipe.vqvae.vocab_size))
+    # the sampling settings are all the baseline gets; the method's settings are its config
     kwargs = dict(do_sample=not args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  guidance_scale=args.guidance_scale, num_images_per_prompt=args.num_images, output_type="pil",
-                  **{**fast, **extra})
+                  guidance_scale=args.guidance_scale, num_images_per_prompt=args.num_images, output_type="pil")
     prompts = list(args.prompts)
     try:
-        # warm-up (first-call overheads are not the method's), then the measured runs
-        pipe(prompts[:1], method=args.method, output_type="tokens",
+        method = method_for(pipe, args.method, extra, do_sample=not args.greedy, batch_size=batch,
+                            guidance_scale=args.guidance_scale)
+        # warm-up on one image with the measured run's settings (first-call overheads are not the method's),
+        # then the measured runs
+        warm = pipe.method_config(method, do_sample=not args.greedy, batch_size=batch,
+                                  guidance_scale=args.guidance_scale) if isinstance(method, str) else method
+        pipe(prompts[:1], method=warm or "none", output_type="tokens",
              **{k: v for k, v in kwargs.items() if k not in ("output_type", "num_images_per_prompt")})
-        out, seconds = _timed(pipe, prompts, args.method, args.seed, kwargs)
+        out, seconds = _timed(pipe, prompts, method, args.seed, kwargs)
         baseline = None if args.no_baseline or args.method == "none" else _timed(pipe, prompts, "none", args.seed, kwargs)
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
@@ -90,8 +147,8 @@ def run(args: argparse.Namespace) -> int:
     for i, (image, overlay) in enumerate(zip(out.images, overlays)):
         name = f"{i // args.num_images:02d}-{_slug(prompts[i // args.num_images])}-{i % args.num_images}"
         size = (image.width * args.scale, image.height * args.scale)
-        image.resize(size, resample=0).save(args.outdir / f"{name}.png")
-        overlay.resize(size, resample=0).save(args.outdir / f"{name}-drafted.png")
+        save_image_atomic(image.resize(size, resample=0), args.outdir / f"{name}.png")
+        save_image_atomic(overlay.resize(size, resample=0), args.outdir / f"{name}-drafted.png")
     images = len(out.images)
     stats = out.stats
     print(f"wrote {images} images (+ drafted-token overlays) to {args.outdir}")

@@ -197,11 +197,14 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
 
     def encode(self, images: Any, prompt: str | Sequence[str], videos: Any = None) -> _Batch:
         """Processor outputs for a batch of (images or video frames, prompt) pairs (left-padded)."""
+        if not isinstance(prompt, (str, list, tuple)):
+            raise ValueError(f"prompt must be a string or a non-empty list of strings, got {type(prompt).__name__}")
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         if not prompts:
             raise ValueError("prompt must be a string or a non-empty list of strings")
-        if not all(isinstance(p, str) for p in prompts):
-            raise ValueError("every prompt must be a string")
+        bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+        if bad:
+            raise ValueError(f"every prompt must be a string; prompt {bad[0]} is a {type(prompts[bad[0]]).__name__}")
         if images is not None and videos is not None:
             raise ValueError("pass images or videos, not both (a video is a list of frames)")
         visual = _per_prompt(videos if videos is not None else images, len(prompts),

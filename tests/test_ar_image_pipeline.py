@@ -10,14 +10,20 @@ the losslessness tests meaningful. Correctness never depends on the head.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import PIL.Image
 import pytest
 import torch
+from pipeline_utils import copy_pending_method
 from stats_utils import P_VALUE_FLOOR, chi_square_pvalue, empirical
 
 from mmspec import GroupedRule, SamplingConfig, TreeConfig, apply_guidance, logits_to_probs, sample
+from mmspec.methods import MethodConfig, MethodPlan, SpeculationSettings
+from mmspec.methods.eagle import EagleConfig, LanternConfig
+from mmspec.methods.jacobi import GSDConfig, SJDConfig
 from mmspec.models.eagle import EagleHead
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.text import WordTokenizer
@@ -91,14 +97,14 @@ def _tokens(pipe, method, **kwargs):
 
 GREEDY_CASES = {
     "eagle-chain": ("eagle", {}),
-    "eagle-tree": ("eagle", {"tree": TreeConfig(depth=3, top_k=2, total_tokens=6)}),
-    "eagle-dynamic-chain": ("eagle", {"num_draft_tokens": 6, "draft_confidence_threshold": 0.5}),
-    "lantern-delta0": ("lantern", {"lantern_delta": 0.0, "lantern_k": 8}),
-    "sjd": ("sjd", {"sjd_window": 5}),
-    "gsd-G1": ("gsd", {"gsd_group_size": 1, "sjd_window": 5}),
+    "eagle-tree": (EagleConfig(tree=TreeConfig(depth=3, top_k=2, total_tokens=6)), {}),
+    "eagle-dynamic-chain": (EagleConfig(num_draft_tokens=6, draft_confidence_threshold=0.5), {}),
+    "lantern-delta0": (LanternConfig(delta=0.0, k=8), {}),
+    "sjd": (SJDConfig(window=5), {}),
+    "gsd-G1": (GSDConfig(group_size=1, window=5), {}),
     "gsd-rule-on-eagle": ("eagle", {"rule": GroupedRule(G=1, greedy=True)}),
-    "eagle-lookup-tail": ("eagle", {"num_draft_tokens": 2, "lookup_tail": 6}),
-    "eagle-lookup-only-rounds": ("eagle", {"num_draft_tokens": 2, "lookup_tail": 6, "lookup_only_from": 1}),
+    "eagle-lookup-tail": (EagleConfig(num_draft_tokens=2, lookup_tail=6), {}),
+    "eagle-lookup-only-rounds": (EagleConfig(num_draft_tokens=2, lookup_tail=6, lookup_only_from=1), {}),
 }
 
 
@@ -115,44 +121,45 @@ def test_greedy_methods_reproduce_target_only_tokens(pipe, case, guidance_scale)
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 3.0], ids=["no-cfg", "cfg"])
-@pytest.mark.parametrize("kwargs", [{}, {"num_draft_tokens": 6, "draft_confidence_threshold": 0.5},
-                                    {"eagle_guided": True}], ids=["chain", "dynamic-chain", "guided-drafts"])
-def test_block_drafting_head_reproduces_target_only_tokens(kwargs, guidance_scale):
+@pytest.mark.parametrize("fields", [{}, {"num_draft_tokens": 6, "draft_confidence_threshold": 0.5},
+                                    {"guided": True}], ids=["chain", "dynamic-chain", "guided-drafts"])
+def test_block_drafting_head_reproduces_target_only_tokens(fields, guidance_scale):
     """A head with 3 futures drafts chains in blocks of 3 (one head forward each), same greedy output."""
     pipe = make_pipe(num_future=3)
     baseline = _tokens(pipe, "none", guidance_scale=guidance_scale)
-    out = _tokens(pipe, "eagle", guidance_scale=guidance_scale, eagle_blocks=True, **kwargs)
+    out = _tokens(pipe, EagleConfig(blocks=True, **fields), guidance_scale=guidance_scale)
     assert torch.equal(out.tokens, baseline.tokens)
     assert out.stats.mean_accepted_length > 1.2
     rounds = out.stats.target_calls - 1
-    assert out.stats.draft_calls <= rounds * (1 + (kwargs.get("num_draft_tokens", 4) - 1) // 3) + 1
+    assert out.stats.draft_calls <= rounds * (1 + (fields.get("num_draft_tokens", 4) - 1) // 3) + 1
 
 
 def test_block_head_drafts_token_by_token_when_asked_and_when_sampling():
-    """eagle_blocks=False drafts a K-future head token by token (its own prediction, the readout skipped):
+    """blocks=False drafts a K-future head token by token (its own prediction, the readout skipped):
     the same greedy output with one head forward per draft, and trees work; sampling does so by default."""
     pipe = make_pipe(num_future=3)
     baseline = _tokens(pipe, "none")
-    blocks = _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=True)
-    tokens = _tokens(pipe, "eagle", num_draft_tokens=6)  # auto: several images per call draft token by token
-    assert tokens.stats.draft_calls == _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=False).stats.draft_calls
-    one = {flag: pipe(PROMPTS[1], method="eagle", do_sample=False, output_type="tokens", num_draft_tokens=6,
-                      eagle_blocks=flag) for flag in (None, True, False)}  # auto: one greedy image drafts blocks
+    k6 = EagleConfig(num_draft_tokens=6)
+    blocks = _tokens(pipe, k6.replace(blocks=True))
+    tokens = _tokens(pipe, k6)  # auto: several images per call draft token by token
+    assert tokens.stats.draft_calls == _tokens(pipe, k6.replace(blocks=False)).stats.draft_calls
+    one = {flag: pipe(PROMPTS[1], method=k6.replace(blocks=flag), do_sample=False, output_type="tokens")
+           for flag in (None, True, False)}  # auto: one greedy image drafts blocks
     assert one[None].stats.draft_calls == one[True].stats.draft_calls < one[False].stats.draft_calls
-    tree = _tokens(pipe, "eagle", tree=TreeConfig(depth=3, top_k=2, total_tokens=6), eagle_blocks=False)
+    tree = _tokens(pipe, EagleConfig(tree=TreeConfig(depth=3, top_k=2, total_tokens=6), blocks=False))
     for out in (blocks, tokens, tree):
         assert torch.equal(out.tokens, baseline.tokens)
     assert tokens.stats.draft_calls > blocks.stats.draft_calls
-    plain = _tokens(make_pipe(), "eagle", num_draft_tokens=6)  # the same weights without a readout
+    plain = _tokens(make_pipe(), k6)  # the same weights without a readout
     assert tokens.stats.draft_calls == plain.stats.draft_calls and tokens.stats.emitted == plain.stats.emitted
-    sampled = {flag: pipe(PROMPTS, method="eagle", num_draft_tokens=6, generator=torch.Generator().manual_seed(0),
-                          output_type="tokens", eagle_blocks=flag) for flag in (None, False, True)}
+    sampled = {flag: pipe(PROMPTS, method=k6.replace(blocks=flag), generator=torch.Generator().manual_seed(0),
+                          output_type="tokens") for flag in (None, False, True)}
     assert torch.equal(sampled[None].tokens, sampled[False].tokens)
     assert sampled[None].stats.draft_calls == sampled[False].stats.draft_calls != sampled[True].stats.draft_calls
-    with pytest.raises(ValueError, match="eagle_blocks must be"):
-        _tokens(pipe, "eagle", eagle_blocks="yes")
+    with pytest.raises(ValueError, match="EagleConfig.blocks must be"):
+        EagleConfig(blocks="yes")
     with pytest.raises(NotImplementedError, match="blocks=False"):
-        _tokens(pipe, "eagle", tree=TreeConfig(depth=2, top_k=2, total_tokens=4), eagle_blocks=True)
+        _tokens(pipe, EagleConfig(tree=TreeConfig(depth=2, top_k=2, total_tokens=4), blocks=True))
 
 
 def test_a_block_head_beside_the_plain_head_drafts_greedy_chains(tmp_path):
@@ -161,10 +168,11 @@ def test_a_block_head_beside_the_plain_head_drafts_greedy_chains(tmp_path):
     pipe = make_pipe()
     pipe.register_modules(eagle_block_head=copy_head(num_future=3).bind_target(
         pipe.transformer.get_input_embeddings(), pipe.transformer.get_output_embeddings()))
-    baseline, plain = _tokens(pipe, "none"), _tokens(make_pipe(), "eagle", num_draft_tokens=6)
-    blocks = _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=True)
+    k6 = EagleConfig(num_draft_tokens=6)
+    baseline, plain = _tokens(pipe, "none"), _tokens(make_pipe(), k6)
+    blocks = _tokens(pipe, k6.replace(blocks=True))
     assert torch.equal(blocks.tokens, baseline.tokens) and blocks.stats.draft_calls < plain.stats.draft_calls
-    tokens = _tokens(pipe, "eagle", num_draft_tokens=6, eagle_blocks=False)
+    tokens = _tokens(pipe, k6.replace(blocks=False))
     assert tokens.stats.draft_calls == plain.stats.draft_calls
     sampled = [p("a red circle", method="eagle", generator=torch.Generator().manual_seed(0), output_type="tokens")
                for p in (pipe, make_pipe())]
@@ -172,19 +180,19 @@ def test_a_block_head_beside_the_plain_head_drafts_greedy_chains(tmp_path):
     pipe.save_pretrained(tmp_path / "p")
     loaded = ARImagePipeline.from_pretrained(tmp_path / "p").to(torch.float64)
     assert loaded.eagle_block_head.config.num_future == 3
-    assert torch.equal(_tokens(loaded, "eagle", num_draft_tokens=6, eagle_blocks=True).tokens, baseline.tokens)
+    assert torch.equal(_tokens(loaded, k6.replace(blocks=True)).tokens, baseline.tokens)
     with pytest.raises(ValueError, match="num_future > 1"):
         ARImagePipeline(pipe.transformer, pipe.vqvae, copy_head(), pipe.text_tokenizer, eagle_block_head=copy_head())
     alone = ARImagePipeline(pipe.transformer, pipe.vqvae, None, pipe.text_tokenizer,
                             eagle_block_head=pipe.eagle_block_head)
-    assert torch.equal(_tokens(alone, "eagle", eagle_blocks=True).tokens, baseline.tokens)
+    assert torch.equal(_tokens(alone, EagleConfig(blocks=True)).tokens, baseline.tokens)
     with pytest.raises(ValueError, match="needs an eagle_head"):
-        _tokens(alone, "eagle", eagle_blocks=False)
+        _tokens(alone, EagleConfig(blocks=False))
 
 
 def test_dynamic_eagle_chains_stop_early_and_keep_the_output(pipe):
-    fixed = _tokens(pipe, "eagle", num_draft_tokens=6)
-    dynamic = _tokens(pipe, "eagle", num_draft_tokens=6, draft_confidence_threshold=0.9)
+    fixed = _tokens(pipe, EagleConfig(num_draft_tokens=6))
+    dynamic = _tokens(pipe, EagleConfig(num_draft_tokens=6, draft_confidence_threshold=0.9))
     assert torch.equal(dynamic.tokens, fixed.tokens)
     assert dynamic.stats.draft_calls < fixed.stats.draft_calls  # head forwards saved
     assert dynamic.stats.mean_accepted_length > 1.2
@@ -208,11 +216,11 @@ def test_lossy_methods_run_and_codebook_neighbours_are_computed_once(pipe, monke
     monkeypatch.setattr(pipe.vqvae, "codebook_neighbors", lambda k: calls.append(k) or original(k))
     pipe._neighbors = None
     for k in (12, 8, 12):
-        out = _tokens(pipe, "lantern", lantern_delta=0.3, lantern_k=k)
+        out = _tokens(pipe, LanternConfig(delta=0.3, k=k))
         assert out.tokens.shape == (3, GRID, GRID) and 0 <= int(out.tokens.min()) and int(out.tokens.max()) < V
     assert calls == [12]
     assert torch.equal(pipe.codebook_neighbors(8), original(8))
-    out = _tokens(pipe, "gsd", gsd_group_size=4, sjd_window=5)
+    out = _tokens(pipe, GSDConfig(group_size=4, window=5))
     assert out.tokens.shape == (3, GRID, GRID) and out.stats.mean_accepted_length > 1.0
 
 
@@ -231,33 +239,32 @@ def _exact_first_two_marginals(model: LlamaGenTransformer, words: torch.Tensor, 
     return [first, (first.unsqueeze(1) * probs[:, 1]).sum(0)]
 
 
-@pytest.mark.parametrize("method,kwargs", [("none", {}), ("eagle", {}),
-                                           ("eagle", {"tree": TreeConfig(depth=2, top_k=2, total_tokens=4)}),
-                                           ("eagle", {"num_draft_tokens": 3, "draft_confidence_threshold": 0.3}),
-                                           ("eagle", {"eagle_guided": "features"}),
-                                           ("eagle", {"argmax_drafts": True}),
-                                           ("eagle", {"num_draft_tokens": 2, "lookup_tail": 3, "lookup_only_from": 1}),
-                                           ("sjd", {"sjd_window": 4})],
+@pytest.mark.parametrize("method", ["none", "eagle", EagleConfig(tree=TreeConfig(depth=2, top_k=2, total_tokens=4)),
+                                    EagleConfig(num_draft_tokens=3, draft_confidence_threshold=0.3),
+                                    EagleConfig(guided="features"), EagleConfig(argmax_drafts=True),
+                                    EagleConfig(num_draft_tokens=2, lookup_tail=3, lookup_only_from=1),
+                                    SJDConfig(window=4)],
                          ids=["none", "eagle", "eagle-tree", "eagle-dynamic-chain", "eagle-guided-features",
                               "eagle-argmax-drafts", "eagle-lookup-only-rounds", "sjd"])
-def test_sampling_matches_the_exact_target_marginals(method, kwargs):
+def test_sampling_matches_the_exact_target_marginals(method):
     """2000 rows of one prompt at temperature 1 with CFG: tokens 0 and 1 follow the exact guided marginals."""
-    _check_sampled_marginals(make_pipe(sharpness=3.0, feature_guidance=3.0 if kwargs.get("eagle_guided") == "features"
-                                       else None), method, kwargs)
+    features = getattr(method, "guided", None) == "features"
+    _check_sampled_marginals(make_pipe(sharpness=3.0, feature_guidance=3.0 if features else None), method)
 
 
 def test_block_drafting_sampling_matches_the_exact_target_marginals():
     """The same test with a head drafting blocks of 3 (each draft drawn from its own distribution)."""
-    _check_sampled_marginals(make_pipe(sharpness=3.0, num_future=3), "eagle", {"num_draft_tokens": 6})
+    _check_sampled_marginals(make_pipe(sharpness=3.0, num_future=3), EagleConfig(num_draft_tokens=6))
 
 
 def test_argmax_block_drafts_match_the_exact_target_marginals_and_are_the_default_blocks():
     """Argmax drafts are point-mass proposals: blocks of 3 of them keep sampling exact, and one image per
     call with argmax drafts drafts blocks by default (deterministic chains, like greedy decoding)."""
     pipe = make_pipe(sharpness=3.0, num_future=3)
-    _check_sampled_marginals(pipe, "eagle", {"num_draft_tokens": 6, "argmax_drafts": True, "eagle_blocks": True})
-    one = {flag: pipe(PROMPTS[1], method="eagle", num_draft_tokens=6, argmax_drafts=True, eagle_blocks=flag,
-                      generator=torch.Generator().manual_seed(0), output_type="tokens") for flag in (None, True)}
+    argmax = EagleConfig(num_draft_tokens=6, argmax_drafts=True)
+    _check_sampled_marginals(pipe, argmax.replace(blocks=True))
+    one = {flag: pipe(PROMPTS[1], method=argmax.replace(blocks=flag), generator=torch.Generator().manual_seed(0),
+                      output_type="tokens") for flag in (None, True)}
     assert torch.equal(one[None].tokens, one[True].tokens)
     assert one[None].stats.draft_calls == one[True].stats.draft_calls
 
@@ -279,22 +286,22 @@ def test_argmax_drafts_are_the_heads_argmax_and_raise_lanterns_acceptance():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(eagle_module, "draft_chain", spy)
-        pipe(PROMPTS, method="eagle", argmax_drafts=True, generator=torch.Generator().manual_seed(0),
+        pipe(PROMPTS, method=EagleConfig(argmax_drafts=True), generator=torch.Generator().manual_seed(0),
              output_type="tokens")
     assert seen and all(chain.probs is None and torch.equal(chain.tokens[:, 0], first) for first, chain in seen)
-    kwargs = dict(num_images_per_prompt=100, generator=torch.Generator().manual_seed(0), output_type="tokens",
-                  argmax_drafts=True, num_draft_tokens=4)
-    exact = pipe("a red circle", method="eagle", **kwargs).stats
-    relaxed = pipe("a red circle", method="lantern", lantern_k=16, lantern_delta=0.5, **kwargs).stats
+    kwargs = dict(num_images_per_prompt=100, generator=torch.Generator().manual_seed(0), output_type="tokens")
+    exact = pipe("a red circle", method=EagleConfig(argmax_drafts=True, num_draft_tokens=4), **kwargs).stats
+    relaxed = pipe("a red circle", method=LanternConfig(argmax_drafts=True, num_draft_tokens=4, k=16, delta=0.5),
+                   **kwargs).stats
     assert relaxed.mean_accepted_length > exact.mean_accepted_length + 0.1
 
 
-def _check_sampled_marginals(pipe: ARImagePipeline, method: str, kwargs: dict) -> None:
+def _check_sampled_marginals(pipe: ARImagePipeline, method: str | EagleConfig | SJDConfig) -> None:
     rows, scale = 2000, 3.0
     out = pipe("a red circle", method=method, num_images_per_prompt=rows, guidance_scale=scale,
-               generator=torch.Generator().manual_seed(0), output_type="tokens", **kwargs)
+               generator=torch.Generator().manual_seed(0), output_type="tokens")
     if method != "none":
-        assert 1.05 < out.stats.mean_accepted_length  # drafts are accepted and rejected
+        assert 1.02 < out.stats.mean_accepted_length  # drafts are accepted and rejected
     words = pipe.encode_prompt(["a red circle"])[0]["condition_ids"]
     for j, marginal in enumerate(_exact_first_two_marginals(pipe.transformer, words, scale)):
         assert chi_square_pvalue(empirical(out.tokens.flatten(1)[:, j], V), marginal) > P_VALUE_FLOOR, f"token {j}"
@@ -303,7 +310,7 @@ def _check_sampled_marginals(pipe: ARImagePipeline, method: str, kwargs: dict) -
 def test_the_distribution_test_detects_a_lossy_method():
     """LANTERN with a budget (not lossless) fails the same test at token 1 (token 0 is the target's own)."""
     pipe = make_pipe(sharpness=3.0)
-    out = pipe("a red circle", method="lantern", lantern_delta=0.3, lantern_k=8, num_images_per_prompt=2000,
+    out = pipe("a red circle", method=LanternConfig(delta=0.3, k=8), num_images_per_prompt=2000,
                guidance_scale=3.0, generator=torch.Generator().manual_seed(0), output_type="tokens")
     marginal = _exact_first_two_marginals(pipe.transformer, pipe.encode_prompt(["a red circle"])[0]["condition_ids"], 3.0)[1]
     assert chi_square_pvalue(empirical(out.tokens.flatten(1)[:, 1], V), marginal) < 1e-10
@@ -408,9 +415,8 @@ def test_save_and_load_round_trip(pipe, tmp_path):
     loaded.set_progress_bar_config(disable=True)
     assert loaded.text_tokenizer.words == WORDS
     assert torch.equal(loaded.vqvae.codebook, pipe.vqvae.codebook)
-    for method in ("none", "eagle", "lantern"):
-        kwargs = {"lantern_k": 8} if method == "lantern" else {}
-        assert torch.equal(_tokens(loaded, method, **kwargs).tokens, _tokens(pipe, method, **kwargs).tokens)
+    for method in ("none", "eagle", LanternConfig(k=8)):
+        assert torch.equal(_tokens(loaded, method).tokens, _tokens(pipe, method).tokens)
 
 
 def test_round_trip_without_eagle_head(tmp_path):
@@ -441,7 +447,8 @@ def test_zoo_ids_resolve_to_the_bundled_folder(monkeypatch, tmp_path):
 
 BAD_INPUTS = {
     "empty prompt list": (dict(prompt=[]), ValueError, "empty list"),
-    "unknown method": (dict(prompt="a circle", method="medusa"), ValueError, "method must be one of"),
+    "unknown method": (dict(prompt="a circle", method="medusa"), ValueError,
+                       r"method='medusa' is not a method of ARImagePipeline \(ar_image pipelines\); choose from"),
     "top_k above vocab": (dict(prompt="a circle", top_k=V + 1), ValueError, "top_k"),
     "word outside vocab": (dict(prompt="a purple circle"), ValueError, "purple"),
     "both prompt and labels": (dict(prompt="a circle", class_labels=[1]), ValueError, "exactly one"),
@@ -451,31 +458,22 @@ BAD_INPUTS = {
     "empty prompt": (dict(prompt=["a circle", ""]), ValueError, "prompt 1 is empty"),
     "rule contradicts do_sample": (dict(prompt="a circle", do_sample=True, rule=GroupedRule(G=2, greedy=True)),
                                    ValueError, "greedy"),
-    "lantern_k too large": (dict(prompt="a circle", method="lantern", lantern_k=V), ValueError, "lantern_k"),
+    "lantern k too large": (dict(prompt="a circle", method=LanternConfig(k=V)), ValueError,
+                            f"LanternConfig.k must be at most the image vocabulary minus one \\({V - 1}\\)"),
     "mulo without its drafter": (dict(prompt="a circle", method="mulo"), ValueError, "needs mulo_drafter"),
     "bad num_images": (dict(prompt="a circle", num_images_per_prompt=0), ValueError, "num_images_per_prompt"),
-    "confidence threshold without a chain": (dict(prompt="a circle", method="sjd", draft_confidence_threshold=0.5),
-                                             ValueError, "drafts no chain"),
-    "confidence threshold above 1": (dict(prompt="a circle", method="eagle", draft_confidence_threshold=1.5),
-                                     ValueError, "confidence_threshold must be a number in"),
-    "argmax drafts without an EAGLE chain": (dict(prompt="a circle", method="sjd", argmax_drafts=True), ValueError,
-                                             "drafts no EAGLE chain"),
-    "argmax drafts on a tree": (dict(prompt="a circle", method="eagle", argmax_drafts=True,
-                                     tree=TreeConfig(depth=2, top_k=2, total_tokens=4)), ValueError, "applies to chains"),
-    "argmax drafts not a bool": (dict(prompt="a circle", method="eagle", argmax_drafts="yes"), ValueError,
-                                 "argmax_drafts must be True or False"),
+    "argmax drafts on a tree": (dict(prompt="a circle", method=EagleConfig(
+        argmax_drafts=True, tree=TreeConfig(depth=2, top_k=2, total_tokens=4))), ValueError, "applies to chains"),
     "callback not callable": (dict(prompt="a circle", callback_on_step_end="print"), ValueError,
                               "callback_on_step_end must be callable"),
-    "lookup tail without an EAGLE chain": (dict(prompt="a circle", method="gsd", lookup_tail=4), ValueError,
-                                           "lookup_tail extends EAGLE chains"),
-    "lookup tail on a tree": (dict(prompt="a circle", method="eagle", lookup_tail=4,
-                                   tree=TreeConfig(depth=2, top_k=2, total_tokens=4)), ValueError, "pass tree=None"),
-    "negative lookup tail": (dict(prompt="a circle", method="eagle", lookup_tail=-1), ValueError,
-                             "lookup_tail must be a non-negative integer"),
-    "lookup-only rounds without a tail": (dict(prompt="a circle", method="eagle", lookup_only_from=2), ValueError,
-                                          "set lookup_tail too"),
-    "lookup-only rounds from zero": (dict(prompt="a circle", method="eagle", lookup_tail=4, lookup_only_from=0),
-                                     ValueError, "lookup_only_from must be a positive integer"),
+    "method not a name or config": (dict(prompt="a circle", method=3), ValueError,
+                                    "method must be a method name or a MethodConfig"),
+    "removed method keyword": (dict(prompt="a circle", method="lantern", lantern_k=8), TypeError,
+                               r"no longer takes lantern_k.*lantern_k -> LanternConfig\.k.*"
+                               r"method=LanternConfig\(k=\.\.\.\) or method=pipe\.method_config\('lantern', "
+                               r"\.\.\.\)\.replace\(k=\.\.\.\)"),
+    "unknown keyword": (dict(prompt="a circle", num_steps=4), TypeError,
+                        r"ARImagePipeline.__call__\(\) got an unexpected keyword argument 'num_steps'"),
 }
 
 
@@ -484,6 +482,143 @@ def test_bad_inputs_raise_clear_errors(pipe, case):
     kwargs, error, match = BAD_INPUTS[case]
     with pytest.raises(error, match=match):
         pipe(**{"output_type": "tokens", **kwargs})
+
+
+CONFIG_ERRORS = {
+    "confidence threshold above 1": (lambda: EagleConfig(draft_confidence_threshold=1.5),
+                                     r"EagleConfig.draft_confidence_threshold must be a number in \[0.0, 1.0\)"),
+    "argmax drafts not a bool": (lambda: EagleConfig(argmax_drafts="yes"),
+                                 "EagleConfig.argmax_drafts must be True or False"),
+    "lookup tail on a tree": (lambda: EagleConfig(lookup_tail=4, tree=TreeConfig(depth=2, top_k=2, total_tokens=4)),
+                              r"EagleConfig.lookup_tail extends draft chains: use tree=None"),
+    "negative lookup tail": (lambda: EagleConfig(lookup_tail=-1), r"EagleConfig.lookup_tail must be an integer in \[0"),
+    "lookup-only rounds without a tail": (lambda: EagleConfig(lookup_only_from=2), "set lookup_tail too"),
+    "lookup-only rounds from zero": (lambda: EagleConfig(lookup_tail=4, lookup_only_from=0),
+                                     r"EagleConfig.lookup_only_from must be an integer in \[1"),
+    "lantern delta out of range": (lambda: LanternConfig(delta=1.5), r"LanternConfig.delta must be a number in"),
+    "a field of another method": (lambda: SJDConfig().replace(draft_confidence_threshold=0.5),
+                                  "SJDConfig has no field 'draft_confidence_threshold'; its fields are window, init"),
+    "argmax drafts on Jacobi drafts": (lambda: GSDConfig().replace(argmax_drafts=True),
+                                       "GSDConfig has no field 'argmax_drafts'"),
+}
+
+
+@pytest.mark.parametrize("case", list(CONFIG_ERRORS))
+def test_bad_method_settings_name_the_config_field(case):
+    make, match = CONFIG_ERRORS[case]
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+@dataclass(frozen=True)
+class _VLMOnlyConfig(MethodConfig):
+    pipelines: ClassVar[tuple[str, ...]] = ("vlm",)
+
+    def build(self, pipeline, request):
+        return MethodPlan()
+
+
+def test_bad_methods_are_refused_naming_what_to_pass(pipe):
+    """An unknown config field, an out-of-range value, a method of another pipeline family (by name or as a
+    config), and a keyword that became a config field: each error names the field or the choices."""
+    with pytest.raises(ValueError, match="EagleConfig has no field 'window'; its fields are num_draft_tokens"):
+        pipe.method_config("eagle").replace(window=3)
+    with pytest.raises(ValueError, match=r"LanternConfig.k must be an integer >= 1, got 0"):
+        pipe.method_config("lantern").replace(k=0)
+    for name in ("cspd", "draft"):  # continuous and video methods are not AR image ones
+        with pytest.raises(ValueError, match=f"method='{name}' is not a method of ARImagePipeline.*'eagle'"):
+            pipe("a circle", method=name, output_type="tokens")
+        with pytest.raises(ValueError, match=f"method='{name}' is not a method"):
+            pipe.method_config(name)
+    with pytest.raises(ValueError, match=r"_VLMOnlyConfig configures a method of vlm pipelines, not of this one "
+                                         r"\(ar_image\)"):
+        pipe("a circle", method=_VLMOnlyConfig(), output_type="tokens")
+    # a removed keyword names the config field, for the call's own method when its config has the field
+    with pytest.raises(TypeError, match=r"no longer takes sjd_window.*sjd_window -> SJDConfig.window / "
+                                        r"GSDConfig.window.*method=pipe.method_config\('gsd', \.\.\.\)"
+                                        r"\.replace\(window=\.\.\.\)"):
+        pipe("a circle", method="gsd", sjd_window=4)
+    with pytest.raises(TypeError, match=r"draft_confidence_threshold -> EagleConfig.draft_confidence_threshold / "
+                                        r"LanternConfig.draft_confidence_threshold.*method=EagleConfig\("):
+        pipe("a circle", method="sjd", draft_confidence_threshold=0.5)  # sjd has no such field: EAGLE's
+    with pytest.raises(TypeError, match=r"no longer takes num_draft_tokens, eagle_blocks.*eagle_blocks -> "
+                                        r"EagleConfig.blocks.*method=<your LanternConfig>\.replace\("
+                                        r"num_draft_tokens=\.\.\., blocks=\.\.\.\)"):
+        pipe("a circle", method=LanternConfig(), num_draft_tokens=6, eagle_blocks=True)
+    with pytest.raises(TypeError, match=r"mulo_resample -> MuLoConfig.resample"):
+        pipe("a circle", mulo_resample="parallel")
+
+
+def test_a_method_registered_from_outside_the_package_runs_losslessly(pipe):
+    """The toy method of tests/pipeline_utils.py (copies of the pending token), registered by a test as a
+    plugin would be: listed by the pipeline, run by name (its class defaults: nothing is stored for it) and
+    as a config, and greedy decoding gives target-only's tokens."""
+    with copy_pending_method() as config_class:
+        assert "copy_pending" in pipe.methods() and pipe.method_config("copy_pending") == config_class()
+        for guidance_scale in (1.0, 3.0):
+            baseline = _tokens(pipe, "none", guidance_scale=guidance_scale)
+            for method in ("copy_pending", config_class(num_tokens=6)):
+                out = _tokens(pipe, method, guidance_scale=guidance_scale)
+                assert torch.equal(out.tokens, baseline.tokens)
+                assert out.stats.target_calls <= baseline.stats.target_calls and sum(out.stats.position_attempts) > 0
+    assert "copy_pending" not in pipe.methods()
+    with pytest.raises(ValueError, match="not a method"):
+        _tokens(pipe, "copy_pending")
+
+
+def test_stored_settings_travel_with_the_folder_and_explicit_configs_win(pipe, tmp_path):
+    """``speculation_config.json``: written by save_pretrained, read by from_pretrained (or replaced by
+    ``speculation_settings=``); a call with only ``method=`` equals the call with the stored config given
+    explicitly, and an explicit config is used as given."""
+    stored = {"eagle": {"settings": {"num_draft_tokens": 6},
+                        "variants": [{"when": {"greedy": True}, "settings": {"draft_confidence_threshold": 0.5}}]},
+              "sjd": {"settings": {"window": 5, "init": "left"}}}
+    source = make_pipe()
+    source.set_speculation_settings(stored)
+    source.save_pretrained(tmp_path / "p")
+    assert json.loads((tmp_path / "p" / "speculation_config.json").read_text())["sjd"] == stored["sjd"]
+    loaded = ARImagePipeline.from_pretrained(tmp_path / "p").to(torch.float64)
+    loaded.set_progress_bar_config(disable=True)
+    assert loaded.method_config("eagle", do_sample=False) == EagleConfig(num_draft_tokens=6,
+                                                                        draft_confidence_threshold=0.5)
+    assert loaded.method_config("eagle") == EagleConfig(num_draft_tokens=6)  # sampling: the variant does not apply
+    assert loaded.method_config("gsd") == GSDConfig() and loaded.method_config("none") is None
+    for name in ("eagle", "sjd"):
+        plain = _tokens(loaded, name)
+        explicit = _tokens(loaded, loaded.method_config(name, do_sample=False, batch_size=len(PROMPTS)))
+        assert torch.equal(plain.tokens, explicit.tokens) and plain.stats.draft_calls == explicit.stats.draft_calls
+    as_given = _tokens(loaded, SJDConfig())  # an explicit config wins: the class's window of 16, not the stored 5
+    assert len(as_given.stats.position_attempts) > 5 == len(_tokens(loaded, "sjd").stats.position_attempts)
+    replaced = ARImagePipeline.from_pretrained(tmp_path / "p", speculation_settings={"sjd": {"settings": {"window": 3}}})
+    assert replaced.method_config("sjd") == SJDConfig(window=3) and replaced.method_config("eagle") == EagleConfig()
+    make_pipe().save_pretrained(tmp_path / "q")  # nothing stored: no file, every method at its class defaults
+    assert not (tmp_path / "q" / "speculation_config.json").exists()
+    assert ARImagePipeline.from_pretrained(tmp_path / "q").method_config("eagle") == EagleConfig()
+    (tmp_path / "q" / "speculation_config.json").write_text(json.dumps({"eagle": {"settings": {"k": 5}}}))
+    with pytest.raises(ValueError, match=r"EagleConfig has no field 'k' in .*speculation_config.json \(eagle\)"):
+        ARImagePipeline.from_pretrained(tmp_path / "q")
+
+
+def test_hub_repositories_read_their_settings_file(tmp_path, monkeypatch):
+    """A hub id's ``speculation_config.json`` is fetched next to the pipeline; a repository without one has
+    no stored settings."""
+    import huggingface_hub
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    (tmp_path / "speculation_config.json").write_text(json.dumps({"sjd": {"settings": {"window": 5}}}))
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download",
+                        lambda repo, name, **kw: asked.append((repo, name, kw)) or str(tmp_path / name))
+    pipe = make_pipe()
+    pipe.read_speculation_settings("someone/their-pipeline", revision="v1")
+    assert asked == [("someone/their-pipeline", "speculation_config.json", {"revision": "v1"})]
+    assert pipe.method_config("sjd") == SJDConfig(window=5)
+
+    def missing(repo, name, **kw):
+        raise LocalEntryNotFoundError("not cached")
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", missing)
+    pipe.read_speculation_settings("someone/other")
+    assert pipe.method_config("sjd") == SJDConfig() and isinstance(pipe.speculation_settings, SpeculationSettings)
 
 
 def test_errors_that_depend_on_the_components():
@@ -514,15 +649,15 @@ def test_guided_and_conditional_eagle_drafting_are_both_lossless(pipe):
     from the conditional half (False); both reproduce the baseline exactly (greedy). The default picks
     conditional drafts for greedy decoding and guided ones for sampling."""
     baseline = _tokens(pipe, "none", guidance_scale=3.0)
-    guided = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=True)
-    plain = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=False)
+    guided = _tokens(pipe, EagleConfig(guided=True), guidance_scale=3.0)
+    plain = _tokens(pipe, EagleConfig(guided=False), guidance_scale=3.0)
     assert torch.equal(guided.tokens, baseline.tokens) and torch.equal(plain.tokens, baseline.tokens)
     assert guided.stats.draft_calls > 0 and plain.stats.draft_calls > 0
     # the default (None) drafts from the conditional half when greedy and from both halves when sampling
-    auto = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=None)
+    auto = _tokens(pipe, EagleConfig(guided=None), guidance_scale=3.0)
     assert auto.stats.position_accepts == plain.stats.position_accepts
     assert auto.stats.draft_calls == plain.stats.draft_calls
-    sampled = {flag: pipe("a red circle", method="eagle", guidance_scale=3.0, eagle_guided=flag, output_type="tokens",
+    sampled = {flag: pipe("a red circle", method=EagleConfig(guided=flag), guidance_scale=3.0, output_type="tokens",
                           generator=torch.Generator().manual_seed(0)) for flag in (None, True, False)}
     assert torch.equal(sampled[None].tokens, sampled[True].tokens)
     assert sampled[None].stats.position_accepts == sampled[True].stats.position_accepts
@@ -534,21 +669,21 @@ def test_guided_feature_drafting_is_lossless_and_picked_for_its_scale():
     guided features: the baseline's tokens (greedy), chosen by default at that scale only; asking for it
     at another scale, or an unknown mode, is a clear error."""
     pipe = make_pipe(feature_guidance=3.0)
-    conditional = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided=False)
-    features = _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided="features")
+    conditional = _tokens(pipe, EagleConfig(guided=False), guidance_scale=3.0)
+    features = _tokens(pipe, EagleConfig(guided="features"), guidance_scale=3.0)
     assert torch.equal(features.tokens, _tokens(pipe, "none", guidance_scale=3.0).tokens)
     assert torch.equal(features.tokens, conditional.tokens) and features.stats.draft_calls > 0
     assert features.stats.position_accepts != conditional.stats.position_accepts  # other features, other drafts
     auto = _tokens(pipe, "eagle", guidance_scale=3.0)
     assert auto.stats.position_accepts == features.stats.position_accepts
-    other_scale = {flag: _tokens(pipe, "eagle", guidance_scale=2.0, eagle_guided=flag) for flag in (None, False)}
+    other_scale = {flag: _tokens(pipe, EagleConfig(guided=flag), guidance_scale=2.0) for flag in (None, False)}
     assert other_scale[None].stats.position_accepts == other_scale[False].stats.position_accepts
     with pytest.raises(ValueError, match="feature_guidance is 3.0"):
-        _tokens(pipe, "eagle", guidance_scale=2.0, eagle_guided="features")
+        _tokens(pipe, EagleConfig(guided="features"), guidance_scale=2.0)
     with pytest.raises(ValueError, match="feature_guidance is None"):
-        _tokens(make_pipe(), "eagle", guidance_scale=3.0, eagle_guided="features")
-    with pytest.raises(ValueError, match="eagle_guided must be"):
-        _tokens(pipe, "eagle", guidance_scale=3.0, eagle_guided="both")
+        _tokens(make_pipe(), EagleConfig(guided="features"), guidance_scale=3.0)
+    with pytest.raises(ValueError, match="EagleConfig.guided must be"):
+        EagleConfig(guided="both")
 
 
 def test_guided_eagle_drafter_needs_both_halves_of_the_features(pipe):
@@ -566,9 +701,8 @@ def test_guided_eagle_drafter_needs_both_halves_of_the_features(pipe):
 
 def test_gsd_with_group_size_one_is_sjd_and_lantern_delta_zero_is_eagle_when_sampling(pipe):
     """Relaxations switched off are the exact rules draw for draw: same generator seed, same tokens."""
-    def sampled(method, **kwargs):
-        return pipe(PROMPTS, method=method, output_type="tokens", generator=torch.Generator().manual_seed(5),
-                    **kwargs).tokens
+    def sampled(method):
+        return pipe(PROMPTS, method=method, output_type="tokens", generator=torch.Generator().manual_seed(5)).tokens
 
-    assert torch.equal(sampled("gsd", gsd_group_size=1, sjd_window=5), sampled("sjd", sjd_window=5))
-    assert torch.equal(sampled("lantern", lantern_delta=0.0, lantern_k=8), sampled("eagle"))
+    assert torch.equal(sampled(GSDConfig(group_size=1, window=5)), sampled(SJDConfig(window=5)))
+    assert torch.equal(sampled(LanternConfig(delta=0.0, k=8)), sampled("eagle"))

@@ -83,12 +83,12 @@ def test_derived_cases_run_variants_of_a_method_under_their_own_names():
     pipeline method; elsewhere (and for unknown names) the method list stays closed."""
     from mmspec.evaluation.bench_cli import method_kwargs
 
-    defaults = bench_ar_image.default_kwargs(greedy=False, batch_size=4)
+    defaults = bench_ar_image.default_cases()
     overrides = ('{"eagle, K=6": {"like": "eagle", "num_draft_tokens": 6}, "lam 3": {"like": "lantern++", '
-                 '"lantern_lam": 3.0}, "eagle": {"draft_confidence_threshold": 0.2}}')
+                 '"lam": 3.0}, "eagle": {"draft_confidence_threshold": 0.2}}')
     out = method_kwargs(["none", "eagle", "eagle, K=6", "lam 3"], defaults, overrides, derived_cases=True)
     assert out["eagle, K=6"] == {**defaults["eagle"], "method": "eagle", "num_draft_tokens": 6}
-    assert out["lam 3"]["method"] == "lantern" and out["lam 3"]["lantern_lam"] == 3.0  # lantern++'s own method
+    assert out["lam 3"]["method"] == "lantern" and out["lam 3"]["lam"] == 3.0  # lantern++'s own method
     assert out["eagle"]["draft_confidence_threshold"] == 0.2 and "method" not in out["eagle"]
     # a variant of the baseline (here: target-only in float32 beside a bfloat16 run) is a case like any other
     variant = method_kwargs(["none", "none, float32"], defaults, '{"none, float32": {"like": "none", "dtype": "float32"}}',

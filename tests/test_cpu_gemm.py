@@ -143,15 +143,15 @@ def packed_zoo():
 def test_greedy_speculative_decoding_stays_lossless_with_packed_gemms_on_the_zoo(packed_zoo):
     """With the default routing the single-token baseline mostly keeps F.linear while verification forwards
     take the packed kernel; greedy outputs must still be the baseline's exactly (fp32)."""
-    from mmspec.pipelines.ar_image import fast_method_kwargs, head_num_future
+    from mmspec.methods.eagle import EagleConfig
 
     prompts = ["a red circle", "a blue square above a green triangle", "two yellow circles", "a small purple square"]
     kwargs = dict(do_sample=False, output_type="tokens")
     baseline = packed_zoo(prompts, method="none", **kwargs)
-    fast = fast_method_kwargs("eagle", greedy=True, num_future=head_num_future(packed_zoo))
-    blocks = packed_zoo(prompts, method="eagle", **fast, **kwargs)
-    tree = packed_zoo(prompts[:2], method="eagle", tree=TreeConfig(depth=6, top_k=4, total_tokens=24), **kwargs)
-    single = [packed_zoo(p, method="eagle", **fast, **kwargs) for p in prompts]
+    blocks_chain = packed_zoo.method_config("eagle", do_sample=False)  # the zoo's greedy block chain with a tail
+    blocks = packed_zoo(prompts, method=blocks_chain, **kwargs)
+    tree = packed_zoo(prompts[:2], method=EagleConfig(tree=TreeConfig(depth=6, top_k=4, total_tokens=24)), **kwargs)
+    single = [packed_zoo(p, method="eagle", **kwargs) for p in prompts]
     assert packed_state(packed_zoo.transformer.layers[0].feed_forward.w1).packed is not None
     assert torch.equal(blocks.tokens, baseline.tokens) and torch.equal(tree.tokens, baseline.tokens[:2])
     assert all(torch.equal(out.tokens[0], baseline.tokens[i]) for i, out in enumerate(single))

@@ -151,15 +151,6 @@ def test_ar_image_methods_and_knobs(tiny, cache, method):
     assert f"speculative ({method})" in result.stats_html
 
 
-def test_ar_image_page_defaults_are_the_measured_lantern_rule():
-    """The page's LANTERN defaults are the pipelines' fast LANTERN++ rule (written out in the tab, which loads
-    the pipelines lazily)."""
-    from mmspec.pipelines.ar_image import FAST_LANTERN_RULE
-
-    assert {"lantern_k": ar_image_tab.DEFAULT_LANTERN_K, "lantern_lam": ar_image_tab.DEFAULT_LANTERN_LAM} == \
-        FAST_LANTERN_RULE
-
-
 def test_ar_image_lantern_with_argmax_drafts_runs(tiny, cache):
     """LANTERN with a LANTERN++ bound and argmax drafts (a sampled chain) runs end to end on the page."""
     result = ar_image_tab.run_ar_image(cache, path=tiny["ar_image"], prompt="a red circle", method="lantern",
@@ -167,36 +158,47 @@ def test_ar_image_lantern_with_argmax_drafts_runs(tiny, cache):
     assert result.comparison.speculative.stats.tokens == 2 * 64 and "speculative (lantern)" in result.stats_html
 
 
-def test_ar_image_knobs_become_pipeline_arguments():
-    """Jacobi methods start from the pipeline's fast settings (the page sets window and G); the MuLo
-    dropdown picks the resampling mode (checked)."""
-    knobs = dict(greedy=False, temperature=1.0, guidance_scale=3.0, num_draft_tokens=4, use_tree=False,
-                 tree_depth=5, tree_top_k=8, tree_total_tokens=48, lantern_k=64, lantern_delta=0.2, sjd_window=4,
-                 gsd_group_size=3, mulo_tau=0.3, mulo_radius=1)
-    gsd = ar_image_tab.method_kwargs("gsd", **knobs)
-    assert gsd["sjd_init"] == "left" and gsd["sjd_window"] == 4 and gsd["gsd_group_size"] == 3
-    assert gsd["gsd_prob_threshold"] == 1.0
-    assert ar_image_tab.method_kwargs("mulo", **knobs)["mulo_resample"] == "reverify"  # FAST_METHOD_KWARGS
-    # LANTERN: the bound lam >= 1 selects LANTERN++ (0 keeps the TV budget); argmax drafts only for sampled chains
-    lantern = ar_image_tab.method_kwargs("lantern", **knobs, lantern_lam=3.0, argmax_drafts=True)
-    assert lantern["lantern_lam"] == 3.0 and lantern["argmax_drafts"] is True and lantern["lantern_delta"] == 0.2
-    plain = ar_image_tab.method_kwargs("lantern", **knobs)
-    assert "lantern_lam" not in plain and "argmax_drafts" not in plain
-    assert "argmax_drafts" not in ar_image_tab.method_kwargs("lantern", **{**knobs, "greedy": True}, argmax_drafts=True)
-    assert "argmax_drafts" not in ar_image_tab.method_kwargs("lantern", **{**knobs, "use_tree": True},
-                                                               argmax_drafts=True)
-    assert "argmax_drafts" not in ar_image_tab.method_kwargs("eagle", **knobs, argmax_drafts=True)
-    # lookup tails: EAGLE / LANTERN chains only, 0 (the page's default) passes none
-    assert ar_image_tab.method_kwargs("eagle", **knobs, lookup_tail=16)["lookup_tail"] == 16
-    assert "lookup_tail" not in ar_image_tab.method_kwargs("eagle", **knobs)
-    assert "lookup_tail" not in ar_image_tab.method_kwargs("eagle", **{**knobs, "use_tree": True}, lookup_tail=16)
-    assert "lookup_tail" not in ar_image_tab.method_kwargs("gsd", **knobs, lookup_tail=16)
+def test_ar_image_page_settings_are_the_stored_ones_with_the_knobs_replaced(tiny):
+    """The page's method settings: the checkpoint's stored ones for the mode and batch (with no knob set,
+    exactly what a call with only ``method=`` runs), each knob the page shows replacing its config field;
+    an empty knob (None) keeps the stored value and knobs of other methods are ignored."""
+    from functools import partial
+
+    from mmspec.methods.eagle import LanternConfig
+    from mmspec.methods.jacobi import GSDConfig
+    from mmspec.models.recipes.build_zoo_t2i import SPECULATION_SETTINGS
+    from mmspec.pipelines import ARImagePipeline
+
+    pipe = ARImagePipeline.from_pretrained(tiny["ar_image"], speculation_settings=SPECULATION_SETTINGS)
+    config = partial(ar_image_tab.method_config, pipe, greedy=False, batch_size=1, guidance_scale=3.0)
+    for method in ar_image_tab.METHODS:
+        assert config(method) == pipe.method_config(method, batch_size=1, guidance_scale=3.0)
+    assert config("gsd", sjd_window=4, gsd_group_size=3) == GSDConfig(window=4, init="left", group_size=3,
+                                                                       prob_threshold=1.0)
+    assert config("gsd", lookup_tail=16, num_draft_tokens=3) == config("gsd")  # EAGLE knobs: not GSD's
+    assert config("mulo").resample == "reverify" and config("mulo", mulo_resample="parallel").resample == "parallel"
+    assert config("mulo", mulo_resample=ar_image_tab.STORED) == config("mulo")
+    # LANTERN: stored argmax block chain and LANTERN++ bound (k 512, lam 10); lam 0 turns the bound off
+    stored = config("lantern")
+    assert stored.argmax_drafts and stored.lam == 10.0 and stored.k == 512 and stored.lookup_tail == 16
+    assert config("lantern", lantern_lam=3.0, lantern_k=64) == stored.replace(lam=3.0, k=64)
+    assert config("lantern", lantern_lam=0, lantern_delta=0.2) == stored.replace(lam=None, delta=0.2)
+    assert config("lantern", argmax_drafts=False).argmax_drafts is False
+    greedy = ar_image_tab.method_config(pipe, "lantern", greedy=True, batch_size=1, guidance_scale=3.0,
+                                        argmax_drafts=True)
+    assert greedy == pipe.method_config("lantern", do_sample=False, guidance_scale=3.0)  # greedy drafts argmax anyway
+    tree = config("lantern", use_tree=True, tree_depth=3, tree_top_k=2, tree_total_tokens=8, argmax_drafts=True)
+    assert tree.tree.depth == 3 and not tree.argmax_drafts and tree.lookup_tail == 0 and tree.lookup_only_from is None
+    assert isinstance(tree, LanternConfig) and tree.lam == 10.0
+    # lookup tails: EAGLE / LANTERN chains; 0 switches the stored tail (and its lookup-only rounds) off
+    assert config("eagle", lookup_tail=8).lookup_tail == 8
+    no_tail = config("lantern", lookup_tail=0)
+    assert no_tail.lookup_tail == 0 and no_tail.lookup_only_from is None
+    assert config("eagle", num_draft_tokens=5).num_draft_tokens == 5
     with pytest.raises(common.DemoError, match="lookup tail"):
-        ar_image_tab.method_kwargs("eagle", **knobs, lookup_tail=-1)
-    for mode in ("sequential", "reverify"):
-        assert ar_image_tab.method_kwargs("mulo", **knobs, mulo_resample=mode)["mulo_resample"] == mode
+        config("eagle", lookup_tail=-1)
     with pytest.raises(common.DemoError, match="MuLo resampling must be one of"):
-        ar_image_tab.method_kwargs("mulo", **knobs, mulo_resample="bogus")
+        config("mulo", mulo_resample="bogus")
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -10,8 +10,13 @@ import torch
 from PIL import Image
 from tiny_shapes_pipeline import save_tiny_shapes_pipeline
 
+from mmspec import TreeConfig
 from mmspec.cli import main as cli_main
 from mmspec.evaluation import bench_ar_image
+from mmspec.methods.eagle import EagleConfig, LanternConfig
+from mmspec.methods.jacobi import GSDConfig, SJDConfig
+from mmspec.methods.mulo import MuLoConfig
+from mmspec.pipelines import ARImagePipeline
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -106,119 +111,90 @@ def pipeline_calls(monkeypatch) -> list[dict]:
     return calls
 
 
-def test_generate_uses_the_fast_chain_and_the_baseline_ignores_drafting_options(folder, tmp_path, capsys,
-                                                                               pipeline_calls):
-    """eagle runs with the fast chain of its decoding mode and batch (FAST_EAGLE_GREEDY_CHAIN for one greedy
-    image, FAST_EAGLE_CHAIN for one sampled image, the FAST_EAGLE_BATCHED_* chains for several) unless
-    overridden; the target-only comparison run gets the same
-    keywords and ignores the drafting ones (a threshold once made the baseline raise)."""
-    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "a"),
-                     "--greedy"]) == 0
-    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "b"),
-                     "--greedy", "--method-kwargs", '{"draft_confidence_threshold": 0.2}']) == 0
-    calls = pipeline_calls
-    eagle = [c for c in calls if c["method"] == "eagle"]
-    assert eagle[0]["num_draft_tokens"] == 12 and eagle[0]["draft_confidence_threshold"] == 0.5
-    assert eagle[-1]["draft_confidence_threshold"] == 0.2 and eagle[-1]["num_draft_tokens"] == 12
-    assert any(c["method"] == "none" and c.get("draft_confidence_threshold") == 0.2 for c in calls)
-    assert capsys.readouterr().out.count("speedup:") == 2
-    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "c"),
-                     "--no-baseline"]) == 0
-    assert pipeline_calls[-1]["num_draft_tokens"] == 8 and pipeline_calls[-1]["do_sample"]
-    assert cli_main(["generate", "a red circle", "a blue square", "--pipeline", str(folder), "--outdir",
-                     str(tmp_path / "d"), "--greedy", "--no-baseline"]) == 0
-    assert pipeline_calls[-1]["num_draft_tokens"] == 5  # two greedy images per call: the batched chain
-    # sampled LANTERN: the measured LANTERN++ rule (lam 10 over 512 codes) unless the command line says otherwise
-    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "e"),
-                     "--method", "lantern", "--no-baseline"]) == 0
-    assert pipeline_calls[-1]["lantern_lam"] == 10.0 and pipeline_calls[-1]["lantern_k"] == 512
-    assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / "f"),
-                     "--method", "lantern", "--no-baseline", "--method-kwargs", '{"lantern_lam": 3.0}']) == 0
-    assert pipeline_calls[-1]["lantern_lam"] == 3.0
+ZOO = "mmspec/shapes-t2i"
 
 
-def test_fast_settings_depend_on_the_decoding_mode():
-    from mmspec.pipelines.ar_image import (
-        FAST_EAGLE_BATCHED_CHAIN,
-        FAST_EAGLE_BATCHED_GREEDY_CHAIN,
-        FAST_EAGLE_BLOCK_GREEDY_CHAIN,
-        FAST_EAGLE_CHAIN,
-        FAST_EAGLE_GREEDY_CHAIN,
-        FAST_LANTERN_ARGMAX_BLOCK_CHAIN,
-        FAST_LANTERN_BATCHED_CHAIN,
-        FAST_LANTERN_RULE,
-        fast_method_kwargs,
-    )
-
-    # sampling with a block head: EAGLE drafts sampled tokens one by one, LANTERN argmax blocks
-    assert fast_method_kwargs("eagle", greedy=False, num_future=4) == FAST_EAGLE_CHAIN
-    assert fast_method_kwargs("lantern", greedy=False, num_future=4) == {**FAST_LANTERN_ARGMAX_BLOCK_CHAIN,
-                                                                           **FAST_LANTERN_RULE}
-    assert FAST_LANTERN_ARGMAX_BLOCK_CHAIN == {"argmax_drafts": True, **FAST_EAGLE_BLOCK_GREEDY_CHAIN}
-    # no block head: sampled drafts; LANTERN samples with the wide LANTERN++ rule, capped by a small codebook
-    assert fast_method_kwargs("lantern", greedy=False, num_future=1) == {**FAST_EAGLE_CHAIN, **FAST_LANTERN_RULE}
-    assert FAST_LANTERN_RULE == {"lantern_k": 512, "lantern_lam": 10.0}
-    assert fast_method_kwargs("lantern", greedy=False, vocab_size=64)["lantern_k"] == 63
-    assert fast_method_kwargs("lantern", greedy=False, vocab_size=4096)["lantern_k"] == 512
-    for num_future in (1, 4):  # several images: argmax drafts token by token, longer chains than EAGLE's
-        assert fast_method_kwargs("lantern", greedy=False, batch_size=4, num_future=num_future) == \
-            {**FAST_LANTERN_BATCHED_CHAIN, **FAST_LANTERN_RULE}
-    assert FAST_LANTERN_BATCHED_CHAIN["argmax_drafts"] is True
-    assert FAST_LANTERN_BATCHED_CHAIN["num_draft_tokens"] > FAST_EAGLE_BATCHED_CHAIN["num_draft_tokens"]
-    for method in ("eagle", "lantern"):  # greedy LANTERN keeps the pipeline's rule (its relaxed greedy is lossy)
-        assert fast_method_kwargs(method, greedy=True, num_future=4) == FAST_EAGLE_BLOCK_GREEDY_CHAIN
-        assert fast_method_kwargs(method, greedy=True) == FAST_EAGLE_GREEDY_CHAIN
-        assert fast_method_kwargs(method, greedy=True, batch_size=4) == FAST_EAGLE_BATCHED_GREEDY_CHAIN
-    assert fast_method_kwargs("eagle", greedy=False) == FAST_EAGLE_CHAIN
-    assert fast_method_kwargs("eagle", greedy=False, batch_size=2) == FAST_EAGLE_BATCHED_CHAIN
-    # the chains get shorter as the forward gets compute-bound: greedy single image > sampling > batches;
-    # a block's later drafts are less sure, so block chains stop at a lower confidence
-    assert (FAST_EAGLE_BLOCK_GREEDY_CHAIN["draft_confidence_threshold"]
-            < FAST_EAGLE_GREEDY_CHAIN["draft_confidence_threshold"])
-    assert (FAST_EAGLE_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_CHAIN["num_draft_tokens"]
-            > FAST_EAGLE_BATCHED_GREEDY_CHAIN["num_draft_tokens"] > FAST_EAGLE_BATCHED_CHAIN["num_draft_tokens"])
-    # one greedy image with a block head: one block, then a lookup tail (free copies); not with several images
-    assert FAST_EAGLE_BLOCK_GREEDY_CHAIN["lookup_tail"] > 0 and FAST_EAGLE_BLOCK_GREEDY_CHAIN["num_draft_tokens"] == 4
-    assert all("lookup_tail" not in chain for chain in (FAST_EAGLE_BATCHED_GREEDY_CHAIN, FAST_EAGLE_BATCHED_CHAIN,
-                                                         FAST_EAGLE_CHAIN, FAST_EAGLE_GREEDY_CHAIN))
-    assert fast_method_kwargs("sjd", greedy=True) == fast_method_kwargs("sjd") == {"sjd_window": 8, "sjd_init": "left"}
-    assert fast_method_kwargs("none", greedy=True) == {}
-    fast_method_kwargs("eagle")["num_draft_tokens"] = 99  # a fresh dict: the table is not changed
-    assert FAST_EAGLE_CHAIN["num_draft_tokens"] == 8
-    greedy, sampling = bench_ar_image.default_kwargs(greedy=True), bench_ar_image.default_kwargs(greedy=False)
-    assert greedy["lantern"]["num_draft_tokens"] == 12 and sampling["lantern"]["num_draft_tokens"] == 8
-    assert greedy["lantern"]["lantern_delta"] == sampling["lantern"]["lantern_delta"] == 0.2
-    # LANTERN++ is the same drafter and chain with the multiplicative bound instead of the TV budget, over a
-    # wider neighbourhood (the fastest bound whose quality and seed diversity held on the zoo)
-    assert sampling["lantern++"]["method"] == "lantern" and sampling["lantern++"]["lantern_lam"] == 10.0
-    assert sampling["lantern++"]["lantern_k"] == 512 and sampling["lantern"]["lantern_k"] == 64
-    assert sampling["lantern++"]["num_draft_tokens"] == sampling["lantern"]["num_draft_tokens"]
-    sampled_blocks = bench_ar_image.default_kwargs(greedy=False, num_future=4)
-    assert sampled_blocks["eagle"] == FAST_EAGLE_CHAIN and "argmax_drafts" not in sampled_blocks["eagle"]
-    for case in ("lantern", "lantern++"):
-        assert sampled_blocks[case]["argmax_drafts"] is True
-        assert bench_ar_image.default_kwargs(greedy=False, batch_size=4, num_future=4)[case]["num_draft_tokens"] == 4
-    blocks = bench_ar_image.default_kwargs(greedy=True, num_future=4)
-    assert blocks["eagle"] == FAST_EAGLE_BLOCK_GREEDY_CHAIN
-    assert blocks["lantern"]["num_draft_tokens"] == FAST_EAGLE_BLOCK_GREEDY_CHAIN["num_draft_tokens"]
+@pytest.mark.parametrize("method", ["none", "eagle", "lantern", "sjd", "gsd", "mulo"])
+def test_generate_runs_every_method_on_the_zoo_with_its_stored_settings(tmp_path, capsys, pipeline_calls, method):
+    """Every method runs with one prompt and with two (sampling, the default), passing the pipeline nothing but
+    ``method=``: the zoo's stored settings for that batch, as a user's call gets them."""
+    for prompts in (["a red circle"], ["a red circle", "two blue squares"]):
+        out = tmp_path / str(len(prompts))
+        assert cli_main(["generate", *prompts, "--pipeline", ZOO, "--method", method, "--outdir", str(out),
+                         "--no-baseline", "--scale", "1"]) == 0
+        assert len(list(out.glob("*-drafted.png"))) == len(prompts)
+        assert pipeline_calls[-1]["method"] == method and pipeline_calls[-1]["do_sample"]
+    assert f"{method}: " in capsys.readouterr().out
 
 
-def test_generate_runs_jacobi_methods_with_their_fast_window(folder, tmp_path, pipeline_calls):
-    """sjd and gsd get FAST_METHOD_KWARGS (window 8, left-neighbour initialisation; GSD's group) unless
-    --method-kwargs overrides a key."""
-    for method in ("sjd", "gsd"):
-        assert cli_main(["generate", "a red circle", "--pipeline", str(folder), "--outdir", str(tmp_path / method),
-                         "--method", method, "--no-baseline", "--method-kwargs", '{"sjd_window": 4}']) == 0
-    sjd, gsd = ([c for c in pipeline_calls if c["method"] == m][-1] for m in ("sjd", "gsd"))
-    assert sjd["sjd_init"] == "left" and sjd["sjd_window"] == 4 and "gsd_group_size" not in sjd
-    assert gsd["sjd_init"] == "left" and gsd["gsd_group_size"] == 6 and gsd["gsd_prob_threshold"] == 1.0
+def test_generate_lantern_with_its_baseline_on_the_zoo(tmp_path, capsys, pipeline_calls):
+    """``mmspec generate "a red circle" --method lantern``: LANTERN with the zoo's stored settings (argmax
+    drafts with the LANTERN++ bound when sampling), then the baseline, which gets the sampling settings only
+    (it once stopped with "argmax_drafts ... method='none' drafts no EAGLE chain")."""
+    assert cli_main(["generate", "a red circle", "--pipeline", ZOO, "--method", "lantern", "--outdir",
+                     str(tmp_path), "--scale", "1"]) == 0
+    assert "speedup:" in capsys.readouterr().out
+    warm_up, lantern, baseline = pipeline_calls
+    assert lantern["method"] == "lantern" and baseline["method"] == "none"
+    assert warm_up["method"] == ARImagePipeline.from_pretrained(ZOO).method_config("lantern", guidance_scale=3.0)
+    assert warm_up["method"].argmax_drafts and warm_up["method"].lam == 10.0
+    sampling = {"do_sample", "temperature", "top_k", "top_p", "guidance_scale", "num_images_per_prompt",
+                "output_type", "generator", "method"}
+    assert set(baseline) == sampling
+
+
+def test_generate_method_kwargs_replace_config_fields(tmp_path, pipeline_calls):
+    """``--method-kwargs`` is JSON of config fields over the stored settings of the run's mode and batch."""
+    pipe = ARImagePipeline.from_pretrained(ZOO)
+    assert cli_main(["generate", "a red circle", "--pipeline", ZOO, "--outdir", str(tmp_path / "a"), "--greedy",
+                     "--no-baseline", "--scale", "1", "--method-kwargs", '{"draft_confidence_threshold": 0.2}']) == 0
+    stored = pipe.method_config("eagle", do_sample=False, batch_size=1, guidance_scale=3.0)
+    assert pipeline_calls[-1]["method"] == stored.replace(draft_confidence_threshold=0.2)
+    assert stored.lookup_tail == 16  # the rest stays the stored greedy single-image settings
+    assert cli_main(["generate", "a red circle", "a blue square", "--pipeline", ZOO, "--outdir", str(tmp_path / "b"),
+                     "--method", "gsd", "--no-baseline", "--scale", "1", "--method-kwargs",
+                     '{"window": 4, "group_size": 3}']) == 0
+    assert pipeline_calls[-1]["method"] == GSDConfig(window=4, init="left", group_size=3, prob_threshold=1.0)
+
+
+def test_benchmark_cases_run_the_stored_settings_beside_the_reference(folder):
+    """bench_ar_image: a case named after a method passes ``method=`` alone; "M (reference)" passes the former
+    fast settings as an explicit config; config fields of a case replace the stored (or reference) ones; a key
+    that is no field of the method's config is a command-line error naming it."""
+    pipe = ARImagePipeline.from_pretrained(folder)
+    cases = bench_ar_image.default_cases()
+    greedy, sampled = {"do_sample": False}, {"do_sample": True, "temperature": 1.0}
+    assert bench_ar_image.case_method(pipe, "eagle", cases["eagle"], greedy, 1) == ("eagle", {})
+    assert bench_ar_image.case_method(pipe, "none", cases["none"], greedy, 4) == ("none", {})
+    reference, _ = bench_ar_image.case_method(pipe, "lantern (reference)", cases["lantern (reference)"], sampled, 4)
+    assert reference == bench_ar_image.reference_config("lantern", False, 4) == LanternConfig(
+        argmax_drafts=True, num_draft_tokens=4, draft_confidence_threshold=0.5, k=512, lam=10.0)
+    tv, _ = bench_ar_image.case_method(pipe, "lantern, TV budget", cases["lantern, TV budget"], sampled, 1)
+    assert tv == pipe.method_config("lantern").replace(k=64, delta=0.2, lam=None)
+    exact, extra = bench_ar_image.case_method(pipe, "mulo, reverify, exact", cases["mulo, reverify, exact"], sampled, 1)
+    assert exact == MuLoConfig(resample="reverify") and extra == {"rule": "exact"}
+    tree, _ = bench_ar_image.case_method(pipe, "eagle", {"tree": {"depth": 3, "top_k": 2, "total_tokens": 6}},
+                                         greedy, 1)
+    assert tree == EagleConfig(tree=TreeConfig(depth=3, top_k=2, total_tokens=6))
+    with pytest.raises(SystemExit, match=r"case 'eagle' sets 'lantern_k', which is neither a field of EagleConfig"):
+        bench_ar_image.case_method(pipe, "eagle", {"lantern_k": 5}, greedy, 1)
+    with pytest.raises(SystemExit, match=r"sets 'lantern_k'.*lantern_k is now the config field 'k'"):
+        bench_ar_image.case_method(pipe, "lantern", {"lantern_k": 5}, greedy, 1)
+    with pytest.raises(SystemExit, match=r"LanternConfig.delta must be a number"):
+        bench_ar_image.case_method(pipe, "lantern", {"delta": 2.0}, greedy, 1)
+    configs = bench_ar_image.resolved_configs(pipe, {"none": {}, "sjd": {}}, ["greedy"], [1])
+    assert configs == {"greedy": {"1": {"none": None, "sjd": {"config": "SJDConfig", **SJDConfig().to_dict()}}}}
 
 
 @pytest.mark.parametrize("args,match", [
     (["--method", "medusa"], "invalid choice"),
     (["--method-kwargs", "{oops"], "not valid JSON"),
     (["--pipeline", "mmspec/no-such-entry"], "cannot load"),
-    (["--method-kwargs", '{"lantern_delta": -1}', "--method", "lantern"], "error:"),
+    (["--method-kwargs", '{"lantern_delta": -1}', "--method", "lantern"],
+     "LanternConfig (method 'lantern') has no field 'lantern_delta'; its fields are num_draft_tokens"),
+    (["--method-kwargs", '{"lantern_k": 5}', "--method", "lantern"], "lantern_k is now the field 'k'"),
+    (["--method-kwargs", '{"delta": -1}', "--method", "lantern"], "LanternConfig.delta must be a number in"),
+    (["--method-kwargs", '{"window": 4}', "--method", "none"], "method 'none' (target only) has no settings"),
     (["--dtype", "float16"], "must be one of float32, bfloat16"),
 ])
 def test_generate_rejects_bad_arguments(folder, tmp_path, capsys, args, match):
@@ -234,8 +210,8 @@ def test_generate_rejects_bad_arguments(folder, tmp_path, capsys, args, match):
 @pytest.mark.slow
 def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     out = tmp_path / "bench.md"
-    code = bench_ar_image.main(["--pipeline", str(folder), "--methods", "none", "eagle", "mulo", "mulo, sequential",
-                                "mulo, reverify, exact", "eagle, its own head", "--modes", "greedy",
+    code = bench_ar_image.main(["--pipeline", str(folder), "--methods", "none", "eagle", "mulo, parallel",
+                                "mulo, sequential", "mulo, reverify, exact", "eagle, its own head", "--modes", "greedy",
                                 "--method-kwargs", json.dumps({"eagle, its own head": {
                                     "like": "eagle", "eagle_head": str(folder / "eagle_head")}}),
                                 "--batch-sizes", "1", "2", "--speed-prompts", "1", "--quality-prompts", "1",
@@ -249,7 +225,7 @@ def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     speed = data["modes"]["greedy"]["speed"]["2"]["cases"]
     assert speed["none"]["speedup"] == pytest.approx(1.0)
     quality = data["modes"]["greedy"]["quality"]
-    assert set(quality) == {"none", "eagle", "mulo", "mulo, sequential", "mulo, reverify, exact",
+    assert set(quality) == {"none", "eagle", "mulo, parallel", "mulo, sequential", "mulo, reverify, exact",
                             "eagle, its own head", "none, seed 2"}
     assert quality["mulo, reverify, exact"] == quality["none"]  # lossless: the same images, the same scores
     # a case drafting with a head loaded from a folder (here the pipeline's own): the same rounds
@@ -261,10 +237,11 @@ def test_benchmark_writes_one_table_with_every_method(folder, tmp_path):
     assert " ± " in rows[0] and "over 2 generation seeds" in table
     # greedy decoding is deterministic: two seeds give the same images, a seed distance of 0 in every row
     assert "seed distance |" in table and all(quality[name]["seed_distance"] == 0.0 for name in ("none", "eagle"))
-    # the fast chain of the mode and batch: longer for greedy decoding of one image at a time
-    assert data["kwargs"]["greedy"]["1"]["eagle"]["num_draft_tokens"] == 12
-    assert data["kwargs"]["greedy"]["2"]["eagle"]["num_draft_tokens"] == 5
-    mulo_calls = speed["mulo"]["stats"]["target_calls"]
+    # what each case ran as, per batch: the stored settings (this tiny folder stores none: the class defaults)
+    assert data["configs"]["greedy"]["1"]["eagle"] == {"config": "EagleConfig", **EagleConfig().to_dict()}
+    assert data["configs"]["greedy"]["2"]["mulo, parallel"]["resample"] == "parallel"
+    assert data["cases"]["eagle"] == {} and data["configs"]["greedy"]["1"]["none"] is None
+    mulo_calls = speed["mulo, parallel"]["stats"]["target_calls"]
     assert mulo_calls == 3 * (1 + 8 // 2)  # 6 prompts in 3 calls: prefill + one pass per block of 2 rows
     assert speed["mulo, sequential"]["stats"]["target_calls"] > mulo_calls  # redrawn columns cost calls
 

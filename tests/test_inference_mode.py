@@ -80,8 +80,10 @@ def test_ar_image_pipeline_outputs_and_cached_neighbours_are_ordinary():
     from tiny_shapes_pipeline import tiny_shapes_pipeline
 
     pipe = tiny_shapes_pipeline()
-    out = pipe("a red circle", method="lantern", do_sample=True, output_type="pt", lantern_k=4, lantern_delta=0.1,
-               num_draft_tokens=3, generator=torch.Generator().manual_seed(0))
+    from mmspec.methods.eagle import LanternConfig
+
+    out = pipe("a red circle", method=LanternConfig(k=4, delta=0.1, num_draft_tokens=3), do_sample=True,
+               output_type="pt", generator=torch.Generator().manual_seed(0))
     assert not any(t.is_inference() for t in (out.images, out.tokens, out.drafted))
     assert out["tokens"] is out.tokens and not out.to_tuple()[1].is_inference()  # BaseOutput's dict view too
     out.tokens[0, 0] = 0  # editable in place

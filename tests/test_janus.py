@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from mmspec import TreeConfig
+from mmspec.methods.eagle import EagleConfig, LanternConfig
+from mmspec.methods.jacobi import SJDConfig
 from mmspec.models.eagle import EagleHead
 from mmspec.models.janus import (
     JanusImageGenerator,
@@ -193,16 +195,16 @@ def test_baseline_equals_transformers_generate(pipe, components):
 @pytest.mark.parametrize("guidance_scale", [1.0, 4.0])
 def test_speculative_methods_are_lossless_greedy(pipe, guidance_scale):
     baseline = _tokens(pipe, "none", guidance_scale=guidance_scale)
-    chain = pipe(PROMPTS, method="eagle", do_sample=False, guidance_scale=guidance_scale, num_draft_tokens=4,
+    chain = pipe(PROMPTS, method=EagleConfig(num_draft_tokens=4), do_sample=False, guidance_scale=guidance_scale,
                  output_type="tokens")
     assert torch.equal(chain.tokens, baseline)
     assert len(baseline.unique()) >= 6  # a varied image, not one repeated token
     # drafts were accepted (rounds produced > 1 token), so the equality says something
     assert chain.stats.target_calls < GRID * GRID and chain.stats.mean_accepted_length > 1.3
-    tree = pipe(PROMPTS, method="eagle", do_sample=False, guidance_scale=guidance_scale,
-                tree=TreeConfig(depth=3, top_k=2, total_tokens=6), output_type="tokens")
+    tree = pipe(PROMPTS, method=EagleConfig(tree=TreeConfig(depth=3, top_k=2, total_tokens=6)), do_sample=False,
+                guidance_scale=guidance_scale, output_type="tokens")
     assert torch.equal(tree.tokens, baseline) and tree.stats.mean_accepted_length > 1.3
-    jacobi = pipe(PROMPTS, method="sjd", do_sample=False, guidance_scale=guidance_scale, sjd_window=5,
+    jacobi = pipe(PROMPTS, method=SJDConfig(window=5), do_sample=False, guidance_scale=guidance_scale,
                   output_type="tokens")
     assert torch.equal(jacobi.tokens, baseline) and jacobi.stats.mean_accepted_length > 1.3
 
@@ -210,9 +212,9 @@ def test_speculative_methods_are_lossless_greedy(pipe, guidance_scale):
 def test_lantern_uses_the_codebook(pipe):
     """LANTERN reads the VQ codebook's neighbours; delta=0 is exact, so greedy tokens equal the baseline."""
     baseline = _tokens(pipe, "none", guidance_scale=2.0)
-    exact = _tokens(pipe, "lantern", guidance_scale=2.0, lantern_k=4, lantern_delta=0.0)
+    exact = _tokens(pipe, LanternConfig(k=4, delta=0.0), guidance_scale=2.0)
     assert torch.equal(exact, baseline)
-    relaxed = pipe(PROMPTS, method="lantern", do_sample=False, guidance_scale=2.0, lantern_k=4, lantern_delta=0.5,
+    relaxed = pipe(PROMPTS, method=LanternConfig(k=4, delta=0.5), do_sample=False, guidance_scale=2.0,
                    output_type="tokens")
     assert relaxed.tokens.shape == baseline.shape and 0 <= relaxed.tokens.min() and relaxed.tokens.max() < V
     assert relaxed.stats.mean_accepted_length >= pipe(PROMPTS, method="eagle", do_sample=False, guidance_scale=2.0,

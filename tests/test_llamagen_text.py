@@ -13,6 +13,7 @@ from test_ar_image_pipeline import V as COPY_HEAD_VOCAB
 from test_ar_image_pipeline import copy_head
 from transformers import PreTrainedTokenizerFast, T5Config, T5EncoderModel
 
+from mmspec.methods.jacobi import SJDConfig
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.llamagen_text import caption_features, load_llamagen_components, preprocess_caption
 from mmspec.models.llamagen_vq import LlamaGenVQModel
@@ -96,10 +97,10 @@ def test_prompts_condition_the_transformer_through_the_text_encoder(pipe):
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 3.0], ids=["no-cfg", "cfg"])
-@pytest.mark.parametrize("method,kwargs", [("eagle", {}), ("sjd", {"sjd_window": 5})], ids=["eagle", "sjd"])
-def test_greedy_speculation_reproduces_target_only_tokens(pipe, method, kwargs, guidance_scale):
+@pytest.mark.parametrize("method", ["eagle", SJDConfig(window=5)], ids=["eagle", "sjd"])
+def test_greedy_speculation_reproduces_target_only_tokens(pipe, method, guidance_scale):
     base = pipe(PROMPTS, method="none", do_sample=False, guidance_scale=guidance_scale, output_type="tokens")
-    spec = pipe(PROMPTS, method=method, do_sample=False, guidance_scale=guidance_scale, output_type="tokens", **kwargs)
+    spec = pipe(PROMPTS, method=method, do_sample=False, guidance_scale=guidance_scale, output_type="tokens")
     assert torch.equal(spec.tokens, base.tokens)
     assert spec.drafted.any()  # some tokens came from accepted drafts: the comparison means something
 

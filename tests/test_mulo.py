@@ -6,6 +6,7 @@ import pytest
 import torch
 from test_ar_image_pipeline import COND, GRID, PROMPTS, WORDS, V, copy_head, tiny_transformer, tiny_vq
 
+from mmspec.methods.mulo import MuLoConfig
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.mulo import MuLoDrafter, TokenUpsampler, downsample_tokens
 from mmspec.models.text import WordTokenizer
@@ -99,14 +100,14 @@ def test_drafter_gives_a_context_upsampler_the_final_blocks_above():
                            mulo_upsampler=tiny_upsampler(high_res_context=True))
     pipe.set_progress_bar_config(disable=True)
     kwargs = dict(do_sample=False, guidance_scale=3.0, output_type="tokens")
-    out = pipe(PROMPTS, method="mulo", mulo_resample="reverify", rule=GreedyRule(), **kwargs)
+    out = pipe(PROMPTS, method=MuLoConfig(resample="reverify"), rule=GreedyRule(), **kwargs)
     assert torch.equal(out.tokens, pipe(PROMPTS, method="none", **kwargs).tokens)
 
 
 def test_drafter_unguided_beside_a_guided_target_reads_the_conditional_rows(pipe):
     """``guided_prompt=True`` with guidance 1: the drafter reads the conditional half of a guided prompt batch
     and drafts what it drafts from the conditional rows alone (guided, it drafts otherwise); the pipeline's
-    ``mulo_guidance_scale=1`` under guidance stays lossless with reverify and the exact rule."""
+    ``MuLoConfig(guidance_scale=1)`` under guidance stays lossless with reverify and the exact rule."""
     words = WordTokenizer(WORDS).batch(PROMPTS, COND)
     mask, drop = (words >= 0).long(), GuidedRunner.condition_drop(len(PROMPTS), "cpu")
     doubled = dict(attention_mask=torch.cat([mask, mask]), condition_ids=torch.cat([words, words]), condition_drop=drop)
@@ -120,16 +121,16 @@ def test_drafter_unguided_beside_a_guided_target_reads_the_conditional_rows(pipe
     guided = first_block(MuLoDrafter(tiny_low_res(), tiny_upsampler(), tiny_vq(), guidance_scale=3.0), **doubled)
     assert torch.equal(half, alone) and not torch.equal(guided, alone)
     kwargs = dict(do_sample=False, guidance_scale=3.0, output_type="tokens")
-    out = pipe(PROMPTS, method="mulo", mulo_resample="reverify", mulo_guidance_scale=1.0, rule=GreedyRule(), **kwargs)
+    out = pipe(PROMPTS, method=MuLoConfig(resample="reverify", guidance_scale=1.0), rule=GreedyRule(), **kwargs)
     assert torch.equal(out.tokens, pipe(PROMPTS, method="none", **kwargs).tokens)
     with pytest.raises(ValueError, match="guided prompt rows"):
         MuLoDrafter(tiny_low_res(), tiny_upsampler(), tiny_vq(), guidance_scale=3.0, guided_prompt=False)
     with pytest.raises(ValueError, match="needs a guided target"):
-        pipe(PROMPTS, method="mulo", mulo_guidance_scale=3.0, guidance_scale=1.0)
-    with pytest.raises(ValueError, match="has none"):
-        pipe(PROMPTS, method="eagle", mulo_guidance_scale=1.0)
-    with pytest.raises(ValueError, match="finite number"):
-        pipe(PROMPTS, method="mulo", mulo_guidance_scale=-1.0)
+        pipe(PROMPTS, method=MuLoConfig(guidance_scale=3.0), guidance_scale=1.0)
+    with pytest.raises(TypeError, match=r"mulo_guidance_scale -> MuLoConfig.guidance_scale"):
+        pipe(PROMPTS, method="eagle", mulo_guidance_scale=1.0)  # a MuLo-SD setting, not EAGLE's
+    with pytest.raises(ValueError, match="MuLoConfig.guidance_scale must be a number in .* finite"):
+        MuLoConfig(guidance_scale=-1.0)
 
 
 def test_downsampler_goes_through_pixels():
@@ -168,12 +169,13 @@ def test_drafter_cache_holds_the_final_low_res_rows():
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
 def test_pipeline_mulo_runs_batched_and_counts_one_target_pass_per_block(pipe, guidance_scale):
-    out = pipe(PROMPTS, method="mulo", do_sample=False, guidance_scale=guidance_scale, num_images_per_prompt=2,
+    parallel = MuLoConfig(resample="parallel")  # the paper's resampling: one target pass per block
+    out = pipe(PROMPTS, method=parallel, do_sample=False, guidance_scale=guidance_scale, num_images_per_prompt=2,
                output_type="np")
     assert out.tokens.shape == (6, GRID, GRID) and out.images.shape == (6, 2 * GRID, 2 * GRID, 3)
     assert out.stats.target_calls == 1 + GRID // 2
     assert out.stats.draft_calls == (GRID // 2) ** 2  # w forwards per low-res row (w - 1 drafting, 1 commit)
-    again = pipe(PROMPTS, method="mulo", do_sample=False, guidance_scale=guidance_scale, num_images_per_prompt=2,
+    again = pipe(PROMPTS, method=parallel, do_sample=False, guidance_scale=guidance_scale, num_images_per_prompt=2,
                  output_type="tokens")
     assert torch.equal(again.tokens, out.tokens)
     # rows of the same prompt are identical under greedy decoding, different prompts differ
@@ -181,40 +183,44 @@ def test_pipeline_mulo_runs_batched_and_counts_one_target_pass_per_block(pipe, g
 
 
 def test_pipeline_mulo_sampling_and_rule_composition(pipe):
-    a = pipe(PROMPTS, method="mulo", generator=torch.Generator().manual_seed(0), output_type="tokens", mulo_tau=0.0)
-    assert a.drafted.all()  # tau = 0 keeps every draft
-    b = pipe(PROMPTS, method="mulo", generator=torch.Generator().manual_seed(0), output_type="tokens", mulo_tau=1.0)
+    parallel = MuLoConfig(resample="parallel")
+    a = pipe(PROMPTS, method=parallel.replace(tau=1e-9), generator=torch.Generator().manual_seed(0),
+             output_type="tokens")
+    assert a.drafted.all()  # a threshold of (almost) 0 keeps every draft
+    b = pipe(PROMPTS, method=parallel.replace(tau=1.0), generator=torch.Generator().manual_seed(0),
+             output_type="tokens")
     assert (~b.drafted).any()
     lantern = LanternRule(pipe.codebook_neighbors(4), k=4, delta=0.2)
-    c = pipe(PROMPTS, method="mulo", rule=lantern, generator=torch.Generator().manual_seed(0), output_type="tokens")
+    c = pipe(PROMPTS, method=parallel, rule=lantern, generator=torch.Generator().manual_seed(0), output_type="tokens")
     assert c.tokens.shape == (3, GRID, GRID)
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
 def test_pipeline_mulo_sequential_resampling_of_everything_equals_target_only(pipe, guidance_scale):
-    """mulo_resample="sequential" with tau above any pooled mass rejects every draft and redraws the whole
+    """``resample="sequential"`` with tau above any pooled mass rejects every draft and redraws the whole
     block in raster order given the final tokens: greedy output is target-only decoding's exactly."""
     kwargs = dict(do_sample=False, guidance_scale=guidance_scale, output_type="tokens")
     expected = pipe(PROMPTS, method="none", **kwargs).tokens
-    out = pipe(PROMPTS, method="mulo", mulo_tau=1.0, mulo_k=1, mulo_radius=0, mulo_resample="sequential", **kwargs)
+    strict = MuLoConfig(tau=1.0, k=1, radius=0)
+    out = pipe(PROMPTS, method=strict.replace(resample="sequential"), **kwargs)
     assert not out.drafted.any()  # the tiny target never puts all its mass on a code and its neighbour
     assert torch.equal(out.tokens, expected)
-    parallel = pipe(PROMPTS, method="mulo", mulo_tau=1.0, mulo_k=1, mulo_radius=0, **kwargs)
+    parallel = pipe(PROMPTS, method=strict.replace(resample="parallel"), **kwargs)
     assert not torch.equal(parallel.tokens, expected)  # each token there saw the drafts around it
-    with pytest.raises(ValueError, match="resample"):
-        pipe(PROMPTS, method="mulo", mulo_resample="bogus", **kwargs)
+    with pytest.raises(ValueError, match="MuLoConfig.resample must be one of"):
+        MuLoConfig(resample="bogus")
 
 
 @pytest.mark.parametrize("guidance_scale", [1.0, 3.0])
 def test_pipeline_mulo_reverify_with_the_exact_rule_is_lossless(pipe, guidance_scale):
-    """mulo_resample="reverify" with the exact (greedy) rule: MuLo-SD drafts, target-only tokens. With the
+    """``resample="reverify"`` (MuLoConfig's default) with the exact (greedy) rule: MuLo-SD drafts, target-only tokens. With the
     pooled rule it keeps more drafts and needs fewer target calls than one per token."""
     kwargs = dict(do_sample=False, guidance_scale=guidance_scale, output_type="tokens")
     expected = pipe(PROMPTS, method="none", **kwargs).tokens
-    out = pipe(PROMPTS, method="mulo", mulo_resample="reverify", rule=GreedyRule(), **kwargs)
+    out = pipe(PROMPTS, method="mulo", rule=GreedyRule(), **kwargs)
     assert torch.equal(out.tokens, expected)
     assert out.stats.target_calls <= 1 + GRID * GRID
-    pooled = pipe(PROMPTS, method="mulo", mulo_resample="reverify", mulo_tau=0.05, **kwargs)
+    pooled = pipe(PROMPTS, method=MuLoConfig(resample="reverify", tau=0.05), **kwargs)
     assert pooled.drafted.sum() >= out.drafted.sum()
     assert pooled.stats.target_calls < 1 + GRID * GRID
 
@@ -239,7 +245,7 @@ def test_mulo_component_errors():
     plain = ARImagePipeline(tiny_transformer(), tiny_vq(), None, WordTokenizer(WORDS))
     with pytest.raises(ValueError, match="needs mulo_drafter"):
         plain("a circle", method="mulo")
-    with pytest.raises(ValueError, match="mulo_k"):
-        mulo_pipe()("a circle", method="mulo", mulo_k=V)
+    with pytest.raises(ValueError, match=r"MuLoConfig.k must be at most the image vocabulary minus one"):
+        mulo_pipe()("a circle", method=MuLoConfig(k=V))
     with pytest.raises(ValueError, match="low_tokens"):
         tiny_upsampler()(torch.zeros(1, 2, 2))

@@ -7,15 +7,16 @@ import torch
 from tiny_shapes_pipeline import tiny_shapes_pipeline
 
 from mmspec.evaluation.profile_eagle_rounds import MAX_POSITION, profile, timing_model_calls
+from mmspec.methods.eagle import EagleConfig
 
 
 def test_profile_counts_every_target_call_and_head_step():
     pipe = tiny_shapes_pipeline()
     prompts = ["a red circle", "two blue squares"]
-    kwargs = {"num_draft_tokens": 12}  # chains longer than MAX_POSITION: the last bucket pools them
-    result = profile(pipe, prompts, repeats=1, **kwargs)
-    stats = [pipe(p, method="eagle", do_sample=False, output_type="tokens", generator=torch.Generator().manual_seed(0),
-                  **kwargs).stats for p in prompts]
+    method = EagleConfig(num_draft_tokens=12)  # chains longer than MAX_POSITION: the last bucket pools them
+    result = profile(pipe, prompts, repeats=1, method=method)
+    stats = [pipe(p, method=method, do_sample=False, output_type="tokens", generator=torch.Generator().manual_seed(0)
+                  ).stats for p in prompts]
     eagle = result["eagle"]["calls"]
     per_image = lambda key: sum(getattr(s, key) for s in stats) / len(prompts)  # noqa: E731
     assert eagle["target"]["calls_per_image"] == per_image("target_calls")  # prefill + one per round

@@ -2,7 +2,9 @@
 
 Every method is a frozen config dataclass (validated on construction) registered under a name; a pipeline
 call takes ``method="name"`` (the checkpoint's stored settings, :mod:`mmspec.methods.settings`) or a config
-instance (explicit settings). A method registered from outside the package works the same way::
+instance (explicit settings); ``pipe.method_config("name", do_sample=..., batch_size=...)`` is the config a
+name resolves to, a starting point for ``.replace(...)``. A method registered from outside the package works
+the same way::
 
     from dataclasses import dataclass
     from mmspec.methods import MethodConfig, MethodPlan, register

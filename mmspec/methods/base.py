@@ -56,8 +56,9 @@ class MethodPlan:
         drafter: the drafting strategy (None: target-only decoding).
         rule: the acceptance rule (None: exact sampling, or an argmax match when greedy).
         loop: for methods that decode differently from the pipeline's token-level loop (block-wise
-            MuLo-SD, CSpD rounds, reward-routed video blocks): that loop's settings object, which the
-            pipeline hands to the loop function of the method; None: the pipeline's default loop.
+            MuLo-SD, CSpD rounds, reward-routed video blocks): the loop to run instead, a callable with the
+            signature of the pipeline's own loop (for token pipelines
+            :func:`~mmspec.speculate.speculative_generate`'s); None: the pipeline's default loop.
     """
 
     drafter: Any = None

@@ -85,18 +85,19 @@ class MuLoConfig(MethodConfig):
         return MethodPlan(drafter=drafter, rule=rule, loop=loop)
 
 
-def block_loop(target: Any, drafter: Any, attention_mask: torch.Tensor, *, grid: tuple[int, int], block_rows: int,
-               radius: int, resample: str, max_new_tokens: int, callback: Callable | None = None,
-               **kwargs: Any) -> SpeculativeOutput:
-    """MuLo-SD's block-wise loop behind the token loop's signature (``speculative_generate`` with a prompt
-    given as model inputs): the same output fields, the callback called per block as ``(tokens, drafted)``."""
+def block_loop(target: Any, drafter: Any, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None = None,
+               *, grid: tuple[int, int], block_rows: int, radius: int, resample: str, max_new_tokens: int,
+               callback: Callable | None = None, **kwargs: Any) -> SpeculativeOutput:
+    """MuLo-SD's block-wise loop behind the token loop's signature (:func:`~mmspec.speculate.speculative_generate`:
+    ``(target, drafter, input_ids, attention_mask, *, max_new_tokens, sampling, rule, generator, callback,
+    **model_inputs)``): the same output fields, the callback called per block as ``(tokens, drafted)``."""
     if max_new_tokens != grid[0] * grid[1]:
         raise ValueError(f"MuLo-SD decodes whole images: max_new_tokens must be {grid[0] * grid[1]}, "
                          f"got {max_new_tokens}")
     out = local_speculative_generate(
-        target, drafter, grid, block_rows=block_rows, radius=radius, attention_mask=attention_mask,
-        resample=resample, callback=None if callback is None else (lambda block, tokens, drafted: callback(tokens, drafted)),
-        **kwargs)
+        target, drafter, grid, block_rows=block_rows, radius=radius, input_ids=input_ids,
+        attention_mask=attention_mask, resample=resample,
+        callback=None if callback is None else (lambda block, tokens, drafted: callback(tokens, drafted)), **kwargs)
     batch = out.sequences.shape[0]
     sequences = out.sequences.reshape(batch, -1)
     lengths = torch.full((batch,), sequences.shape[1], dtype=torch.long, device=sequences.device)
