@@ -14,9 +14,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy import stats as sps
-
 from pipeline_utils import assert_same_across_instances
+from scipy import stats as sps
 
 from mmspec.models.mar import MARModel
 from mmspec.models.text import WordTokenizer

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from pipeline_utils import assert_same_across_instances
 
 from mmspec.models.mar import (

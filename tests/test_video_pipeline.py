@@ -15,7 +15,6 @@ import numpy as np
 import PIL.Image
 import pytest
 import torch
-
 from pipeline_utils import assert_same_across_instances
 
 from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward, parse_video_prompt

@@ -208,9 +208,12 @@ def test_flash_one_draft_forward_proposes_k_tokens(vlms, baselines):
     for length in (3, 7):  # 7 drafts: blocks of 3, 3, 1 -> 3 forwards per round
         drafter = FlashDrafter(head, num_draft_tokens=length)
         generated: list[int] = []  # tokens of the row before each round (the callback runs after prefill and rounds)
+
+        def count(new: torch.Tensor, drafted: torch.Tensor, generated: list[int] = generated) -> None:
+            generated.append((generated[-1] if generated else 0) + int((new[0] >= 0).sum()))
+
         out = speculative_generate(_target(model, "flash"), drafter, ids, mask, max_new_tokens=MAX_NEW,
-                                   callback=lambda new, drafted: generated.append(
-                                       (generated[-1] if generated else 0) + int((new[0] >= 0).sum())), **inputs)
+                                   callback=count, **inputs)
         assert torch.equal(out.sequences, reference)
         # each round drafts min(length, tokens left - 1) tokens in blocks of K = 3 (a round with one token left
         # drafts nothing); the first round reuses the prefill's root pair (no forward before its first block)
