@@ -77,7 +77,7 @@ def test_sampling_config_refuses_out_of_range_values(case):
 @pytest.mark.parametrize("row", [[math.nan, 0.5, 0.5], [0.0, 0.0, 0.0], [-0.5, 1.0, 0.5], [math.inf, 0.0, 0.0]])
 def test_sample_refuses_rows_that_are_not_distributions(row):
     probs = torch.tensor([[0.2, 0.3, 0.5], row])
-    refused(lambda: sample(probs, torch.Generator().manual_seed(0)), "row 1")
+    refused(lambda: sample(probs, torch.Generator().manual_seed(0)), "row [1]")
 
 
 def test_verify_tokens_refuses_bad_shapes_ids_and_values():
