@@ -7,8 +7,7 @@ reductions) and can be switched off for hot loops that already validated their i
 Probability rows that no token can be drawn from (NaN or infinite entries, negative entries, all zero) raise
 :class:`NonFiniteProbabilitiesError`. The full per-row scan (:func:`check_probability_rows`) is one of the
 switchable value checks; the draws themselves (``mmspec.sampling``) always check each row's total or maximum
-(:func:`check_row_scales`, one small reduction and one host read), so a NaN from a model is refused inside the
-decoding loops too.
+(:func:`check_row_scales`, one host read), so a NaN from a model is refused inside the decoding loops too.
 """
 
 from __future__ import annotations
@@ -75,9 +74,9 @@ def check_callable(value: object, name: str) -> None:
         raise ValueError(f"{name} must be callable or None, got {type(value).__name__}")
 
 
-#: Smallest sampling temperature accepted. Below it a distribution is greedy for every practical purpose
-#: (use ``do_sample=False``), and dividing float32 logits by a subnormal temperature such as 1e-45 turns them
-#: into infinities, whose softmax is NaN. Logits up to 3e36 in magnitude stay finite divided by 1e-2.
+#: Smallest sampling temperature accepted. Below it sampling is nearly greedy (``do_sample=False`` decodes
+#: greedily), and dividing float32 logits by a subnormal temperature such as 1e-45 turns them into
+#: infinities, whose softmax is NaN. Logits up to 3e36 in magnitude stay finite divided by 1e-2.
 MIN_TEMPERATURE = 1e-2
 #: Largest noise temperature of continuous (diffusion-head) sampling: it multiplies every step's standard
 #: deviation, so variances grow with its square (1e4 at most); MAR samples near 1.

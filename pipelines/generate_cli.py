@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from mmspec.cpu_gemm import add_cpu_gemm_argument
 from mmspec.files import save_image_atomic
 from mmspec.methods import available
 from mmspec.pipelines.ar_image import MOVED_KEYWORDS, ARImagePipeline
-from mmspec.validation import dtype_argument, guidance_scale_argument
+from mmspec.validation import dtype_argument, guidance_scale_argument, positive_int_argument
 
 #: the largest side, in pixels, of a PNG that ``--scale`` may write (64 MB of RGB in memory)
 MAX_OUTPUT_SIDE = 4096
@@ -46,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scale", type=int, default=8,
                         help=f"nearest-neighbour upscaling of the written PNGs (at most {MAX_OUTPUT_SIDE} px a side)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the target-only comparison run")
+    parser.add_argument("--repeats", type=positive_int_argument, default=3,
+                        help="timed runs of the method and of the baseline, alternating, after one warm-up each "
+                             "(the speedup printed is the ratio of the medians, with the range over the runs)")
     parser.add_argument("--dtype", type=dtype_argument, default=torch.float32,
                         help="compute precision, float32 (default) or bfloat16 (faster verification on CPUs "
                              "with bfloat16 instructions; the baseline runs in the same precision)")
@@ -81,10 +83,27 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:60] or "prompt"
 
 
-def _timed(pipe: ARImagePipeline, prompts: list[str], method: Any, seed: int, kwargs: dict) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = pipe(prompts, method=method, generator=torch.Generator().manual_seed(seed), **kwargs)
-    return out, time.perf_counter() - start
+def _timed_runs(pipe: ARImagePipeline, prompts: list[str], method: Any, seed: int, kwargs: dict, repeats: int,
+                baseline: bool) -> tuple[Any, Any]:
+    """The method's output and the timing report of the method and (with ``baseline``) target-only decoding:
+    both warmed up once, then ``repeats`` alternating timed calls each (the benchmarks' harness,
+    :func:`mmspec.evaluation.speed.run_benchmark`), every call with the same prompts and seed."""
+    from mmspec.evaluation.speed import RunResult, run_benchmark
+
+    outputs: dict[str, Any] = {}
+
+    def case(name: str, which: Any) -> Any:
+        def call() -> RunResult:
+            out = pipe(prompts, method=which, generator=torch.Generator().manual_seed(seed), **kwargs)
+            outputs[name] = out
+            return RunResult(num_items=len(out.images), unit="images", stats=out.stats)
+        return call
+
+    cases = {"method": case("method", method)}
+    if baseline:
+        cases = {"none": case("none", "none"), **cases}
+    report = run_benchmark(cases, baseline="none" if baseline else "method", warmup=1, repeats=repeats, seed=seed)
+    return outputs["method"], report
 
 
 def method_for(pipe: ARImagePipeline, method: str, fields: dict[str, Any], *, do_sample: bool, batch_size: int,
@@ -131,14 +150,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         method = method_for(pipe, args.method, extra, do_sample=not args.greedy, batch_size=batch,
                             guidance_scale=args.guidance_scale)
-        # warm-up on one image with the measured run's settings (first-call overheads are not the method's),
-        # then the measured runs
-        warm = pipe.method_config(method, do_sample=not args.greedy, batch_size=batch,
-                                  guidance_scale=args.guidance_scale) if isinstance(method, str) else method
-        pipe(prompts[:1], method=warm or "none", output_type="tokens",
-             **{k: v for k, v in kwargs.items() if k not in ("output_type", "num_images_per_prompt")})
-        out, seconds = _timed(pipe, prompts, method, args.seed, kwargs)
-        baseline = None if args.no_baseline or args.method == "none" else _timed(pipe, prompts, "none", args.seed, kwargs)
+        out, report = _timed_runs(pipe, prompts, method, args.seed, kwargs, args.repeats,
+                                  baseline=not args.no_baseline and args.method != "none")
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
 
@@ -151,13 +164,17 @@ def run(args: argparse.Namespace) -> int:
         save_image_atomic(overlay.resize(size, resample=0), args.outdir / f"{name}-drafted.png")
     images = len(out.images)
     stats = out.stats
+    timed = report.cases["method"]
     print(f"wrote {images} images (+ drafted-token overlays) to {args.outdir}")
-    print(f"{args.method}: {seconds:.2f} s, {images / seconds:.2f} images/s, mean accepted length "
-          f"{stats.mean_accepted_length:.2f}, target calls per image {stats.target_calls / images:.1f}, "
-          f"drafted tokens kept {float(out.drafted.float().mean()):.1%}")
-    if baseline is not None:
-        base, base_seconds = baseline
-        print(f"none (baseline, same prompts and seed): {base_seconds:.2f} s, target calls per image "
-              f"{base.stats.target_calls / images:.1f}")
-        print(f"speedup: {base_seconds / seconds:.2f}x")
+    print(f"{args.method}: {timed.median_s:.2f} s (median of {args.repeats}), {timed.items_per_s:.2f} images/s, "
+          f"mean accepted length {stats.mean_accepted_length:.2f}, target calls per image "
+          f"{stats.target_calls / images:.1f}, drafted tokens kept {float(out.drafted.float().mean()):.1%}")
+    if "none" in report.cases:
+        base = report.cases["none"]
+        base_calls = base.stats["target_calls"] if base.stats else float("nan")
+        low, high = timed.paired_speedup_range or (timed.speedup, timed.speedup)
+        print(f"none (baseline, same prompts and seed): {base.median_s:.2f} s (median of {args.repeats}), "
+              f"target calls per image {base_calls / images:.1f}")
+        print(f"speedup: {timed.speedup:.2f}x (range {low:.2f}-{high:.2f}x over {args.repeats} alternating runs "
+              "after one warm-up each)")
     return 0

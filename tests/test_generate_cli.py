@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -129,18 +130,20 @@ def test_generate_runs_every_method_on_the_zoo_with_its_stored_settings(tmp_path
 
 def test_generate_lantern_with_its_baseline_on_the_zoo(tmp_path, capsys, pipeline_calls):
     """``mmspec generate "a red circle" --method lantern``: LANTERN with the zoo's stored settings (argmax
-    drafts with the LANTERN++ bound when sampling), then the baseline, which gets the sampling settings only
-    (it once stopped with "argmax_drafts ... method='none' drafts no EAGLE chain")."""
+    drafts with the LANTERN++ bound when sampling) and the baseline, which gets the sampling settings only
+    (it once stopped with "argmax_drafts ... method='none' drafts no EAGLE chain"); both warmed up once,
+    then timed alternately, and the speedup printed with its range."""
     assert cli_main(["generate", "a red circle", "--pipeline", ZOO, "--method", "lantern", "--outdir",
-                     str(tmp_path), "--scale", "1"]) == 0
-    assert "speedup:" in capsys.readouterr().out
-    warm_up, lantern, baseline = pipeline_calls
-    assert lantern["method"] == "lantern" and baseline["method"] == "none"
-    assert warm_up["method"] == ARImagePipeline.from_pretrained(ZOO).method_config("lantern", guidance_scale=3.0)
-    assert warm_up["method"].argmax_drafts and warm_up["method"].lam == 10.0
+                     str(tmp_path), "--scale", "1", "--repeats", "2"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"speedup: \d+\.\d\dx \(range \d+\.\d\d-\d+\.\d\dx over 2 alternating runs", text), text
+    # one warm-up each, then two passes: baseline first in every pass
+    assert [call["method"] for call in pipeline_calls] == ["none", "lantern"] * 3
+    stored = ARImagePipeline.from_pretrained(ZOO).method_config("lantern", guidance_scale=3.0)
+    assert stored.argmax_drafts and stored.lam == 10.0
     sampling = {"do_sample", "temperature", "top_k", "top_p", "guidance_scale", "num_images_per_prompt",
                 "output_type", "generator", "method"}
-    assert set(baseline) == sampling
+    assert all(set(call) == sampling for call in pipeline_calls)  # the method's settings travel in its config
 
 
 def test_generate_method_kwargs_replace_config_fields(tmp_path, pipeline_calls):
