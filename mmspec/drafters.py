@@ -72,7 +72,7 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
     while True:
         probs = to_probs(logits)
         if drawing:
-            drawn = sample(probs, generator)
+            drawn = sample(probs, generator, name="draft distribution")
             mass = None  # read below only when the chain length is dynamic
         else:  # the most likely token and its probability in one operation
             mass, drawn = probs.max(-1)
@@ -280,7 +280,7 @@ class JacobiDrafter(Drafter):
         # this round computed for it; slots past the proposed ones are dropped and refilled below.
         proposed = result.target_probs.shape[1] - 1
         target = result.target_probs[:, :proposed].to(self._dtype)  # [B, L, V] q for the next round
-        redrawn = target.argmax(-1) if not self.sampling.do_sample else sample(target, self.generator)
+        redrawn = target.argmax(-1) if not self.sampling.do_sample else sample(target, self.generator, name="target distribution")
         # Drop the consumed slots per row (shift left by `emitted`), then refill the end.
         index = (torch.arange(proposed, device=redrawn.device).unsqueeze(0) + emitted.unsqueeze(1))
         valid = index < proposed

@@ -213,7 +213,7 @@ class MuLoDrafter(BlockDrafter):
         if not self.sampling.do_sample:
             return logits.argmax(-1), None
         probs = logits_to_probs(logits, self.sampling)
-        return sample(probs, self.generator), probs
+        return sample(probs, self.generator, name="draft distribution"), probs
 
     def commit(self, block_index: int, tokens: torch.Tensor) -> None:
         batch = tokens.shape[0]
