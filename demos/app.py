@@ -60,6 +60,12 @@ default (offline); type a saved pipeline folder in *checkpoint path* to load rea
 """
 
 
+
+def optional_number(label: str, elem_id: str) -> Any:
+    """A text field for a setting the checkpoint stores: empty keeps the stored value (a gr.Number cannot be
+    empty: the page would send 0), a number replaces it."""
+    return gr.Textbox(value="", placeholder="the checkpoint's setting", label=label, elem_id=elem_id)
+
 def message_html(text: str, kind: str = "info") -> str:
     """The tab's message area: ``kind`` is "error", "ok" or "info"."""
     return f"<div class='mmspec-message mmspec-message-{kind}'>{html.escape(text)}</div>"
@@ -275,29 +281,28 @@ def _ar_image_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textb
         gr.Markdown("Method settings: the checkpoint's recommended ones; fill a field to change that setting.")
         with gr.Group(visible=True) as eagle_group:
             with gr.Row():
-                fields["num_draft_tokens"] = gr.Number(value=None, precision=0, label="K (draft tokens, chains)",
+                fields["num_draft_tokens"] = optional_number(label="K (draft tokens, chains)",
                                                        elem_id=f"{elem}-k")
-                fields["lookup_tail"] = gr.Number(value=None, precision=0,
-                                                  label="lookup tail (free copies of the row above; 0: none)",
+                fields["lookup_tail"] = optional_number(label="lookup tail (free copies of the row above; 0: none)",
                                                   elem_id=f"{elem}-lookup-tail")
                 fields.update(_tree_row(elem))
         with gr.Group(visible=False) as lantern_group, gr.Row():
-            fields["lantern_k"] = gr.Number(value=None, precision=0, label="LANTERN k (codebook neighbours)",
+            fields["lantern_k"] = optional_number(label="LANTERN k (codebook neighbours)",
                                             elem_id=f"{elem}-lantern-k")
-            fields["lantern_delta"] = gr.Number(value=None, label="LANTERN delta (TV budget)",
+            fields["lantern_delta"] = optional_number(label="LANTERN delta (TV budget)",
                                                 elem_id=f"{elem}-lantern-delta")
-            fields["lantern_lam"] = gr.Number(value=None, label="LANTERN++ bound lam (0: use delta)",
+            fields["lantern_lam"] = optional_number(label="LANTERN++ bound lam (0: use delta)",
                                               elem_id=f"{elem}-lantern-lam")
             fields["argmax_drafts"] = gr.Checkbox(value=True, label="argmax drafts (sampling)",
                                                   elem_id=f"{elem}-argmax-drafts")
         with gr.Group(visible=False) as jacobi_group, gr.Row():
-            fields["sjd_window"] = gr.Number(value=None, precision=0, label="Jacobi window (SJD/GSD)",
+            fields["sjd_window"] = optional_number(label="Jacobi window (SJD/GSD)",
                                              elem_id=f"{elem}-window")
-            fields["gsd_group_size"] = gr.Number(value=None, precision=0, label="GSD group size G",
+            fields["gsd_group_size"] = optional_number(label="GSD group size G",
                                                  elem_id=f"{elem}-gsd-g")
         with gr.Group(visible=False) as mulo_group, gr.Row():
-            fields["mulo_tau"] = gr.Number(value=None, label="MuLo tau (pooled threshold)", elem_id=f"{elem}-mulo-tau")
-            fields["mulo_radius"] = gr.Number(value=None, precision=0, label="MuLo radius l",
+            fields["mulo_tau"] = optional_number(label="MuLo tau (pooled threshold)", elem_id=f"{elem}-mulo-tau")
+            fields["mulo_radius"] = optional_number(label="MuLo radius l",
                                               elem_id=f"{elem}-mulo-radius")
             fields["mulo_resample"] = gr.Dropdown(
                 choices=[("the checkpoint's", ar_image_tab.STORED), ("parallel (the paper's; costs quality)", "parallel"),

@@ -40,6 +40,11 @@ class ARImageResult(ImageResult):
     baseline's images, the statistics panel, and the comparison itself (:class:`ImageResult`'s fields)."""
 
 
+def _given(value: Any) -> Any:
+    """A knob's value, or None when the field is empty (the page's text fields send "")."""
+    return None if value is None or (isinstance(value, str) and not value.strip()) else value
+
+
 def method_config(pipe: Any, method: str, *, greedy: bool, batch_size: int, guidance_scale: float,
                   num_draft_tokens: Any = None, use_tree: bool = False, tree_depth: Any = 5, tree_top_k: Any = 8,
                   tree_total_tokens: Any = 48, lantern_k: Any = None, lantern_delta: Any = None,
@@ -58,6 +63,9 @@ def method_config(pipe: Any, method: str, *, greedy: bool, batch_size: int, guid
     window -> ``window``, GSD G -> ``group_size``; MuLo tau, radius, resampling -> ``tau``, ``radius``,
     ``resample`` (:data:`STORED`: the checkpoint's)."""
     config = pipe.method_config(method, do_sample=not greedy, batch_size=batch_size, guidance_scale=guidance_scale)
+    num_draft_tokens, lookup_tail, lantern_k, lantern_delta, lantern_lam, sjd_window, gsd_group_size, mulo_tau, \
+        mulo_radius = (_given(value) for value in (num_draft_tokens, lookup_tail, lantern_k, lantern_delta,
+                                                   lantern_lam, sjd_window, gsd_group_size, mulo_tau, mulo_radius))
     fields: dict[str, Any] = {}
     if method in ("eagle", "lantern"):
         if use_tree:

@@ -171,8 +171,12 @@ def test_ar_image_page_settings_are_the_stored_ones_with_the_knobs_replaced(tiny
 
     pipe = ARImagePipeline.from_pretrained(tiny["ar_image"], speculation_settings=SPECULATION_SETTINGS)
     config = partial(ar_image_tab.method_config, pipe, greedy=False, batch_size=1, guidance_scale=3.0)
+    empty = dict.fromkeys(("num_draft_tokens", "lookup_tail", "lantern_k", "lantern_delta", "lantern_lam",
+                           "sjd_window", "gsd_group_size", "mulo_tau", "mulo_radius"), "")  # the page's empty fields
     for method in ar_image_tab.METHODS:
         assert config(method) == pipe.method_config(method, batch_size=1, guidance_scale=3.0)
+        assert config(method, **empty) == config(method)  # an empty field keeps the stored setting
+    assert config("eagle", num_draft_tokens="3").num_draft_tokens == 3
     assert config("gsd", sjd_window=4, gsd_group_size=3) == GSDConfig(window=4, init="left", group_size=3,
                                                                        prob_threshold=1.0)
     assert config("gsd", lookup_tail=16, num_draft_tokens=3) == config("gsd")  # EAGLE knobs: not GSD's
