@@ -15,32 +15,34 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import threading
 from numbers import Real
 
 import torch
 
-_CHECKS = os.environ.get("MMSPEC_CHECKS", "1") != "0"
+_DEFAULT_CHECKS = os.environ.get("MMSPEC_CHECKS", "1") != "0"
+_switch = threading.local()  # per thread: a decoding loop that switches the checks off affects only its own thread
 
 
 def checks_enabled() -> bool:
-    """Whether the (cheap but not free) value checks on probability tensors run."""
-    return _CHECKS
+    """Whether the (cheap but not free) value checks on probability tensors run in this thread."""
+    return getattr(_switch, "enabled", _DEFAULT_CHECKS)
 
 
 class value_checks:  # noqa: N801 (used as a function: ``with value_checks(False):``)
-    """Temporarily switch the probability value checks on or off (shape checks and the draws' row checks
-    always run). A class rather than a generator: verification enters it on every call."""
+    """Temporarily switch the probability value checks on or off in the calling thread (shape checks and the
+    draws' row checks always run). A class rather than a generator: verification enters it on every call.
+    Per thread, so that two threads decoding at once cannot leave the checks switched off for everyone."""
 
     def __init__(self, enabled: bool) -> None:
-        self.enabled, self.previous = enabled, _CHECKS
+        self.enabled, self.previous = enabled, _DEFAULT_CHECKS
 
     def __enter__(self) -> None:
-        global _CHECKS
-        self.previous, _CHECKS = _CHECKS, self.enabled
+        self.previous = getattr(_switch, "enabled", _DEFAULT_CHECKS)
+        _switch.enabled = self.enabled
 
     def __exit__(self, *exc_info: object) -> None:
-        global _CHECKS
-        _CHECKS = self.previous
+        _switch.enabled = self.previous
 
 
 def check_positive_int(value: int, name: str) -> None:
@@ -269,7 +271,7 @@ def check_probs(probs: torch.Tensor, name: str, atol: float = 1e-3) -> None:
     rows when it is off (:func:`check_row_scales`)."""
     if not probs.is_floating_point():
         raise ValueError(f"{name} must be a floating tensor of probabilities, got {probs.dtype}")
-    if not _CHECKS or probs.numel() == 0:
+    if not checks_enabled() or probs.numel() == 0:
         return
     sums = probs.sum(-1)  # one pass: NaN/inf anywhere makes its row sum non-finite
     good = torch.isfinite(sums) & (sums > 0) & (probs.amin(-1) >= 0)

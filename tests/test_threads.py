@@ -129,3 +129,28 @@ def test_hidden_state_capture_ignores_forwards_of_other_threads():
         assert grabbed == {}
         model(input_ids=ids)
     assert grabbed["top"].shape[1] == 4 and grabbed["penultimate"].shape[1] == 4
+
+
+def test_switching_value_checks_off_affects_only_the_calling_thread():
+    """A decoding loop switches the probability checks off around verification; another thread's checks stay
+    on meanwhile, and interleaved switches never leave them off (they once did: a shared global flag)."""
+    import threading
+
+    from mmspec.validation import checks_enabled, value_checks
+
+    inside, release, seen = threading.Event(), threading.Event(), []
+
+    def loop() -> None:
+        with value_checks(False):
+            seen.append(checks_enabled())
+            inside.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=loop)
+    worker.start()
+    inside.wait(10)
+    seen.append(checks_enabled())  # this thread, while the other has them off
+    with value_checks(False):
+        release.set()
+        worker.join(10)
+    assert seen == [False, True] and checks_enabled()
