@@ -28,6 +28,7 @@ setup(
     packages=_packages(),
     package_dir=PACKAGE_DIRS,
     package_data={
+        "mmspec": ["py.typed"],  # PEP 561: the package's type hints are for its users' type checkers too
         # every file a zoo folder holds (weights, configs, tokenizer and processor files, chat templates)
         "mmspec.models": ["zoo/**/*.json", "zoo/**/*.safetensors", "zoo/**/*.txt", "zoo/**/*.jinja"],
         "mmspec.evaluation": ["weights/*.safetensors"],

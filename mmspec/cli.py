@@ -1,6 +1,6 @@
 """The ``mmspec`` command line.
 
-Sub-commands:
+``mmspec --version`` prints the installed version. Sub-commands:
     mmspec info      versions, kernel backend and which pipelines this install provides
     mmspec generate  images from prompts with ARImagePipeline (speculative vs target-only, PNGs, speedup)
     mmspec demo      the Gradio demo, one tab per pipeline family (gradio: the optional `demo` extra)
@@ -43,7 +43,10 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from mmspec import __version__
+
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for multimodal models.")
+    parser.add_argument("--version", action="version", version=f"mmspec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("info", help="show versions, kernel backend and available pipelines").set_defaults(run=_info)
     generate = commands.add_parser("generate", help="generate images from prompts (discrete AR image pipeline)")

@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def test_import_mmspec_pulls_no_optional_dependency():
     code = (
@@ -57,3 +59,68 @@ def test_package_data_ships_every_zoo_file():
     unshipped = [str(f) for f in zoo_files
                  if not any(fnmatch.fnmatch(str(f), pattern.replace("**/", "*/")) for pattern in patterns)]
     assert not unshipped, f"zoo files no package_data pattern ships: {unshipped}"
+
+
+def test_version_flag_prints_the_package_version():
+    import mmspec
+
+    out = subprocess.run([sys.executable, "-m", "mmspec.cli", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"mmspec {mmspec.__version__}"
+
+
+def test_release_files_exist_and_are_packaged():
+    """LICENSE (named by pyproject), CHANGELOG with the current version, and the PEP 561 marker in package_data."""
+    import tomllib
+    from pathlib import Path
+
+    import mmspec
+
+    root = Path(__file__).resolve().parent.parent
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0" and project["license-files"] == ["LICENSE"]
+    assert "Apache License" in (root / "LICENSE").read_text()
+    assert f"## {mmspec.__version__}" in (root / "CHANGELOG.md").read_text()
+    assert (root / "mmspec" / "py.typed").is_file()
+    assert '"mmspec": ["py.typed"]' in (root / "setup.py").read_text()
+
+
+def _requirements(lines: list[str]) -> dict[str, object]:
+    from packaging.requirements import Requirement
+
+    parsed = [Requirement(line) for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return {req.name.lower().replace("_", "-"): req for req in parsed}
+
+
+def test_dependency_floors_are_what_ci_installs():
+    """Each core dependency's floor in pyproject.toml is in the minor version that requirements/constraints.txt
+    pins (what the set-up and CI install), the pin satisfies the declared range, and the environment has it."""
+    import tomllib
+    from importlib.metadata import version
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    declared = _requirements(tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"])
+    pinned = _requirements((root / "requirements" / "constraints.txt").read_text().splitlines())
+    for name, requirement in declared.items():
+        assert name in pinned, f"{name} is a dependency but constraints.txt does not pin it"
+        pins = [spec.version for spec in pinned[name].specifier if spec.operator == "=="]
+        assert len(pins) == 1, f"constraints.txt must pin {name} to one release, got {pinned[name]}"
+        floors = [spec.version for spec in requirement.specifier if spec.operator == ">="]
+        assert len(floors) == 1, f"pyproject.toml must give {name} a floor, got {requirement}"
+        assert pins[0].split(".")[:2] == floors[0].split(".")[:2], f"{name}: floor {floors[0]} but CI installs {pins[0]}"
+        assert requirement.specifier.contains(pins[0]), f"{name}: the pinned {pins[0]} is outside {requirement}"
+        assert version(name).split("+")[0] == pins[0], f"{name}: installed {version(name)}, pinned {pins[0]}"
+
+
+@pytest.mark.slow
+def test_wheel_installs_and_decodes_like_the_checkout():
+    """The built wheel, installed on its own, runs one call per pipeline on the zoo exactly as the checkout does
+    (the chat template once went missing from the wheel and the installed VLM answered wrongly)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run(["bash", str(root / "scripts" / "wheel_smoke.sh")], capture_output=True, text=True,
+                         timeout=1200)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "wheel smoke test passed: vlm, ar_image, continuous, video" in out.stdout
