@@ -440,11 +440,12 @@ def build_app(paths: dict[str, str] | None = None, cache: PipelineCache | None =
 
 
 def launch(paths: dict[str, str] | None = None, host: str = "127.0.0.1", port: int | None = 7860, *,
-           block: bool = True, quiet: bool = False) -> tuple[gr.Blocks, str]:
+           block: bool = True, quiet: bool = False, cache: PipelineCache | None = None) -> tuple[gr.Blocks, str]:
     """Build and serve the page on ``host:port`` (127.0.0.1 by default: not reachable from other machines).
-    ``block=False`` returns right after start-up (tests). Returns ``(app, local url)``."""
+    ``block=False`` returns right after start-up (tests); ``cache``: where and how pipelines load (device,
+    precision; default: the machine's default device). Returns ``(app, local url)``."""
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    demo = build_app(paths)
+    demo = build_app(paths, cache)
     demo.queue(default_concurrency_limit=1)
     _, url, _ = demo.launch(server_name=host, server_port=port, prevent_thread_lock=not block, quiet=quiet,
                             css=CSS, show_error=True, footer_links=[], ssr_mode=False)

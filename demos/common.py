@@ -22,6 +22,8 @@ import numpy as np
 import PIL.Image
 import torch
 
+from mmspec.devices import load_pipeline
+
 #: family -> (module, pipeline class, default zoo id)
 FAMILIES: dict[str, tuple[str, str, str]] = {
     "vlm": ("mmspec.pipelines.vlm", "VLMPipeline", "mmspec/shapes-vlm"),
@@ -212,13 +214,17 @@ def import_pipeline_modules() -> None:
 
 
 class PipelineCache:
-    """Pipelines loaded once per (family, folder) and kept for the app's lifetime; thread-safe.
+    """Pipelines loaded once per (family, folder) and kept for the app's lifetime; thread-safe. Each loads on
+    ``device`` (None: CUDA when torch sees a GPU, else the CPU) in ``dtype`` (None: the checkpoint's compute
+    precision) with the CPU GEMM mode ``cpu_gemm`` (:mod:`mmspec.cpu_gemm`; "plain" unless asked for).
 
     ``warm_up(pipe, key, fn)`` runs ``fn`` once per key (untimed) before the first timed comparison, so
     one-off costs (first forward passes, lazy initialisation) do not land in either run's wall time.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None,
+                 cpu_gemm: str = "plain") -> None:
+        self.device, self.dtype, self.cpu_gemm = device, dtype, cpu_gemm  # as `mmspec demo --device/--dtype/--cpu-gemm`
         self._pipes: dict[tuple[str, str], Any] = {}
         self._warm: set[tuple[int, Any]] = set()
         self._lock = threading.Lock()
@@ -231,12 +237,12 @@ class PipelineCache:
                 module, name, _ = FAMILIES[family]
                 cls = getattr(importlib.import_module(module), name)
                 try:
-                    pipe = cls.from_pretrained(folder)
+                    pipe = load_pipeline(cls, folder, device=self.device, dtype=self.dtype)
                 except (ValueError, OSError, KeyError, TypeError) as error:
                     raise DemoError(f"could not load a {name} from {folder}: {type(error).__name__}: {error}"
                                     ) from None
                 pipe.set_progress_bar_config(disable=True)
-                pipe.enable_packed_cpu_gemm()  # as `mmspec generate` and the benchmarks (mmspec.cpu_gemm)
+                pipe.set_cpu_gemm(self.cpu_gemm)
                 self._pipes[key] = pipe
             return self._pipes[key]
 

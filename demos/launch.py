@@ -3,6 +3,7 @@
     mmspec demo                                    # http://127.0.0.1:7860 on the bundled zoo, offline
     mmspec demo --vlm /ckpt/llava-eagle --ar-image /ckpt/llamagen-t2i --port 8000
     mmspec demo --tiny /tmp/mmspec-tiny            # tiny random pipelines for families without a checkpoint
+    mmspec demo --device cuda --dtype bfloat16     # on the GPU (the default when torch sees one)
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+
+from mmspec.cpu_gemm import add_cpu_gemm_argument
+from mmspec.devices import add_device_arguments, resolved_device
 
 FLAGS = {"vlm": "--vlm", "ar_image": "--ar-image", "continuous": "--continuous", "video": "--video"}
 
@@ -28,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="build tiny RANDOM pipelines in DIR and use them for every family not given above "
                              "(noise outputs: for trying the page where no checkpoint exists)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    add_device_arguments(parser)
+    add_cpu_gemm_argument(parser)
 
 
 def paths_from_args(args: argparse.Namespace) -> dict[str, str]:
@@ -61,8 +67,12 @@ def run(args: argparse.Namespace) -> int:
             return 2
         torch.set_num_threads(args.threads)
     from mmspec.demos.app import launch
+    from mmspec.demos.common import PipelineCache
 
     paths = paths_from_args(args)
-    print(f"mmspec demo on http://{args.host}:{args.port} (Ctrl+C stops it)", flush=True)
-    launch(paths, host=args.host, port=args.port, block=True)
+    device = resolved_device(args)
+    print(f"mmspec demo on http://{args.host}:{args.port} ({device}, {str(args.dtype).removeprefix('torch.')}; "
+          "Ctrl+C stops it)", flush=True)
+    launch(paths, host=args.host, port=args.port, block=True,
+           cache=PipelineCache(device=device, dtype=args.dtype, cpu_gemm=args.cpu_gemm))
     return 0

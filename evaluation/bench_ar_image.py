@@ -47,10 +47,9 @@ from mmspec.world import make_prompt_set
 
 from .bench_cli import (
     add_common_arguments,
-    add_dtype_argument,
     call_kwargs,
     command_line,
-    load_quiet_pipeline,
+    load_bench_pipeline,
     machine_line,
     method_kwargs,
     new_parser,
@@ -416,7 +415,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_quality_seeds_argument(parser)
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
     parser.add_argument("--guidance-scale", type=float, default=None, help="override every method's guidance")
-    add_dtype_argument(parser)
     return parser
 
 
@@ -426,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from mmspec.pipelines import ARImagePipeline
 
-    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline, args.dtype, args.cpu_gemm)
+    pipe = load_bench_pipeline(ARImagePipeline, args)
     cases = method_kwargs(args.methods, default_cases(), args.method_kwargs, derived_cases=True)
     if args.guidance_scale is not None:
         for case in cases.values():
@@ -438,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     real = reference_images(quality_prompts, args.difficulty, image_size, args.seed)
     results = run(pipe, args.methods, cases, args.modes, args.batch_sizes, speed_prompts, quality_prompts, real,
                   args.repeats, args.quality_batch, args.seed, args.quality_seeds)
-    results.update(machine=machine_line(args.dtype, args.cpu_gemm), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
+    results.update(machine=machine_line(args.dtype, args.cpu_gemm, pipe.transformer.device), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
                    quality_seeds=args.quality_seeds, repeats=args.repeats, cases=cases, configs=configs)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_ar_image", argv))
     write_report(args.out, table, results)

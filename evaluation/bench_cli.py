@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from mmspec.cpu_gemm import add_cpu_gemm_argument
-from mmspec.validation import dtype_argument
+from mmspec.devices import add_device_arguments, load_pipeline, resolved_device
 
 from .files import write_json_atomic, write_text_atomic
 
@@ -28,30 +28,33 @@ def new_parser(description: str | None) -> argparse.ArgumentParser:
 
 
 def load_quiet_pipeline(pipeline_class: type, path: str, dtype: torch.dtype | None = None,
-                        cpu_gemm: str = "plain") -> Any:
-    """``pipeline_class.from_pretrained(path)`` (a zoo id or folder) with its progress bar off: the
-    benchmarks and diagnostics time or print their own results. ``dtype``: the components' compute
+                        cpu_gemm: str = "plain", device: str | torch.device | None = None) -> Any:
+    """``pipeline_class.from_pretrained(path)`` (a zoo id or folder) on ``device`` with its progress bar off:
+    the benchmarks and diagnostics time or print their own results. ``dtype``: the components' compute
     precision (None: the pipeline's own, float32 compute for the zoo); ``cpu_gemm``: ``"packed"`` or
-    ``"plain"`` (:data:`mmspec.cpu_gemm.CPU_GEMM_MODES`)."""
-    pipe = pipeline_class.from_pretrained(path, **({} if dtype is None else {"torch_dtype": dtype}))
+    ``"plain"`` (:data:`mmspec.cpu_gemm.CPU_GEMM_MODES`); ``device``: None for the machine's default (CUDA
+    when torch sees a GPU)."""
+    pipe = load_pipeline(pipeline_class, path, device=device, dtype=dtype)
     pipe.set_progress_bar_config(disable=True)
     pipe.set_cpu_gemm(cpu_gemm)
     return pipe
 
 
-def add_dtype_argument(parser: argparse.ArgumentParser) -> None:
-    """``--dtype float32|bfloat16``: the precision every method of the run computes in (the baseline too)."""
-    parser.add_argument("--dtype", type=dtype_argument, default=torch.float32,
-                        help="compute precision of every method, the baseline included (float32 or bfloat16)")
+def load_bench_pipeline(pipeline_class: type, args: argparse.Namespace) -> Any:
+    """The benchmark's pipeline as its command line asks: ``--pipeline`` on ``--device`` in ``--dtype``, with
+    ``--cpu-gemm`` (the options :func:`add_run_arguments` declares)."""
+    return load_quiet_pipeline(pipeline_class, args.pipeline, args.dtype, args.cpu_gemm, resolved_device(args))
 
 
 def add_run_arguments(parser: argparse.ArgumentParser,
                       out_help: str = "markdown table (a .json with all numbers beside it)") -> None:
-    """``--repeats``, ``--seed``, ``--threads`` and ``--out``: the options every pipeline benchmark has,
-    whatever it calls its cases."""
+    """``--repeats``, ``--seed``, ``--threads``, ``--device``, ``--dtype``, ``--cpu-gemm`` and ``--out``: the
+    options every pipeline benchmark has, whatever it calls its cases."""
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per case (the median is reported)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    add_device_arguments(parser, dtype_help="compute precision of every method, the baseline included (float32 "
+                                            "or bfloat16)")
     add_cpu_gemm_argument(parser)
     parser.add_argument("--out", type=Path, default=None, help=out_help)
 
@@ -120,10 +123,15 @@ def call_kwargs(kwargs: Mapping[str, Any], greedy: bool = False) -> dict[str, An
     return out
 
 
-def machine_line(dtype: torch.dtype | None = None, cpu_gemm: str = "plain") -> str:
-    """``"x86_64, 2 threads, torch 2.13.0+cpu"``: where the numbers were measured (``", bfloat16"`` appended
-    for a run in another precision than float32, ``", packed oneDNN GEMM"`` for ``--cpu-gemm packed``)."""
-    line = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+def machine_line(dtype: torch.dtype | None = None, cpu_gemm: str = "plain",
+                 device: str | torch.device | None = None) -> str:
+    """``"x86_64, 2 threads, torch 2.13.0+cpu"`` (on a GPU: ``"NVIDIA H200, torch 2.13.0"``): where the numbers
+    were measured (``", bfloat16"`` appended for a run in another precision than float32, ``", packed oneDNN
+    GEMM"`` for ``--cpu-gemm packed``)."""
+    if device is not None and torch.device(device).type == "cuda":
+        line = f"{torch.cuda.get_device_name(torch.device(device))}, torch {torch.__version__}"
+    else:
+        line = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
     if dtype not in (None, torch.float32):
         line += f", {str(dtype).removeprefix('torch.')}"
     return line + ", packed oneDNN GEMM" if cpu_gemm == "packed" else line

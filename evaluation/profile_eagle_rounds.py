@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from mmspec.cpu_gemm import add_cpu_gemm_argument
+from mmspec.devices import add_device_arguments, resolved_device
 
 from .bench_cli import load_quiet_pipeline
 
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=3, help="prompts per category (6 categories)")
     parser.add_argument("--repeats", type=int, default=2, help="passes over the prompts; the last is reported")
     parser.add_argument("--threads", type=int, default=1)
+    add_device_arguments(parser)
     add_cpu_gemm_argument(parser)
     parser.add_argument("--method-kwargs", default=None,
                         help="JSON of EagleConfig fields over the checkpoint's stored greedy settings, e.g. "
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     from mmspec.world import make_prompt_set
 
     torch.set_num_threads(args.threads)
-    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline, cpu_gemm=args.cpu_gemm)
+    pipe = load_quiet_pipeline(ARImagePipeline, args.pipeline, args.dtype, args.cpu_gemm, resolved_device(args))
     prompts = [p.text for p in make_prompt_set(n_per_category=args.prompts, seed=7)]
     method: Any = "eagle"
     if args.method_kwargs:

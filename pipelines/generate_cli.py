@@ -17,10 +17,11 @@ from typing import Any
 import torch
 
 from mmspec.cpu_gemm import add_cpu_gemm_argument
+from mmspec.devices import add_device_arguments, load_pipeline, resolved_device
 from mmspec.files import save_image_atomic
 from mmspec.methods import available
 from mmspec.pipelines.ar_image import MOVED_KEYWORDS, ARImagePipeline
-from mmspec.validation import dtype_argument, guidance_scale_argument, positive_int_argument
+from mmspec.validation import guidance_scale_argument, positive_int_argument
 
 #: the largest side, in pixels, of a PNG that ``--scale`` may write (64 MB of RGB in memory)
 MAX_OUTPUT_SIDE = 4096
@@ -48,9 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=positive_int_argument, default=3,
                         help="timed runs of the method and of the baseline, alternating, after one warm-up each "
                              "(the speedup printed is the ratio of the medians, with the range over the runs)")
-    parser.add_argument("--dtype", type=dtype_argument, default=torch.float32,
-                        help="compute precision, float32 (default) or bfloat16 (faster verification on CPUs "
-                             "with bfloat16 instructions; the baseline runs in the same precision)")
+    add_device_arguments(parser, dtype_help="compute precision, float32 (default) or bfloat16 (faster verification "
+                                            "on GPUs and CPUs with bfloat16 instructions; the baseline runs in "
+                                            "the same precision)")
     add_cpu_gemm_argument(parser)
 
 
@@ -136,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("--method-kwargs must be a JSON object")
     check_scale(args.scale)
     try:
-        pipe = ARImagePipeline.from_pretrained(args.pipeline, torch_dtype=args.dtype)
+        pipe = load_pipeline(ARImagePipeline, args.pipeline, device=resolved_device(args), dtype=args.dtype)
     except (FileNotFoundError, OSError, ValueError) as error:
         raise SystemExit(f"cannot load {args.pipeline!r}: {error}") from None
     check_scale(args.scale, image_side(pipe))
