@@ -280,6 +280,9 @@ class VLMRunner(CausalLMRunner):
         pixels_key = "pixel_values" if kind == "image" else "pixel_values_videos"
         pixels = model_inputs.get(pixels_key)
         token_id = self.image_token_id if kind == "image" else self.video_token_id
+        encoded = (model_inputs.get("mm_encoder_outputs") or {}).get(kind)
+        if pixels is None and encoded is not None:
+            return self._encoded_tokens_per_item(kind, num_tokens, encoded)
         if pixels is None:
             if num_tokens:
                 raise ValueError(f"the prompt holds {num_tokens} {kind} placeholder tokens (id {token_id}) but no "
@@ -293,6 +296,25 @@ class VLMRunner(CausalLMRunner):
         if self.mrope:
             return self._qwen_tokens_per_item(kind, num_tokens, pixels, model_inputs)
         return self._llava_tokens_per_image(num_tokens, pixels, model_inputs, tokens)
+
+    def _encoded_tokens_per_item(self, kind: str, num_tokens: int, encoded: Any) -> list[int]:
+        """Tokens per item of features the model's own encoder already computed (transformers' ``generate()``
+        encodes images before its decoding loop and passes ``mm_encoder_outputs`` instead of pixels)."""
+        if self.mrope:
+            raise NotImplementedError(f"{type(self.model).__name__} with pre-encoded {kind} features: M-RoPE positions "
+                                      f"need {kind}_grid_thw, which generate() does not pass on; decode through "
+                                      "VLMPipeline instead")
+        features = getattr(encoded, "pooler_output", None)
+        if isinstance(features, torch.Tensor) and features.ndim == 3:  # [items, tokens, width]
+            features = list(features)
+        if not isinstance(features, (list, tuple)) or not all(isinstance(f, torch.Tensor) for f in features):
+            raise ValueError(f"mm_encoder_outputs[{kind!r}].pooler_output must be per-{kind} feature tensors, got "
+                             f"{type(features).__name__}")
+        tokens = [int(f.reshape(-1, f.shape[-1]).shape[0]) for f in features]
+        if sum(tokens) != num_tokens:
+            raise ValueError(f"the prompt holds {num_tokens} {kind} placeholder tokens but the encoded features "
+                             f"hold {sum(tokens)} ({tokens} per {kind})")
+        return tokens
 
     def _qwen_tokens_per_item(self, kind: str, num_tokens: int, pixels: torch.Tensor,
                               model_inputs: dict[str, Any]) -> list[int]:
