@@ -6,7 +6,7 @@ Janus-Pro adapter (:mod:`.janus`), VLM target runners for LLaVA / Qwen2-VL (:mod
 draft heads EagleVLM / FLASH / ViSpec / SpecVLM (:mod:`.vlm_drafters`), the shapes captioner
 (:mod:`.shapes_vlm`), the lean Llama decoder of draft heads (:mod:`.lean_llama`), the shapes world's
 tokenizers (:mod:`.tokenizers`, :mod:`.text`)
-and the training recipes of the reference zoo (:mod:`.recipes`). Submodules import lazily.
+and the training recipes of the reference zoo with their losses (:mod:`.recipes`). Submodules import lazily.
 """
 
 from importlib import import_module
@@ -15,7 +15,6 @@ from typing import Any
 _EXPORTS = {
     "EagleHead": ".eagle",
     "EagleDrafter": ".eagle",
-    "eagle_loss": ".eagle",
     "LlamaGenTransformer": ".llamagen",
     "LlamaGenVQModel": ".llamagen_vq",
     "LLAMAGEN_PRESETS": ".llamagen",
@@ -39,8 +38,6 @@ _EXPORTS = {
     "SpecVLMHead": ".vlm_drafters",
     "SpecVLMDrafter": ".vlm_drafters",
     "drafter_for": ".vlm_drafters",
-    "teacher_forward": ".vlm_drafters",
-    "training_loss": ".vlm_drafters",
     "format_vlm_prompt": ".vlm_prompts",
     "LeanLlamaDecoder": ".lean_llama",
     "VQTokenizer": ".tokenizers",

@@ -13,13 +13,13 @@ This file holds:
 
 * :class:`DiffusionSchedule`: the Gaussian diffusion of MAR's DiffLoss (cosine schedule over 1000 steps,
   epsilon prediction, learned variance in the range [posterior variance, beta] ("learned range"),
-  respaced DDPM sampling with a temperature on the noise, and the training loss MSE + VLB);
+  respaced DDPM sampling with a temperature on the noise);
 * :class:`DiffusionHead`: MAR's ``SimpleMLPAdaLN`` (timestep + condition -> adaLN-modulated residual MLP
   blocks -> eps and variance logits);
 * :class:`MARModel`: encoder/decoder + head, class-conditioned (``condition_type="class"``: the class
   embedding fills the buffer, as in MAR) or text-conditioned (``"text"``: word embeddings fill the buffer,
   one word per slot; the project's T5-free zoo models), classifier-free guidance through MAR's
-  ``fake_latent``; :meth:`MARModel.forward_train` is MAR's training step;
+  ``fake_latent``; :meth:`MARModel.head_outputs` is the forward of a training step;
 * the official checkpoints: :func:`mar_config` (MAR-B/L/H sizes) and :meth:`MARModel.from_mar_checkpoint`,
   which maps the official key layout (``model_ema`` or ``model`` of ``checkpoint-last.pth``) onto this
   model's names with :data:`OFFICIAL_KEY_RULES`.
@@ -27,7 +27,9 @@ This file holds:
 The generation loop (iteration schedule, classifier-free guidance schedule, speculative decoding) lives in
 :mod:`mmspec.pipelines.continuous_ar_image`; the model exposes the pieces it needs: :meth:`MARModel.forward`
 (condition vectors of every position given the visible tokens) and :meth:`MARModel.sample_head`
-(denoise a batch of tokens with given noise, optionally recording every step's Gaussian).
+(denoise a batch of tokens with given noise, optionally recording every step's Gaussian). MAR's training
+step (masking, the diffusion loss MSE + VLB, optional distillation from a teacher) lives with the recipes:
+:mod:`mmspec.models.recipes.mar_loss`.
 
 Deviations from the official code (none changes the forward of a loaded checkpoint): dropout defaults
 to 0; the mask ratio is drawn from the same truncated Gaussian by inverse CDF with torch (no scipy /
@@ -111,8 +113,9 @@ class DiffusionSchedule:
         self.posterior_mean_coef1 = self.betas * np.sqrt(abar_prev) / (1.0 - abar)
         self.posterior_mean_coef2 = (1.0 - abar_prev) * np.sqrt(1.0 - self.betas) / (1.0 - abar)
 
-    def _take(self, array: np.ndarray, index: torch.Tensor | int, like: torch.Tensor) -> torch.Tensor:
-        """``array[index]`` as a tensor of ``like``'s dtype/device, broadcastable against ``[N, C]``."""
+    def take(self, array: np.ndarray, index: torch.Tensor | int, like: torch.Tensor) -> torch.Tensor:
+        """``array[index]`` as a tensor of ``like``'s dtype/device, broadcastable against ``[N, C]`` (how the
+        sampler here and the training loss, :mod:`mmspec.models.recipes.mar_loss`, read a coefficient)."""
         values = torch.as_tensor(array, dtype=torch.float64)[torch.as_tensor(index).cpu()]
         values = values.to(device=like.device, dtype=like.dtype)
         return values.reshape(-1, *([1] * (like.ndim - 1))) if values.ndim else values
@@ -121,8 +124,8 @@ class DiffusionSchedule:
                    prediction_type: str = "epsilon") -> torch.Tensor:
         """x0 implied by the network's prediction at x_i: eps (MAR) or v = sqrt(abar) eps - sqrt(1 - abar) x0."""
         if prediction_type == "epsilon":
-            return self._take(self.sqrt_recip_alphas_cumprod, i, x) * x - self._take(self.sqrt_recipm1_alphas_cumprod, i, x) * prediction
-        return self._take(self.sqrt_alphas_cumprod, i, x) * x - self._take(self.sqrt_one_minus_alphas_cumprod, i, x) * prediction
+            return self.take(self.sqrt_recip_alphas_cumprod, i, x) * x - self.take(self.sqrt_recipm1_alphas_cumprod, i, x) * prediction
+        return self.take(self.sqrt_alphas_cumprod, i, x) * x - self.take(self.sqrt_one_minus_alphas_cumprod, i, x) * prediction
 
     def p_mean_variance(self, model_output: torch.Tensor, x: torch.Tensor, i: torch.Tensor | int,
                         clip: float | None = None, prediction_type: str = "epsilon"
@@ -132,36 +135,12 @@ class DiffusionSchedule:
         variance); ``clip`` bounds the predicted x0 to [-clip, clip] (ADM's ``clip_denoised``)."""
         prediction, v = model_output.chunk(2, dim=-1)
         frac = (v + 1) / 2
-        log_var = frac * self._take(self.log_betas, i, x) + (1 - frac) * self._take(self.posterior_log_variance_clipped, i, x)
+        log_var = frac * self.take(self.log_betas, i, x) + (1 - frac) * self.take(self.posterior_log_variance_clipped, i, x)
         x0 = self.predict_x0(prediction, x, i, prediction_type)
         if clip is not None:
             x0 = x0.clamp(-clip, clip)
-        mean = self._take(self.posterior_mean_coef1, i, x) * x0 + self._take(self.posterior_mean_coef2, i, x) * x
+        mean = self.take(self.posterior_mean_coef1, i, x) * x0 + self.take(self.posterior_mean_coef2, i, x) * x
         return mean, log_var, x0
-
-    def q_sample(self, x0: torch.Tensor, i: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        return self._take(self.sqrt_alphas_cumprod, i, x0) * x0 + self._take(self.sqrt_one_minus_alphas_cumprod, i, x0) * noise
-
-    def training_loss(self, model_output: torch.Tensor, x0: torch.Tensor, x_t: torch.Tensor, i: torch.Tensor,
-                      noise: torch.Tensor, prediction_type: str = "epsilon") -> torch.Tensor:
-        """Per-sample loss ``[N]``: MSE of the eps (or v) prediction + the variational bound (in bits per
-        dimension) on the variance with the mean held fixed (improved DDPM's hybrid loss, as MAR)."""
-        prediction, v = model_output.chunk(2, dim=-1)
-        if prediction_type == "epsilon":
-            target = noise
-        else:
-            target = self._take(self.sqrt_alphas_cumprod, i, x0) * noise - self._take(self.sqrt_one_minus_alphas_cumprod, i, x0) * x0
-        mse = ((prediction - target) ** 2).mean(-1)
-        frozen = torch.cat([prediction.detach(), v], dim=-1)
-        mean, log_var, _ = self.p_mean_variance(frozen, x_t, i, prediction_type=prediction_type)
-        # true posterior q(x_{i-1} | x_i, x0)
-        true_mean = self._take(self.posterior_mean_coef1, i, x0) * x0 + self._take(self.posterior_mean_coef2, i, x0) * x_t
-        true_log_var = self._take(self.posterior_log_variance_clipped, i, x0)
-        kl = 0.5 * (-1.0 + log_var - true_log_var + torch.exp(true_log_var - log_var)
-                    + (true_mean - mean) ** 2 * torch.exp(-log_var))
-        nll = 0.5 * (math.log(2 * math.pi) + log_var + (x0 - mean) ** 2 * torch.exp(-log_var))
-        vb = torch.where((i == 0).reshape(-1, 1), nll, kl).mean(-1) / math.log(2.0)
-        return mse + vb
 
 
 @lru_cache(maxsize=16)
@@ -593,55 +572,13 @@ class MARModel(ModelMixin, ConfigMixin):
             return x, None, None
         return x, torch.stack(means), torch.stack(variances)
 
-    # -- training -------------------------------------------------------------------------------------
-    def sample_mask_ratio(self, generator: torch.Generator | None = None) -> float:
-        """MAR's masking ratio: N(1, 0.25^2) truncated to [mask_ratio_min, 1], by inverse CDF."""
-        normal = torch.distributions.Normal(0.0, 1.0)
-        low = float(normal.cdf(torch.tensor((self.config.mask_ratio_min - 1.0) / 0.25)))
-        u = low + (0.5 - low) * float(torch.rand((), generator=generator))
-        return 1.0 + 0.25 * float(torch.special.ndtri(torch.tensor(u, dtype=torch.float64)))
-
-    def forward_train(self, tokens: torch.Tensor, condition_ids: torch.Tensor,
-                      generator: torch.Generator | None = None, teacher: MARModel | None = None,
-                      distill_weight: float = 1.0) -> torch.Tensor:
-        """MAR's training loss for a batch of token sets ``[B, L, C]`` and their condition ids.
-
-        A random order per row; the last ``ceil(L * ratio)`` positions of the order are masked (one
-        ratio per batch, MAR's truncated Gaussian); condition dropout with ``label_drop_prob``; the
-        diffusion loss (MSE + VLB) on the masked tokens, ``diffusion_batch_mul`` noise draws each.
-
-        With a ``teacher`` (a frozen model of the same token width and condition vocabulary, e.g. the
-        target a CSpD draft serves), ``distill_weight`` times the mean squared difference between this
-        model's diffusion-head outputs (prediction and variance channels) and the teacher's on the same
-        masked context, condition dropout, noisy tokens and timesteps is added: CSpD accepts a drafted
-        token by comparing the two heads' denoising Gaussians, so the draft learns the target's, not only
-        the data's.
-        """
-        batch, length, channels = tokens.shape
-        device = tokens.device
-        num_masked = int(math.ceil(length * self.sample_mask_ratio(generator)))
-        orders = torch.argsort(torch.rand(batch, length, generator=generator).to(device), dim=1)
-        masked = torch.zeros(batch, length, dtype=torch.bool, device=device)
-        masked.scatter_(1, orders[:, :num_masked], True)
-        drop = torch.rand(batch, generator=generator).to(device) < self.config.label_drop_prob
-        mul = self.config.diffusion_batch_mul
-        target = tokens[masked].repeat(mul, 1)                                              # [N, C]
-        schedule = diffusion_schedule(None)
-        i = torch.randint(0, schedule.num_steps, (target.shape[0],), generator=generator).to(device)
-        noise = torch.randn(target.shape, generator=generator, dtype=target.dtype).to(device)
-        x_t = schedule.q_sample(target, i, noise)
-        out = self._head_outputs(tokens, condition_ids, masked, drop, x_t, i, mul)
-        loss = schedule.training_loss(out, target, x_t, i, noise, self.config.prediction_type).mean()
-        if teacher is None:
-            return loss
-        with torch.no_grad():
-            reference = teacher._head_outputs(tokens, condition_ids, masked, drop, x_t, i, mul)
-        return loss + distill_weight * ((out - reference) ** 2).mean()
-
-    def _head_outputs(self, tokens: torch.Tensor, condition_ids: torch.Tensor, masked: torch.Tensor,
-                      drop: torch.Tensor, x_t: torch.Tensor, i: torch.Tensor, mul: int) -> torch.Tensor:
+    # -- forward pieces of training -------------------------------------------------------------------
+    def head_outputs(self, tokens: torch.Tensor, condition_ids: torch.Tensor, masked: torch.Tensor,
+                     drop: torch.Tensor, x_t: torch.Tensor, i: torch.Tensor, mul: int) -> torch.Tensor:
         """Diffusion-head outputs ``[N, 2C]`` for the noisy masked tokens ``x_t`` at steps ``i`` (``mul``
-        copies of the masked tokens, in ``tokens[masked]`` order) given the visible ones."""
+        copies of the masked tokens, in ``tokens[masked]`` order) given the visible ones (``drop``: bool
+        ``[B]``, rows whose condition is replaced by ``fake_latent``). The forward of a training step
+        (:func:`mmspec.models.recipes.mar_loss.mar_loss`), one pass for every masked token."""
         z = self.forward(tokens, ~masked, self.condition_embedding(condition_ids, drop))   # [B, L, D]
         return self.head(x_t, i, z[masked].repeat(mul, 1))
 

@@ -30,7 +30,8 @@ velocity ``v = eps - x0``, so ``x0 = x_t - t v``.
 
 Training (:meth:`BlockCausalVideoTransformer.forward_train`) is teacher forcing in one pass: the
 sequence ``[prompt, clean blocks 0..N-2, noisy blocks 0..N-1]`` with a mask in which noisy block i
-sees the prompt, the clean blocks before i and itself, exactly what it sees at inference.
+sees the prompt, the clean blocks before i and itself, exactly what it sees at inference. The loss and its
+training contexts live with the recipes: :mod:`mmspec.models.recipes.video_loss`.
 """
 
 from __future__ import annotations
@@ -469,7 +470,7 @@ class BlockCausalVideoTransformer(ParameterDtypeDeviceMixin, ModelMixin, ConfigM
 
         Args:
             clean: ``[B, F, C, h, w]`` the context latents (ground truth, or the model's own predictions of
-                it: see :func:`flow_matching_loss`'s ``self_context``).
+                it: see :func:`mmspec.models.recipes.video_loss.flow_matching_loss`'s ``self_context``).
             noisy: ``[B, F, C, h, w]`` the noised blocks to denoise (per-block timesteps).
             timesteps: ``[B, N]`` timestep (0-1000) of each of the N = F / frames_per_block blocks.
             prompt_ids: ``[B, text_length]`` word ids (-1 padding; the null id for dropped prompts).
@@ -609,66 +610,6 @@ def noised_to(clean: torch.Tensor, noise: torch.Tensor, timestep: float) -> torc
     return ((1 - t) * clean.to(noise.dtype) + t * noise) if t < 1 else noise.clone()
 
 
-def noised_blocks(model: BlockCausalVideoTransformer, clean: torch.Tensor, timesteps: torch.Tensor,
-                  generator: torch.Generator | None = None, noise: torch.Tensor | None = None,
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Flow-matching noising of every block to its own timestep: ``timesteps [B, N]`` (0-1000) -> per-frame
-    ``t [B, F, 1, 1, 1]`` (in [0, 1]), the noise ``eps`` and ``x_t = (1 - t) clean + t eps``. ``noise`` (same
-    shape as ``clean``) is used as ``eps`` instead of fresh noise: a coupling of noise and clean latents (the
-    noise a sampler started from and what it produced), as reflow training needs."""
-    t = (timesteps / NUM_TRAIN_TIMESTEPS).repeat_interleave(model.config.frames_per_block, 1)[..., None, None, None]
-    if noise is None:
-        eps = torch.randn(clean.shape, generator=generator).to(clean)
-    elif noise.shape != clean.shape:
-        raise ValueError(f"noise must have the clean latents' shape {tuple(clean.shape)}, got {tuple(noise.shape)}")
-    else:
-        eps = noise.to(clean)
-    return t, eps, (1 - t) * clean + t * eps
-
-
-def check_context_shares(self_context: float, rollout: float) -> None:
-    """The shares of clips trained on predicted / rolled-out context: each in [0, 1], their sum <= 1."""
-    if not (0.0 <= self_context <= 1.0 and 0.0 <= rollout <= 1.0 and self_context + rollout <= 1.0):
-        raise ValueError(f"self_context and rollout must be shares in [0, 1] with a sum <= 1, got {self_context} "
-                         f"and {rollout}")
-
-
-@torch.no_grad()
-def predicted_context(model: BlockCausalVideoTransformer, clean: torch.Tensor, prompt_ids: torch.Tensor,
-                      timesteps: Sequence[float], generator: torch.Generator | None = None) -> torch.Tensor:
-    """The model's own one-shot predictions of every block, to stand in for the ground-truth context.
-
-    Each block of ``clean`` is noised to a timestep drawn from ``timesteps`` and the model predicts its clean
-    version (x0 = x_t - t v) in one teacher-forced pass, every block given the ground-truth blocks before it.
-    At inference the context is the model's own last x0 prediction (from t = 250 with 4 steps), blurrier
-    than the data, and errors compound block after block; training on these predictions teaches the model
-    to continue (and redraw sharply) from its own imperfect blocks instead of copying their flaws.
-    """
-    b, num = clean.shape[:2]
-    blocks = num // model.config.frames_per_block
-    choices = torch.tensor([float(t) for t in timesteps])
-    steps = choices[torch.randint(0, len(choices), (b, blocks), generator=generator)].to(clean.device)
-    t, _, noisy = noised_blocks(model, clean, steps, generator)
-    return (noisy - t * model.forward_train(clean, noisy, steps, prompt_ids).to(clean)).detach()
-
-
-@torch.no_grad()
-def rollout_context(model: BlockCausalVideoTransformer, clean: torch.Tensor, prompt_ids: torch.Tensor,
-                    timesteps: Sequence[float] = DEFAULT_TIMESTEPS, generator: torch.Generator | None = None,
-                    guidance_scale: float = 1.0) -> torch.Tensor:
-    """A context made by the model's own sampler: the real first block, then every later block sampled by
-    the model block by block against its KV cache (Euler, ``timesteps``, ``guidance_scale``), as at
-    inference (an unguided rollout of a small model draws almost nothing: use the inference guidance).
-
-    Unlike :func:`predicted_context`, errors compound here as they do in a real rollout. The last block is
-    never context, so it is not sampled.
-    """
-    out = clean.clone()
-    _roll_out(model, out, prompt_ids, model.config.frames_per_block, clean.shape[1] - model.config.frames_per_block,
-              timesteps, generator, guidance_scale)
-    return out
-
-
 @torch.no_grad()
 def sample_with_noise(model: BlockCausalVideoTransformer, prompt_ids: torch.Tensor, num_frames: int | None = None,
                       timesteps: Sequence[float] = DEFAULT_TIMESTEPS, generator: torch.Generator | None = None,
@@ -676,10 +617,11 @@ def sample_with_noise(model: BlockCausalVideoTransformer, prompt_ids: torch.Tens
     """Whole videos sampled block by block (Euler, ``timesteps``, ``guidance_scale``: what ``ARVideoPipeline``
     does with ``method="none"``) together with the noise each block started from.
 
-    Returns ``(latents, start_noise)``, both ``[B, F, C, h, w]`` in the model's dtype (fp32 or fp64): ``latents`` is the model's video and
-    ``start_noise`` the x_1 of every block. The pairs are the coupling a reflow-distilled drafter learns
-    (:func:`flow_matching_loss` with ``noise=``): a straight path from each block's noise to the target's
-    block, so that one or two drafter steps land near what the target's full sampler makes of that noise.
+    Returns ``(latents, start_noise)``, both ``[B, F, C, h, w]`` in the model's dtype (fp32 or fp64):
+    ``latents`` is the model's video and ``start_noise`` the x_1 of every block. The pairs are the coupling a
+    reflow-distilled drafter learns (:func:`mmspec.models.recipes.video_loss.flow_matching_loss` with
+    ``noise=``): a straight path from each block's noise to the target's block, so that one or two drafter
+    steps land near what the target's full sampler makes of that noise.
     """
     num_frames = num_frames or model.config.num_frames
     fb = model.config.frames_per_block
@@ -687,14 +629,15 @@ def sample_with_noise(model: BlockCausalVideoTransformer, prompt_ids: torch.Tens
         raise ValueError(f"num_frames must be a positive multiple of {fb} up to {model.config.num_frames}, "
                          f"got {num_frames}")
     out = torch.zeros(prompt_ids.shape[0], num_frames, *model.latent_shape, device=model.device, dtype=model.dtype)
-    return out, _roll_out(model, out, prompt_ids, 0, num_frames, timesteps, generator, guidance_scale)
+    return out, roll_out(model, out, prompt_ids, 0, num_frames, timesteps, generator, guidance_scale)
 
 
-def _roll_out(model: BlockCausalVideoTransformer, out: torch.Tensor, prompt_ids: torch.Tensor, first: int, end: int,
-              timesteps: Sequence[float], generator: torch.Generator | None, guidance_scale: float) -> torch.Tensor:
+def roll_out(model: BlockCausalVideoTransformer, out: torch.Tensor, prompt_ids: torch.Tensor, first: int, end: int,
+             timesteps: Sequence[float], generator: torch.Generator | None, guidance_scale: float) -> torch.Tensor:
     """Sample the frames ``first .. end - 1`` of ``out`` in place, block by block against a KV cache holding the
     prompt and every frame before (the frames before ``first`` are given). Returns the start noise ``[B, F,
-    ...]`` (zero outside the sampled frames)."""
+    ...]`` (zero outside the sampled frames). Shared by :func:`sample_with_noise` and the training rollout
+    (:func:`mmspec.models.recipes.video_loss.rollout_context`)."""
     b, fb = out.shape[0], model.config.frames_per_block
     guided = guidance_scale != 1.0
     cache = model.new_cache(2 * b if guided else b)
@@ -709,47 +652,3 @@ def _roll_out(model: BlockCausalVideoTransformer, out: torch.Tensor, prompt_ids:
         out[:, start:start + fb] = denoise_block(model, cache, start, noise, timesteps,
                                                  guidance_scale=guidance_scale).to(out)
     return start_noise
-
-
-def flow_matching_loss(model: BlockCausalVideoTransformer, clean: torch.Tensor, prompt_ids: torch.Tensor,
-                       generator: torch.Generator | None = None, fixed_timesteps: Sequence[float] = DEFAULT_TIMESTEPS,
-                       fixed_fraction: float = 0.5, self_context: float = 0.0,
-                       context_timesteps: Sequence[float] = (250.0, 500.0, 750.0),
-                       rollout: float = 0.0, rollout_guidance: float = 1.0,
-                       noise: torch.Tensor | None = None) -> torch.Tensor:
-    """MSE between predicted and true velocity, per-block timesteps: with probability ``fixed_fraction``
-    one of the sampling timesteps (what inference uses), otherwise uniform in (0, 1000].
-
-    ``noise``: the noise paired with each clean block (``[B, F, C, h, w]``, e.g. from
-    :func:`sample_with_noise`) instead of fresh noise: reflow training on a sampler's coupling, whose
-    straight paths few-step sampling follows well.
-
-    ``self_context``: the share of clips whose context is the model's own prediction of it
-    (:func:`predicted_context`, from a timestep in ``context_timesteps``) instead of the ground truth; the
-    loss still asks for the ground truth's velocity, so the model learns to continue from imperfect blocks.
-    Costs one extra forward pass without gradients when > 0. ``rollout``: the share of (other) clips whose
-    context is the model's own rollout from the real first block (:func:`rollout_context`: compounding
-    errors, one sampled block after another, under ``rollout_guidance``; costs a few passes per block).
-    """
-    check_context_shares(self_context, rollout)
-    b, num = clean.shape[:2]
-    blocks = num // model.config.frames_per_block
-    uniform = torch.rand(b, blocks, generator=generator) * NUM_TRAIN_TIMESTEPS
-    fixed = torch.tensor(list(fixed_timesteps), dtype=torch.float32)
-    pick = fixed[torch.randint(0, len(fixed), (b, blocks), generator=generator)]
-    use_fixed = torch.rand(b, blocks, generator=generator) < fixed_fraction
-    timesteps = torch.where(use_fixed, pick, uniform).clamp_min(1.0).to(clean.device)
-    t, eps, noisy = noised_blocks(model, clean, timesteps, generator, noise)
-    context = clean
-    if (self_context > 0 or rollout > 0) and blocks > 1:
-        draw = torch.rand(b, generator=generator).to(clean.device)
-        predicted, rolled = draw < self_context, (draw >= self_context) & (draw < self_context + rollout)
-        context = clean.clone()
-        if predicted.any():
-            context[predicted] = predicted_context(model, clean[predicted], prompt_ids[predicted], context_timesteps,
-                                                   generator)
-        if rolled.any() and blocks > 2:
-            context[rolled] = rollout_context(model, clean[rolled], prompt_ids[rolled], fixed_timesteps, generator,
-                                              rollout_guidance)
-    pred = model.forward_train(context, noisy, timesteps, prompt_ids)
-    return F.mse_loss(pred.float(), (eps - clean).float())

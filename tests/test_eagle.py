@@ -7,7 +7,8 @@ import torch
 from conftest import tiny_llama
 
 from mmspec import CausalLMRunner, SamplingConfig, TreeConfig, speculative_generate
-from mmspec.models.eagle import EagleDrafter, EagleHead, eagle_loss, rollout_features
+from mmspec.models.eagle import EagleDrafter, EagleHead
+from mmspec.models.recipes.eagle_loss import eagle_loss, rollout_features
 
 
 def _head(target, dtype=torch.float64, **kwargs) -> EagleHead:

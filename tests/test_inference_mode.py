@@ -93,11 +93,13 @@ def test_ar_image_pipeline_outputs_and_cached_neighbours_are_ordinary():
 def test_continuous_pipeline_outputs_train_the_same_model():
     from test_continuous_pipeline import make_pipe, run, tiny_mar
 
+    from mmspec.models.recipes.mar_loss import mar_loss
+
     pipe = make_pipe(tiny_mar(1, depth=1))
     out = run(pipe, num_iter=4)
     assert not out.tokens.is_inference() and not out.drafted.is_inference()
     model = pipe.transformer.train()
-    loss = model.forward_train(out.tokens.flatten(1, 2), torch.tensor([1, 3, 4]),
-                               generator=torch.Generator().manual_seed(0))
+    loss = mar_loss(model, out.tokens.flatten(1, 2), torch.tensor([1, 3, 4]),
+                    generator=torch.Generator().manual_seed(0))
     loss.backward()  # the generated tokens and the model's state after a call both serve autograd
     assert all(p.grad is not None for p in model.head.parameters())

@@ -20,6 +20,7 @@ from mmspec.models.mar import (
     mar_config,
     spaced_timesteps,
 )
+from mmspec.models.recipes.mar_loss import mar_loss, sample_mask_ratio
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -194,20 +195,20 @@ def test_forward_at_positions_equals_the_full_forward_at_those_rows(decoder_dept
 
 
 @pytest.mark.parametrize("prediction_type", ["epsilon", "v_prediction"])
-def test_forward_train_learns_and_is_deterministic(prediction_type):
+def test_mar_loss_learns_and_is_deterministic(prediction_type):
     model = tiny_model(prediction_type=prediction_type).float().train()
     tokens = torch.randn(4, 9, 4)
     labels = torch.tensor([0, 1, 2, 3])
-    a = model.forward_train(tokens, labels, generator=torch.Generator().manual_seed(1))
-    b = model.forward_train(tokens, labels, generator=torch.Generator().manual_seed(1))
+    a = mar_loss(model, tokens, labels, generator=torch.Generator().manual_seed(1))
+    b = mar_loss(model, tokens, labels, generator=torch.Generator().manual_seed(1))
     assert torch.equal(a, b) and torch.isfinite(a)
-    ratios = [model.sample_mask_ratio(torch.Generator().manual_seed(s)) for s in range(200)]
+    ratios = [sample_mask_ratio(model, torch.Generator().manual_seed(s)) for s in range(200)]
     assert min(ratios) >= model.config.mask_ratio_min and max(ratios) <= 1.0
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     torch.manual_seed(0)
     losses = []
     for _ in range(60):
-        loss = model.forward_train(tokens, labels)
+        loss = mar_loss(model, tokens, labels)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -216,14 +217,14 @@ def test_forward_train_learns_and_is_deterministic(prediction_type):
 
 
 def test_distillation_pulls_the_head_towards_the_teacher():
-    """forward_train's teacher term is distill_weight x the mean squared gap between the two heads' outputs on
+    """mar_loss's teacher term is distill_weight x the mean squared gap between the two heads' outputs on
     the same masked context and noise: zero against itself, positive against another model, and training on
     it closes the gap."""
     student = tiny_model().float().train()
     tokens, labels = torch.randn(4, 9, 4), torch.tensor([0, 1, 2, 3])
 
     def loss(**kwargs):
-        return student.forward_train(tokens, labels, generator=torch.Generator().manual_seed(1), **kwargs)
+        return mar_loss(student, tokens, labels, generator=torch.Generator().manual_seed(1), **kwargs)
 
     assert torch.equal(loss(teacher=student, distill_weight=5.0), loss())
     teacher = tiny_model(seed=1).float().eval()
@@ -238,7 +239,7 @@ def test_distillation_pulls_the_head_towards_the_teacher():
     optimizer = torch.optim.Adam(student.parameters(), lr=3e-3)
     torch.manual_seed(0)
     for _ in range(60):
-        value = student.forward_train(tokens, labels, teacher=teacher, distill_weight=10.0)
+        value = mar_loss(student, tokens, labels, teacher=teacher, distill_weight=10.0)
         optimizer.zero_grad()
         value.backward()
         optimizer.step()

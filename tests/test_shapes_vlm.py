@@ -15,6 +15,7 @@ from mmspec import speculative_generate
 from mmspec.models import shapes_vlm as sv
 from mmspec.models.recipes import train_vlm
 from mmspec.models.recipes.common import grown_layer_sources
+from mmspec.models.recipes.vlm_answer_loss import answer_loss, training_batch
 from mmspec.models.vlm_targets import VLMRunner
 from mmspec.world import caption_scene, caption_video, describe_scene, qa_pairs, sample_scene, split_words
 from mmspec.world.captions import article, reading_order
@@ -599,7 +600,7 @@ def test_training_batch_masks_answers_only(processor):
     tasks = [e["task"] for e in data["examples"]]
     assert tasks.count("describe") == 5 and tasks.count("narrate") == 2 and "qa" in tasks
     rows = [tasks.index("describe"), tasks.index("narrate"), tasks.index("qa")]
-    batch = sv.training_batch(data, rows)
+    batch = training_batch(data, rows)
     assert batch["pixel_values"].shape[0] == 1 + sv.VIDEO_FRAMES + 1
     for b, r in enumerate(rows):
         e = data["examples"][r]
@@ -609,33 +610,33 @@ def test_training_batch_masks_answers_only(processor):
     assert batch["patch_classes"].shape == (batch["pixel_values"].shape[0], 64, len(sv.PATCH_FIELDS))
     assert torch.equal(batch["patch_classes"][1:1 + sv.VIDEO_FRAMES], data["patch_classes"][5:5 + sv.VIDEO_FRAMES].long())
     model = sv.build_model("tiny")
-    seeing, n = sv.answer_loss(model, batch)
-    blind, m = sv.answer_loss(model, {k: v for k, v in batch.items() if k != "pixel_values"})
+    seeing, n = answer_loss(model, batch)
+    blind, m = answer_loss(model, {k: v for k, v in batch.items() if k != "pixel_values"})
     assert n == m == int(batch["loss_mask"][:, 1:].sum()) and torch.isfinite(blind) and blind != seeing
     # row weights: all ones is the plain loss; weight w on a row counts its answer tokens w times
-    ones, k = sv.answer_loss(model, batch, torch.ones(3))
+    ones, k = answer_loss(model, batch, torch.ones(3))
     assert k == n and torch.allclose(ones, seeing)
-    per_row = [sv.answer_loss(model, sv.training_batch(data, [r]))[0] for r in rows]
-    weighted, w = sv.answer_loss(model, batch, torch.tensor([1.0, 1.0, 15.0]))
+    per_row = [answer_loss(model, training_batch(data, [r]))[0] for r in rows]
+    weighted, w = answer_loss(model, batch, torch.tensor([1.0, 1.0, 15.0]))
     qa_tokens = int(batch["loss_mask"][2, 1:].sum())
     assert w == pytest.approx(n + 14 * qa_tokens)
     assert torch.allclose(weighted, per_row[0] + per_row[1] + 15 * per_row[2], rtol=1e-4)
     with pytest.raises(ValueError, match="row_weights"):
-        sv.answer_loss(model, batch, torch.ones(2))
+        answer_loss(model, batch, torch.ones(2))
     # token weights: weight w on one answer token counts it w times; both kinds multiply
     token_weights = torch.ones(batch["input_ids"].shape)
     position = int(batch["loss_mask"][0].nonzero()[3])  # the fourth answer token of the description
     token_weights[0, position] = 5.0
-    one_token, c = sv.answer_loss(model, batch, token_weights=token_weights)
+    one_token, c = answer_loss(model, batch, token_weights=token_weights)
     assert c == pytest.approx(n + 4)
     logits = model(input_ids=batch["input_ids"][:1], attention_mask=batch["attention_mask"][:1],
                    pixel_values=batch["pixel_values"][:1]).logits
     single = torch.nn.functional.cross_entropy(logits[0, position - 1], batch["input_ids"][0, position])
     assert torch.allclose(one_token, seeing + 4 * single, rtol=1e-4)
-    both, d = sv.answer_loss(model, batch, torch.tensor([2.0, 1.0, 1.0]), token_weights)
+    both, d = answer_loss(model, batch, torch.tensor([2.0, 1.0, 1.0]), token_weights)
     assert d == pytest.approx(n + int(batch["loss_mask"][0, 1:].sum()) + 8)  # row 0 twice, its token 10 times
     with pytest.raises(ValueError, match="token_weights"):
-        sv.answer_loss(model, batch, token_weights=torch.ones(3, 2))
+        answer_loss(model, batch, token_weights=torch.ones(3, 2))
     chunks = train_vlm.chunks_by_length(data, list(range(len(tasks))), max_tokens=400)
     assert sorted(r for c in chunks for r in c) == list(range(len(tasks)))
     assert all(len(c) * max(len(data["examples"][r]["ids"]) for r in c) <= 400 or len(c) == 1 for c in chunks)

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from mmspec.models.recipes import train_tokenizers
+from mmspec.models.recipes.autoencoder_training import train_autoencoder
 from mmspec.models.tokenizers import (
     ContinuousTokenizer,
     VQTokenizer,
     kmeans,
     load_zoo_tokenizer,
-    train_autoencoder,
     zoo_tokenizer_path,
 )
 from mmspec.world import parse_image, render_scene, rng_for, sample_scene, scene_matches, to_tensor

@@ -9,14 +9,12 @@ import json
 import pytest
 import torch
 
+from mmspec.models.recipes.video_loss import flow_matching_loss, predicted_context, rollout_context
 from mmspec.models.video import (
     BlockCausalVideoTransformer,
     apply_rope,
     check_timesteps,
     denoise_block,
-    flow_matching_loss,
-    predicted_context,
-    rollout_context,
     rope_angles,
     sample_with_noise,
 )

@@ -14,6 +14,7 @@ from conftest import tiny_llama
 from stats_utils import P_VALUE_FLOOR, chi_square_pvalue, empirical
 
 from mmspec import CausalLMRunner, SamplingConfig, TreeConfig, speculative_generate
+from mmspec.models.recipes.vlm_drafter_loss import teacher_forward, training_loss
 from mmspec.models.vlm_drafters import (
     PRIMITIVES,
     EagleVLMDrafter,
@@ -27,8 +28,6 @@ from mmspec.models.vlm_drafters import (
     VLMFeatures,
     assemble_units,
     drafter_for,
-    teacher_forward,
-    training_loss,
 )
 from mmspec.models.vlm_targets import VLMRunner
 from mmspec.rules import AcceptanceRule

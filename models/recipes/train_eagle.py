@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from mmspec.files import write_json_atomic
-from mmspec.models.eagle import EagleHead, eagle_loss
+from mmspec.models.eagle import EagleHead
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.recipes.common import (
     add_device_argument,
@@ -58,6 +58,7 @@ from mmspec.models.recipes.common import (
     time_left,
     train_loop,
 )
+from mmspec.models.recipes.eagle_loss import eagle_loss
 from mmspec.models.recipes.self_distill import (
     add_self_distill_arguments,
     check_self_distill_arguments,

@@ -13,8 +13,8 @@ the same command after an interruption (checkpoints every ``--save-every`` steps
     python -m mmspec.models.recipes.train_mar --role draft --out runs/mar_draft/model
 
 ``--distill-from TARGET`` (with ``--distill-weight``) also trains the model to match a frozen target's
-diffusion-head outputs (``MARModel.forward_train(teacher=...)``), for a CSpD draft; what it did to CSpD's
-acceptance on the zoo is in docs/pipeline_continuous.md.
+diffusion-head outputs (:func:`~mmspec.models.recipes.mar_loss.mar_loss`'s ``teacher``), for a CSpD draft;
+what it did to CSpD's acceptance on the zoo is in docs/pipeline_continuous.md.
 
 ``--role`` picks the size preset (:data:`PRESETS`); any size flag overrides it. Run long jobs in the
 background (``nohup nice -n 10 ... > runs/<name>.out 2>&1 &``).
@@ -43,6 +43,7 @@ from mmspec.models.recipes.common import (
     time_left,
     train_loop,
 )
+from mmspec.models.recipes.mar_loss import mar_loss
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.world import vocabulary
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
                              "starts from its weights too)")
     parser.add_argument("--distill-from", type=Path, default=None,
                         help="a trained model folder (the CSpD target) whose diffusion-head outputs this model also "
-                             "learns to match (MARModel.forward_train's teacher)")
+                             "learns to match (mar_loss's teacher)")
     parser.add_argument("--distill-weight", type=float, default=1.0, help="weight of the matching loss")
     parser.add_argument("--tokenizer", type=Path, default=zoo_tokenizer_path("continuous"))
     add_run_arguments(parser, "runs/train_mar")
@@ -170,8 +171,8 @@ def main(argv: list[str] | None = None) -> None:
     def loss_fn(index: torch.Tensor) -> torch.Tensor:
         if args.ema > 0:
             trainer.update()  # average of the weights after the previous step
-        return model.forward_train(data["tokens"][index].to(device).float(), data["words"][index].to(device),
-                                   teacher=teacher, distill_weight=args.distill_weight)
+        return mar_loss(model, data["tokens"][index].to(device).float(), data["words"][index].to(device),
+                        teacher=teacher, distill_weight=args.distill_weight)
 
     train_loop(trainer, loss_fn, data["tokens"].shape[0], steps=size["steps"], batch=size["batch"], lr=size["lr"],
                work=args.work, save=save, save_every=args.save_every, stop_at=args.stop_at, device=device,

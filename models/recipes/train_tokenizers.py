@@ -28,7 +28,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from mmspec.models.tokenizers import ContinuousTokenizer, VQTokenizer, train_autoencoder
+from mmspec.models.recipes.autoencoder_training import train_autoencoder
+from mmspec.models.tokenizers import ContinuousTokenizer, VQTokenizer
 from mmspec.world.evaluator import evaluate, parse_image, scene_matches
 from mmspec.world.prompts import make_prompt_set, scene_for_prompt
 from mmspec.world.render import render_scene, to_tensor

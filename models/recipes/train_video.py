@@ -64,14 +64,13 @@ from mmspec.models.recipes.common import (
     time_left,
     train_loop,
 )
+from mmspec.models.recipes.video_loss import check_context_shares, flow_matching_loss
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer, zoo_tokenizer_path
 from mmspec.models.video import (
     DEFAULT_TIMESTEPS,
     BlockCausalVideoTransformer,
-    check_context_shares,
     check_timesteps,
-    flow_matching_loss,
     sample_with_noise,
 )
 from mmspec.world import render_scene, rng_for, sample_video, vocabulary

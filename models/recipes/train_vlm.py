@@ -64,6 +64,7 @@ from mmspec.models.recipes.common import (
     train_loop,
     widen_state_dict,
 )
+from mmspec.models.recipes.vlm_answer_loss import answer_loss, training_batch
 from mmspec.world.scene import COLORS, SHAPES, SIZES
 
 # Per size: steps, batch, peak learning rate (chosen with short prototype runs; see docs/zoo_shapes_vlm.md).
@@ -146,7 +147,7 @@ NAME_CUE = "the"
 
 def name_token_weights(input_ids: torch.Tensor, weighted_rows: torch.Tensor, cue_id: int,
                        weight: float) -> torch.Tensor:
-    """Token weights ``[B, L]`` for :func:`sv.answer_loss`: ``weight`` for each token that follows ``cue_id``
+    """Token weights ``[B, L]`` for :func:`answer_loss`: ``weight`` for each token that follows ``cue_id``
     in the rows where ``weighted_rows`` (bool ``[B]``) is set, 1 elsewhere.
 
     With the cue :data:`NAME_CUE` in descriptions these are the tokens that decide a name's qualification
@@ -245,7 +246,7 @@ def referent_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, rows: tor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """Colour and shape classes ``[B, L]`` (-100 where none) of the object named after each answer token
     "the" that starts a name, "the [size] colour shape" (as relation sentences name objects), in the rows
-    where ``rows`` (bool ``[B]``) is set; ``loss_mask`` marks the answer tokens (:func:`sv.training_batch`)."""
+    where ``rows`` (bool ``[B]``) is set; ``loss_mask`` marks the answer tokens (:func:`training_batch`)."""
     ids = vocab.checked(input_ids)
     sized = vocab.is_size[_shifted(ids, 1)]
     colour = vocab.colour_class[torch.where(sized, _shifted(ids, 2), _shifted(ids, 1))]
@@ -345,7 +346,7 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
         total, count, aux, frames = 0.0, 0, 0.0, 0
         probe_sums = {name: [0.0, 0] for name in probes}  # summed loss, labelled positions
         for rows in chunks_by_length(data, index.tolist(), max_tokens):
-            batch = {key: value.to(device) for key, value in sv.training_batch(data, rows).items()}
+            batch = {key: value.to(device) for key, value in training_batch(data, rows).items()}
             if blind_fraction and torch.rand(()) < blind_fraction:
                 batch.pop("pixel_values")
             captured, hidden = [], {}
@@ -363,7 +364,7 @@ def make_loss_fn(trainee: Trainee, data: dict, max_tokens: int = 4096, aux_weigh
             if name_weight != 1.0:
                 token_weights = name_token_weights(batch["input_ids"], describe, name_cue_id, name_weight)
             try:
-                loss, n = sv.answer_loss(trainee.vlm, batch, weights, token_weights)
+                loss, n = answer_loss(trainee.vlm, batch, weights, token_weights)
             finally:
                 for handle in handles:
                     handle.remove()

@@ -1,9 +1,9 @@
 """Recipe: a VLM draft head (EagleVLM, FLASH, ViSpec or SpecVLM) by online-logit distillation.
 
 Every step runs the frozen target over a batch of prompt + answer sequences with their images
-(:func:`~mmspec.models.vlm_drafters.teacher_forward`) and trains the head on the teacher's logits and
-features there (:func:`~mmspec.models.vlm_drafters.training_loss`: 0.1 soft cross-entropy on the teacher
-logits + 1.0 SmoothL1 on the teacher features, plus the method's own terms: FLASH's K future features,
+(:func:`~mmspec.models.recipes.vlm_drafter_loss.teacher_forward`) and trains the head on the teacher's
+logits and features there (:func:`~mmspec.models.recipes.vlm_drafter_loss.training_loss`: 0.1 soft
+cross-entropy on the teacher logits + 1.0 SmoothL1 on the teacher features, plus the method's own terms: FLASH's K future features,
 ViSpec's self-rollout pass, SpecVLM's Gumbel-softmax gate). No teacher output is ever stored. The log
 (``--work/log.jsonl``) holds the loss every 20 steps and, every ``--eval-every`` steps, the held-out
 top-1 agreement and the *real* acceptance: greedy speculative decoding of held-out prompts with the head,
@@ -51,6 +51,7 @@ from PIL import Image
 from torch import nn
 
 from mmspec.models.recipes.common import cached_data, step_generator, train_loop
+from mmspec.models.recipes.vlm_drafter_loss import teacher_forward, training_loss
 from mmspec.models.vlm_drafters import (
     EagleVLMHead,
     FlashHead,
@@ -58,8 +59,6 @@ from mmspec.models.vlm_drafters import (
     ViSpecHead,
     VLMDraftHead,
     drafter_for,
-    teacher_forward,
-    training_loss,
 )
 from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner
@@ -120,8 +119,9 @@ class ShapesData:
 
     def __init__(self, work: Path, num_images: int, num_videos: int, seed: int) -> None:
         from mmspec.models import shapes_vlm as sv
+        from mmspec.models.recipes.vlm_answer_loss import training_batch
 
-        self.sv = sv
+        self.sv, self.training_batch = sv, training_batch
         self.data = cached_data(work, lambda: sv.build_training_set(num_images, num_videos, seed, "train"),
                                 key={"train_images": num_images, "train_videos": num_videos, "seed": seed})
         self.seed = seed
@@ -130,7 +130,7 @@ class ShapesData:
         return len(self.data["examples"])
 
     def batch(self, rows: list[int]) -> Batch:
-        batch = self.sv.training_batch(self.data, rows)
+        batch = self.training_batch(self.data, rows)
         return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
                 "answer_mask": batch["loss_mask"], "pixel_values": batch["pixel_values"]}
 
@@ -142,7 +142,7 @@ class ShapesData:
         videos = [sv.video_example("test", self.seed, i, "narrate") for i in range(max(1, count // 2))]
         held = sv.build_training_set(count, 0, self.seed, "test", tokenizer=processor.tokenizer)
         describe_rows = [i for i, e in enumerate(held["examples"]) if e["task"] == "describe"]
-        teacher = {k: v for k, v in sv.training_batch(held, describe_rows).items()}
+        teacher = {k: v for k, v in self.training_batch(held, describe_rows).items()}
         teacher["answer_mask"] = teacher.pop("loss_mask")
         generate = [sv.vlm_inputs(processor, [e["frames"][0] for e in images], ["describe"] * len(images)),
                     sv.vlm_inputs(processor, [e["frames"] for e in videos], ["narrate"] * len(videos))]

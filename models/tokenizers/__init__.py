@@ -4,7 +4,8 @@ Both share one interface (images are float [B, 3, H, W] in [0, 1]; one token per
 ``encode(images)`` -> token grid ([B, h, w] ids for VQ, [B, h, w, d] latents for the continuous one),
 ``decode(grid)`` -> images, ``save_pretrained`` / ``from_pretrained`` (diffusers ModelMixin,
 safetensors). Trained weights ship in ``mmspec/models/zoo/tokenizers/{vq,continuous}`` (recipe:
-``python -m mmspec.models.recipes.train_tokenizers --out models/zoo/tokenizers``).
+``python -m mmspec.models.recipes.train_tokenizers --out models/zoo/tokenizers``; the autoencoder's training
+loop is :mod:`mmspec.models.recipes.autoencoder_training`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .base import PatchTokenizerMixin
-from .continuous import ContinuousTokenizer, train_autoencoder
+from .continuous import ContinuousTokenizer
 from .vq import VQTokenizer, kmeans
 
 ZOO_DIR = Path(__file__).resolve().parent.parent / "zoo" / "tokenizers"
@@ -44,6 +45,5 @@ __all__ = [
     "ZOO_DIR",
     "kmeans",
     "load_zoo_tokenizer",
-    "train_autoencoder",
     "zoo_tokenizer_path",
 ]

@@ -2,8 +2,8 @@
 
 Each method is a model (``diffusers`` ``ModelMixin`` + ``ConfigMixin``: an EAGLE-style head plus its view of
 the prompt's image span, saved with ``save_pretrained``) and a drafter for :func:`mmspec.speculative_generate`
-on a :class:`~mmspec.models.vlm_targets.VLMRunner` target. Training: :func:`teacher_forward` +
-:func:`training_loss` (online-logit distillation). See docs/models_vlm_drafters.md.
+on a :class:`~mmspec.models.vlm_targets.VLMRunner` target. Training (online-logit distillation) lives with the
+recipes: :mod:`mmspec.models.recipes.vlm_drafter_loss`. See docs/models_vlm_drafters.md.
 """
 
 from .base import (
@@ -18,7 +18,6 @@ from .base import (
 )
 from .eagle_vlm import EagleVLMDrafter, EagleVLMHead
 from .flash import FlashDrafter, FlashHead
-from .losses import teacher_forward, training_loss
 from .specvlm import PRIMITIVES, SpecVLMDrafter, SpecVLMHead
 from .vispec import ViSpecDrafter, ViSpecHead
 
@@ -38,6 +37,5 @@ def drafter_for(model: VLMDraftHead, **kwargs) -> VLMHeadDrafter:
 __all__ = [
     "DRAFTERS", "DraftSequence", "EagleVLMDrafter", "EagleVLMHead", "FlashDrafter", "FlashHead", "HeadRunner",
     "PRIMITIVES", "SpanUnits", "SpecVLMDrafter", "SpecVLMHead", "ViSpecDrafter", "ViSpecHead", "VLMDraftHead",
-    "VLMFeatures", "VLMHeadDrafter", "VisualView", "assemble_units", "drafter_for", "teacher_forward",
-    "training_loss",
+    "VLMFeatures", "VLMHeadDrafter", "VisualView", "assemble_units", "drafter_for",
 ]

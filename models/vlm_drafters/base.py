@@ -14,7 +14,7 @@ layer, the target's frozen embedding and LM head) that reads the prompt differen
   k) at unit k's position, and the last pair is (pending token, feature of the last unit).
 
 :func:`assemble_units` builds that sequence once for inference (:class:`VLMHeadDrafter`) and for training
-(:func:`mmspec.models.vlm_drafters.losses.training_loss`), so both read the same layout. Text keeps the
+(:func:`mmspec.models.recipes.vlm_drafter_loss.training_loss`), so both read the same layout. Text keeps the
 target's own 1-D text positions (valid tokens counted from 0); units of a compressed span carry the
 positions their method gives them, so the draft sequence may have position gaps. :class:`HeadRunner` is
 the head's :class:`~mmspec.runner.CausalLMRunner` with a per-row position offset, which keeps every later
@@ -362,7 +362,8 @@ class VLMDraftHead(ModelMixin, ConfigMixin):
         return features
 
     def auxiliary_loss(self, view: VisualView, features: VLMFeatures) -> dict[str, torch.Tensor]:
-        """Method-specific training terms added to the distillation loss (SpecVLM's budget term)."""
+        """Method-specific training terms (SpecVLM's budget term): the training loss
+        (:func:`mmspec.models.recipes.vlm_drafter_loss.training_loss`) calls this hook and adds its terms."""
         return {}
 
     # -- forward --------------------------------------------------------------------------------------------

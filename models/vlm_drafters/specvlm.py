@@ -192,7 +192,8 @@ class SpecVLMHead(VLMDraftHead):
 
     def auxiliary_loss(self, view: VisualView, features: VLMFeatures) -> dict[str, torch.Tensor]:
         """``budget``: expected fraction of image tokens kept under the gate's distribution (differentiable),
-        weighted by ``budget_weight`` in :func:`~mmspec.models.vlm_drafters.losses.training_loss`."""
+        called by the training loss :func:`~mmspec.models.recipes.vlm_drafter_loss.training_loss`, which
+        weights it by ``budget_weight``."""
         probs = view.info["gate_probs"]
         return {"budget": (probs * self.visual_cost(features).to(probs.dtype)).sum(-1).mean()}
 

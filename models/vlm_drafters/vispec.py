@@ -17,7 +17,7 @@ uses the mean of their g.
 
 **Training** adds the anti-shortcut self-rollout (``mtp_steps = 1``): a second pass feeds the head its own
 predicted features in place of the target's and is distilled to the same targets
-(:func:`mmspec.models.vlm_drafters.losses.training_loss`).
+(:func:`mmspec.models.recipes.vlm_drafter_loss.training_loss`).
 """
 
 from __future__ import annotations

@@ -7,11 +7,12 @@ A training step::
     out["loss"].backward()
 
 :func:`teacher_forward` runs the frozen transformers VLM once over prompt + answer (no grad) and returns a
-:class:`~.base.VLMFeatures` with everything distillation needs: logits, top hidden states, penultimate
-states, the input embeddings with image features merged, image spans. :func:`training_loss` builds the
-draft model's view of that run exactly as the drafter does at inference (:func:`~.base.assemble_units`, with
-the training-time behaviour of the visual module: SpecVLM's Gumbel-softmax gate, fresh random pruning),
-runs the head teacher-forced on EAGLE pairs and returns::
+:class:`~mmspec.models.vlm_drafters.base.VLMFeatures` with everything distillation needs: logits, top hidden
+states, penultimate states, the input embeddings with image features merged, image spans. :func:`training_loss`
+builds the draft model's view of that run exactly as the drafter does at inference
+(:func:`~mmspec.models.vlm_drafters.base.assemble_units`, with the training-time behaviour of the visual module:
+SpecVLM's Gumbel-softmax gate, fresh random pruning), runs the head teacher-forced on EAGLE pairs and
+returns::
 
     loss = feature_weight * SmoothL1(predicted features, teacher top features)      (1.0)
          + ce_weight * CE(softmax(teacher logits), log_softmax(draft logits))       (0.1)
@@ -36,8 +37,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..vlm_targets import VLMRunner
-from .base import VLMDraftHead, VLMFeatures, assemble_units
+from mmspec.models.vlm_drafters.base import VLMDraftHead, VLMFeatures, assemble_units
+from mmspec.models.vlm_targets import VLMRunner
 
 
 @torch.no_grad()
@@ -56,8 +57,8 @@ def teacher_forward(target: Any, input_ids: torch.Tensor, attention_mask: torch.
         model_inputs: the image inputs (``pixel_values``; ``image_sizes``; ``image_grid_thw``,
             ``mm_token_type_ids``...), as for :meth:`VLMRunner.prefill`.
     Returns:
-        :class:`~.base.VLMFeatures` (logits ``[B, T, V]``, hidden / penultimate / inputs_embeds ``[B, T, D]``,
-        image spans) without gradients.
+        :class:`~mmspec.models.vlm_drafters.base.VLMFeatures` (logits ``[B, T, V]``, hidden / penultimate /
+        inputs_embeds ``[B, T, D]``, image spans) without gradients.
     """
     if answer_mask is not None and tuple(answer_mask.shape) != tuple(input_ids.shape):
         raise ValueError(f"answer_mask must have the shape of input_ids {tuple(input_ids.shape)}, "
@@ -87,7 +88,7 @@ def training_loss(model: VLMDraftHead, teacher: VLMFeatures, *, feature_weight: 
         dict with ``loss`` (differentiable), and detached ``feature_loss``, ``ce_loss`` (teacher-forced pass),
         ``top1`` (argmax agreement of the next-token prediction with the teacher: an acceptance proxy),
         ``top1_future [K]`` (per future step; FLASH), ``rollout_loss`` (sum over rollout passes), and the
-        method's auxiliary terms (SpecVLM: ``budget``).
+        method's auxiliary terms (its ``auxiliary_loss`` hook; SpecVLM: ``budget``).
     """
     model._bound()
     model.check_features(teacher)
