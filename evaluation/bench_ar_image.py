@@ -69,7 +69,7 @@ from .bench_images import (
 from .speed import SPEEDUP_CELL_NOTE, RunResult, run_benchmark, speedup_cell
 
 DEFAULT_METHODS = ("none", "eagle", "eagle (reference)", "lantern", "lantern (reference)", "lantern, TV budget",
-                   "sjd", "sjd (reference)", "gsd", "gsd (reference)", "mulo", "mulo (reference)", "mulo, parallel",
+                   "sjd", "sjd (reference)", "scd", "gsd", "gsd (reference)", "mulo", "mulo (reference)", "mulo, parallel",
                    "mulo, sequential", "mulo, reverify, exact")
 
 _BLOCK_CHAIN = dict(num_draft_tokens=4, draft_confidence_threshold=0.3, lookup_tail=16, lookup_only_from=4)
@@ -119,6 +119,7 @@ def default_cases() -> dict[str, dict[str, Any]]:
         cases[method] = {}
         cases[f"{method} (reference)"] = {"method": method, "reference": True}
     cases.update({
+        "scd": {},  # speculative coupled decoding: SJD with coupled redraws (stored settings)
         # LANTERN's TV budget over the stored chains, and an explicit LANTERN++ bound (also when greedy)
         "lantern, TV budget": {"method": "lantern", "k": 64, "delta": 0.2, "lam": None},
         "lantern++": {"method": "lantern", **_LANTERN_RULE},

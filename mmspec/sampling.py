@@ -197,6 +197,27 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None = None,
     return sample_inverse_cdf(probs, draw_uniforms(probs.shape[:-1], probs, generator), name)
 
 
+def coupled_redraw(previous_tokens: torch.Tensor, previous_probs: torch.Tensor, probs: torch.Tensor,
+                   generator: torch.Generator | None = None, name: str = "probs") -> torch.Tensor:
+    """A draw from ``probs [..., V]`` maximally coupled with ``previous_tokens [...]``, which were drawn from
+    ``previous_probs [..., V]``: each previous token is kept with probability min(1, p(x) / q(x)), otherwise a
+    token is drawn from the residual norm(max(0, p - q)).
+
+    The result is distributed exactly as ``probs`` (the speculative-sampling identity), and it equals the
+    previous token with the largest probability any coupling allows, 1 - TV(p, q). Speculative coupled
+    Jacobi decoding redraws its window this way, so slots stop flickering between iterations.
+    """
+    kept_mass = probs.gather(-1, previous_tokens.unsqueeze(-1)).squeeze(-1)
+    proposed_mass = previous_probs.gather(-1, previous_tokens.unsqueeze(-1)).squeeze(-1)
+    keep_u = draw_uniforms(previous_tokens.shape, probs, generator)
+    keep = keep_u * proposed_mass < kept_mass  # u < p/q without dividing by a zero q
+    residual = (probs - previous_probs).clamp_min(0)
+    empty = residual.sum(-1) <= 0  # p == q: every previous token is kept anyway
+    residual = torch.where(empty.unsqueeze(-1), probs, residual)
+    fresh = sample_inverse_cdf(residual, draw_uniforms(previous_tokens.shape, probs, generator), name)
+    return torch.where(keep, previous_tokens, fresh)
+
+
 def top_k_tokens(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The ``k`` most likely tokens of each row and their probabilities (``[..., k]`` each)."""
     check_positive_int(k, "k")

@@ -15,6 +15,7 @@ method     config                drafter                              rule (defa
 "eagle"    ``EagleConfig``       EagleDrafter (chain, tree, blocks)   Exact / Greedy                              yes
 "lantern"  ``LanternConfig``     EagleDrafter                         LanternRule(codebook neighbours, k, delta)  no (delta>0)
 "sjd"      ``SJDConfig``         JacobiDrafter (no draft model)       Exact / Greedy                              yes
+"scd"      ``SCDConfig``         JacobiDrafter, coupled redraws       Exact / Greedy                              yes
 "gsd"      ``GSDConfig``         JacobiDrafter                        GroupedRule(G, prob_threshold, embeddings)  no (G>1)
 "mulo"     ``MuLoConfig``        MuLoDrafter (low-res rows)           PoolingThresholdRule(neighbours, k, tau)    no
 =========  ====================  ===================================  ==========================================  ==========

@@ -111,7 +111,8 @@ def _exact_marginals(target, prompt: torch.Tensor, steps: int) -> list[torch.Ten
     return marginals
 
 
-@pytest.mark.parametrize("mode", ["chain", "chain-dynamic", "tree", "jacobi-random", "jacobi-left", "chain-tail"])
+@pytest.mark.parametrize("mode", ["chain", "chain-dynamic", "tree", "jacobi-random", "jacobi-left", "jacobi-coupled",
+                                  "chain-tail"])
 def test_sampling_preserves_the_target_distribution(mode):
     """4000 rows of one prompt, temperature 1: each of the first three tokens follows the exact target
     marginal (chi-square p > 1e-4), with a drafter that disagrees often."""
@@ -127,8 +128,9 @@ def test_sampling_preserves_the_target_distribution(mode):
     sampling = SamplingConfig(do_sample=True)
     tree = TreeConfig(depth=2, top_k=2, total_tokens=4) if mode == "tree" else None
     if mode.startswith("jacobi"):
-        drafter = JacobiDrafter(vocab, window=3, sampling=sampling, init=mode.split("-")[1],
-                                generator=torch.Generator().manual_seed(1))
+        coupled = mode == "jacobi-coupled"  # SCD: random initialisation, coupled redraws
+        drafter = JacobiDrafter(vocab, window=3, sampling=sampling, init="random" if coupled else mode.split("-")[1],
+                                generator=torch.Generator().manual_seed(1), coupled=coupled)
     else:
         threshold = 0.2 if mode == "chain-dynamic" else 0.0  # the softened drafter is often below it
         drafter = ModelDrafter(draft, 2, sampling=sampling, tree=tree, generator=torch.Generator().manual_seed(1),

@@ -56,7 +56,7 @@ _BLOCK_CHAIN = {"num_draft_tokens": 4, "draft_confidence_threshold": 0.3, "looku
 #: lantern, sampled             the LANTERN++ bound lam 10 over the 512 nearest codes (13.8 target calls per
 #:                              image against 15.3 for lam 3 over 64, GenEval-shapes 0.904 against EAGLE's
 #:                              0.840; lam 20 over 1024 lost quality and diversity)
-#: sjd / gsd                    a window of 8 slots refilled with copies of the left neighbour (SJD 1.03x
+#: sjd / scd / gsd              a window of 8 slots refilled with copies of the left neighbour (SJD 1.03x
 #:                              and GSD 0.89x with the paper's 16 random slots); GSD groups of 6 without the
 #:                              probability filter (GenEval-shapes within noise of target-only at
 #:                              temperature 1, where G=10 lost 0.07)
@@ -87,6 +87,7 @@ SPECULATION_SETTINGS: dict[str, dict] = {
         ],
     },
     "sjd": {"settings": {"window": 8, "init": "left"}},
+    "scd": {"settings": {"window": 8, "init": "left"}},
     "gsd": {"settings": {"window": 8, "init": "left", "group_size": 6, "prob_threshold": 1.0}},
     "mulo": {"settings": {"resample": "reverify"}},
 }
