@@ -16,7 +16,9 @@ kernel bit-identical for the same uniforms.
 Residual of relaxed rules: for any rule whose relaxed mass satisfies p~(y) >= p(y), the TV-optimal
 residual norm(max(0, p - q * f)) with f(y) = min(1, p~(y)/q(y)) simplifies to norm(max(0, p - q)):
 where q(y) < p(y) <= p~(y) we get p - q, elsewhere 0. So LANTERN and GSD share the exact residual by
-default; LANTERN offers the official code's heuristic (also zero the draft's latent neighbours).
+default. Switches reproduce the released code where it departs from that: LANTERN's residual heuristics
+(``LanternRule(residual_kind=...)``) and longest-path choice in greedy trees (``tree_path="longest"``), GSD's
+asymmetric group window (``GroupedRule(window="official")``); docs/official_code.md has the table.
 
 Bad rows: while value checks are on, every public method refuses NaN, infinite, negative or all-zero rows of
 its inputs (:func:`check_rule_inputs`). Verification checks its inputs once and calls the rules with the
@@ -27,7 +29,7 @@ the residual it leaves is NaN, which the draw refuses (:mod:`mmspec.sampling`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 
@@ -36,6 +38,13 @@ from mmspec.sampling import top_token
 from mmspec.validation import check_ndim, check_positive_int, check_probability_rows, checks_enabled
 
 RESIDUAL_EPS = 1e-9  # a residual with less total mass than this falls back to the target distribution
+
+#: LanternRule residual kinds: the TV-optimal one, and the released code's two heuristics (see LanternRule).
+LANTERN_RESIDUALS = ("tv", "zero_target_neighbors", "zero_draft_neighbors")
+#: How a greedy rule picks its path through a draft tree (see AcceptanceRule.tree_path).
+TREE_PATHS = ("first_accepted", "longest")
+#: GroupedRule windows in the target's probability ranking (see GroupedRule).
+GROUP_WINDOWS = ("symmetric", "official")
 
 
 def check_rule_inputs(target_probs: torch.Tensor, draft_probs: torch.Tensor | None) -> None:
@@ -77,6 +86,12 @@ class AcceptanceRule:
     greedy: bool = False
     #: Name of the fused chain kernel mode that computes this rule exactly ("sample", "greedy"), if any.
     fused_kernel: str | None = None
+    #: How a greedy rule chooses its path through a draft tree (:func:`mmspec.tree.verify_tree`):
+    #: "first_accepted" follows, at each depth, the first sibling the rule accepts; "longest" judges every
+    #: node against its parent's target distribution and keeps the longest accepted root path (ties: the
+    #: first leaf in node order), which only differs for relaxed greedy rules that accept several
+    #: siblings. Sampling rules always try siblings in order.
+    tree_path: str = "first_accepted"
 
     def masses(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
                tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,8 +197,21 @@ class LanternRule(AcceptanceRule):
         delta: TVD budget in [0, 1].
         lam: LANTERN++ bound (>= 1); when set, ``delta`` is ignored.
         greedy: greedy decoding: accept iff x~ becomes the argmax once its mass is relaxed.
-        residual_mode: "tv" (default, TV-optimal norm(max(0, p - q))) or "official" (also zero x~'s
-            k neighbours, as LANTERN's reference code does).
+        residual_kind: what a rejection leaves to draw from.
+
+            * "tv" (default): the TV-optimal norm(max(0, p - q)) (see the module docstring).
+            * "zero_target_neighbors": the released code's heuristic. When at least one neighbour fitted
+              the budget (J >= 1), zero the target at x~'s ``k + 1`` nearest neighbours (the released
+              slice ``[:k+1]`` of a table without the token itself), then take max(0, p - q); with a
+              deterministic draft that is p with x~ and those neighbours zeroed. A residual with no mass
+              left becomes uniform over the vocabulary (it may then emit a token of target probability 0).
+            * "zero_draft_neighbors": as above but zero the *draft* q at those neighbours, as the
+              released LlamaGen and Anole files do for sampled (EAGLE-1) drafts. A deterministic draft has
+              no mass there; every released file then zeroes the target's, and so does this setting.
+
+            Both heuristics need ``neighbors`` with ``k + 1`` columns (or all V - 1 other tokens).
+        tree_path: "first_accepted" (default) or "longest" (the released code's choice in greedy trees),
+            see :attr:`AcceptanceRule.tree_path`.
     """
 
     neighbors: torch.Tensor = field(repr=False)
@@ -191,27 +219,58 @@ class LanternRule(AcceptanceRule):
     delta: float = 0.1
     lam: float | None = None
     greedy: bool = False
-    residual_mode: str = "tv"
+    residual_kind: str = "tv"
+    tree_path: str = "first_accepted"
+    residual_mode: InitVar[str | None] = None  # the former name of ``residual_kind``: refused, naming it
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, residual_mode: str | None) -> None:
+        if residual_mode is not None:
+            spelling = "residual_kind='zero_target_neighbors' (or 'zero_draft_neighbors')" \
+                if residual_mode == "official" else f"residual_kind={residual_mode!r}"
+            raise ValueError(f"LanternRule(residual_mode=...) is now called `residual_kind`: use {spelling}")
         _check_neighbors(self.neighbors, self.k)
         if not 0.0 <= self.delta <= 1.0:
             raise ValueError(f"delta must be in [0, 1], got {self.delta}")
         if self.lam is not None and not self.lam >= 1.0:
             raise ValueError(f"lam must be >= 1, got {self.lam}")
-        if self.residual_mode not in ("tv", "official"):
-            raise ValueError(f"residual_mode must be 'tv' or 'official', got {self.residual_mode!r}")
+        if self.residual_kind == "official":
+            raise ValueError("residual_kind='official' is ambiguous: the released code zeroes the target's neighbours "
+                             "(residual_kind='zero_target_neighbors': its EAGLE-2 mode, Lumina-mGPT's EAGLE-1 mode) "
+                             "or the draft's (residual_kind='zero_draft_neighbors': LlamaGen's, Anole's EAGLE-1 mode)")
+        if self.residual_kind not in LANTERN_RESIDUALS:
+            raise ValueError(f"residual_kind must be one of {', '.join(map(repr, LANTERN_RESIDUALS))}, "
+                             f"got {self.residual_kind!r}")
+        if self.tree_path not in TREE_PATHS:
+            raise ValueError(f"tree_path must be one of {', '.join(map(repr, TREE_PATHS))}, got {self.tree_path!r}")
+        if self.residual_kind != "tv":
+            columns = self._trimmed_columns()
+            if self.neighbors.shape[1] < columns:
+                raise ValueError(f"residual_kind={self.residual_kind!r} zeroes the k + 1 = {columns} nearest neighbours of a "
+                                 f"rejected token: `neighbors` needs {columns} columns, got {self.neighbors.shape[1]}")
+            own = torch.arange(self.neighbors.shape[0], device=self.neighbors.device)
+            if (self.neighbors[:, self.k:columns] == own.unsqueeze(1)).any():
+                raise ValueError("neighbors must list the *other* codebook entries of each token "
+                                 "(a row contains its own token)")
+
+    def _trimmed_columns(self) -> int:
+        """Neighbours the released residual zeroes: ``k + 1``, at most the V - 1 other tokens."""
+        return min(self.k + 1, self.neighbors.shape[0] - 1)
 
     def check_vocab(self, vocab_size: int) -> None:
         if self.neighbors.shape[0] != vocab_size:
             raise ValueError(f"LanternRule neighbors cover {self.neighbors.shape[0]} tokens but the target "
                              f"vocabulary has {vocab_size}")
 
+    def budget(self, token_probs: torch.Tensor) -> torch.Tensor:
+        """The neighbourhood budget for tokens of target probability ``token_probs [...]``."""
+        if self.lam is not None:
+            return (self.lam - 1.0) * token_probs
+        return torch.full_like(token_probs, self.delta)
+
     def relaxed_mass(self, target_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """p(x~) + c_J for each token ``[...]``."""
         p = gather_token(target_probs, tokens)
-        budget = (self.lam - 1.0) * p if self.lam is not None else torch.full_like(p, self.delta)
-        return p + _neighbor_mass(target_probs, tokens, self.neighbors, self.k, budget)[1]
+        return p + _neighbor_mass(target_probs, tokens, self.neighbors, self.k, self.budget(p))[1]
 
     def masses(self, target_probs, draft_probs, tokens):
         check_rule_inputs(target_probs, draft_probs)
@@ -222,19 +281,31 @@ class LanternRule(AcceptanceRule):
         q = torch.ones_like(relaxed) if draft_probs is None else gather_token(draft_probs, tokens)
         return relaxed, q
 
+    def _released_residual(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
+                           tokens: torch.Tensor) -> torch.Tensor:
+        """The released code's residual (``residual_kind`` "zero_target_neighbors" / "zero_draft_neighbors")."""
+        check_rule_inputs(target_probs, draft_probs)
+        ids = self.neighbors[:, : self._trimmed_columns()].to(tokens.device, torch.long)[tokens]  # [..., k+1]
+        first = ids[..., 0]
+        first_mass = gather_token(target_probs, first.clamp_min(0))
+        fitted = (first >= 0) & (first_mass <= self.budget(gather_token(target_probs, tokens)))  # J >= 1
+        hits = torch.zeros_like(target_probs, dtype=torch.long).scatter_add_(-1, ids.clamp_min(0), (ids >= 0).long())
+        near = (hits > 0) & fitted.unsqueeze(-1)
+        draft = one_hot_like(tokens, target_probs) if draft_probs is None else draft_probs
+        if self.residual_kind == "zero_target_neighbors" or draft_probs is None:
+            weights = (target_probs.masked_fill(near, 0.0) - draft).clamp_min(0)
+        else:
+            weights = (target_probs - draft.masked_fill(near, 0.0)).clamp_min(0)
+        empty = weights.sum(-1, keepdim=True) == 0  # NaN rows stay NaN, for the draw to refuse
+        return torch.where(empty, torch.ones_like(weights), weights)
+
     def residual(self, target_probs, draft_probs, tokens):
         if self.greedy:
             check_rule_inputs(target_probs, draft_probs)
             return target_probs
-        residual = exact_residual(target_probs, draft_probs, tokens)
-        if self.residual_mode == "official":
-            ids = self.neighbors[:, : self.k].to(tokens.device, torch.long)[tokens]
-            drop = torch.zeros_like(residual, dtype=torch.bool)
-            drop.scatter_(-1, ids.clamp_min(0), (ids >= 0))
-            trimmed = residual.masked_fill(drop, 0.0)
-            keep = trimmed.sum(-1, keepdim=True) > 1e-9
-            residual = torch.where(keep, trimmed, residual)
-        return residual
+        if self.residual_kind != "tv":
+            return self._released_residual(target_probs, draft_probs, tokens)
+        return exact_residual(target_probs, draft_probs, tokens)
 
 
 def _rank_keys(probs: torch.Tensor) -> torch.Tensor:
@@ -250,13 +321,24 @@ def _rank_keys(probs: torch.Tensor) -> torch.Tensor:
 class GroupedRule(AcceptanceRule):
     """GSD grouped acceptance (arXiv 2508.07747) for Speculative Jacobi Decoding.
 
-    The group C of x~ holds x~ and its G - 1 neighbours in the target's probability ranking
-    (ceil((G-1)/2) more probable, floor((G-1)/2) less probable), kept only if
+    The group C of x~ holds x~ and its G - 1 neighbours in the target's probability ranking, kept only if
     |p(y) - p(x~)| < ``prob_threshold`` and, when ``embeddings`` are given, ||e_y - e_x~|| <
     ``distance_threshold``. Accept with probability min(1, p(C)/q(C)); resample from norm(max(0, p - q)).
-    ``G=1`` is exact speculative sampling. Groups are nested in G, so for deterministic drafts
-    (q(C) = 1) acceptance never decreases as G grows; for stochastic drafts the ratio of group masses
-    is what the paper prescribes and is not monotone in general.
+    ``G=1`` is exact speculative sampling.
+
+    ``window`` places the G - 1 neighbours:
+
+    * "symmetric" (default): ceil((G-1)/2) more probable, floor((G-1)/2) less probable; near either end
+      of the ranking the window holds what exists. Groups are nested in G, so for deterministic drafts
+      (q(C) = 1) acceptance never decreases as G grows; for stochastic drafts the ratio of group masses is
+      what the paper prescribes and is not monotone in general.
+    * "official": the released code's window, the mirror image: floor((G-1)/2) more probable and
+      ceil((G-1)/2) less probable (G = 14: 6 and 7). When fewer than ceil((G-1)/2) tokens rank below x~
+      the released code has no window (its slice is empty) and falls back to plain min(1, p(x~)/q(x~));
+      so does this setting. (For vocabularies smaller than G the released slice wraps around instead.)
+
+    Ties in the ranking are broken by token id (the released code sorts with ``torch.sort``, whose order of
+    equal values is unspecified).
     """
 
     G: int = 10
@@ -264,6 +346,7 @@ class GroupedRule(AcceptanceRule):
     embeddings: torch.Tensor | None = field(default=None, repr=False)
     distance_threshold: float = float("inf")
     greedy: bool = False
+    window: str = "symmetric"
 
     def __post_init__(self) -> None:
         check_positive_int(self.G, "G")
@@ -271,11 +354,18 @@ class GroupedRule(AcceptanceRule):
             raise ValueError(f"prob_threshold must be > 0, got {self.prob_threshold}")
         if self.embeddings is not None:
             check_ndim(self.embeddings, 2, "embeddings", "[V, D] (codebook embeddings)")
+        if self.window not in GROUP_WINDOWS:
+            raise ValueError(f"window must be one of {', '.join(map(repr, GROUP_WINDOWS))}, got {self.window!r}")
 
     def check_vocab(self, vocab_size: int) -> None:
         if self.embeddings is not None and self.embeddings.shape[0] != vocab_size:
             raise ValueError(f"GroupedRule embeddings cover {self.embeddings.shape[0]} tokens but the target "
                              f"vocabulary has {vocab_size}")
+
+    def window_sides(self) -> tuple[int, int]:
+        """``(more probable, less probable)``: how many neighbours of x~ the window takes on each side."""
+        wide, narrow = self.G // 2, (self.G - 1) // 2
+        return (wide, narrow) if self.window == "symmetric" else (narrow, wide)
 
     def group_mask(self, target_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Boolean ``[..., V]`` membership of each token's group C.
@@ -286,8 +376,9 @@ class GroupedRule(AcceptanceRule):
         """
         keys = _rank_keys(target_probs)  # [..., V]; a larger key ranks earlier
         key_x = keys.gather(-1, tokens.unsqueeze(-1))
-        above, below = -(-(self.G - 1) // 2), (self.G - 1) // 2
+        above, below = self.window_sides()
         members = [tokens.unsqueeze(-1)]
+        no_window = None  # rows the released window cannot fill below x~ (official window only)
         for count, earlier in ((above, True), (below, False)):
             if count == 0:
                 continue
@@ -295,7 +386,10 @@ class GroupedRule(AcceptanceRule):
             # the `count` nearest ranks on this side of x~ (topk pads with the limit when fewer exist)
             side = torch.where(keys > key_x if earlier else keys < key_x, keys, limit)
             values, ids = side.topk(min(count, keys.shape[-1]), dim=-1, largest=not earlier)
-            members.append(torch.where(values == limit, tokens.unsqueeze(-1), ids))  # pads become x~ itself
+            padded = values == limit
+            if not earlier and self.window == "official":
+                no_window = padded.any(-1, keepdim=True)
+            members.append(torch.where(padded, tokens.unsqueeze(-1), ids))  # pads become x~ itself
         members = torch.cat(members, -1)  # [..., <= G]
         p_x = gather_token(target_probs, tokens).unsqueeze(-1)
         keep = (target_probs.gather(-1, members) - p_x).abs() < self.prob_threshold
@@ -303,6 +397,8 @@ class GroupedRule(AcceptanceRule):
             emb = self.embeddings.to(target_probs.device, target_probs.dtype)
             dist = (emb[members] - emb[tokens].unsqueeze(-2)).norm(dim=-1)
             keep &= dist < self.distance_threshold
+        if no_window is not None:
+            keep &= ~no_window  # the released code's fallback: x~ alone, plain min(1, p/q)
         keep |= members == tokens.unsqueeze(-1)  # x~ (and the pads standing for it) always belongs
         mask = torch.zeros_like(target_probs, dtype=torch.bool)
         return mask.scatter_(-1, members, keep)

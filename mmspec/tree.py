@@ -301,6 +301,8 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRul
     """Verify a draft tree against ``target_probs [B, N+1, V]`` and return the best accepted path.
 
     Uniforms: ``[B, N]`` (one per node, used when that node is tried), then ``[B]`` for the final draw.
+    A greedy rule with ``tree_path="longest"`` keeps the longest accepted path instead of walking siblings
+    in order (:attr:`~mmspec.rules.AcceptanceRule.tree_path`).
     """
     if not isinstance(rule, AcceptanceRule):
         raise ValueError(f"rule must be an AcceptanceRule, got {rule!r}")
@@ -321,8 +323,9 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRul
 
     accept_u = draw_uniforms((batch, num_nodes), target_probs, generator)
     sample_u = draw_uniforms((batch,), target_probs, generator)
+    walk = _longest_path if rule.greedy and rule.tree_path == "longest" else _walk
     with value_checks(False):  # checked above: the rule need not scan the rows at every sibling
-        num_accepted, path, current = _walk(tree, target_probs, rule, accept_u)
+        num_accepted, path, current = walk(tree, target_probs, rule, accept_u)
     try:
         next_tokens = draw(current, rule.greedy, uniforms=sample_u, name="residual")
     except NonFiniteProbabilitiesError as error:  # name the distribution the bad row came from
@@ -392,4 +395,39 @@ def _walk(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule, acc
         walking &= moved
         if not walking.any():
             break
+    return num_accepted, path, current
+
+
+def _longest_path(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule, accept_u: torch.Tensor):
+    """Greedy rules with ``tree_path="longest"``: the longest root path whose every node the rule accepts.
+
+    Each node is judged against its parent's target distribution (a greedy rule's residual is the target
+    itself, so a rejected sibling changes nothing for the next). Every leaf's path counts its leading
+    accepted nodes, and the first leaf in node order with the most wins, as the released LANTERN code
+    scores its candidate paths. Returns what :func:`_walk` returns.
+    """
+    batch, num_nodes = tree.tokens.shape
+    device = tree.tokens.device
+    rows = torch.arange(batch, device=device)
+    at_parent = target_probs[rows.unsqueeze(1), tree.parents + 1]  # [B, N, V]
+    target_mass, draft_mass = rule.masses(at_parent, tree.draft_probs, tree.tokens)
+    accepted = accept_u * draft_mass < target_mass  # [B, N]
+    lineage = tree_attention_mask(tree.parents, include_root=False)  # [B, N, N]: ancestor-or-self
+    reached = ~(lineage & ~accepted.unsqueeze(1)).any(-1)  # the node and all its ancestors accepted
+    depths = tree.depths()
+    nodes = torch.arange(num_nodes, device=device)
+    is_leaf = ~(tree.parents.unsqueeze(-1) == nodes).any(1)  # [B, N]
+    # each leaf's accepted length: the depth of its deepest reached ancestor-or-self (0: none)
+    reached_depth = torch.where(lineage & reached.unsqueeze(1), depths.unsqueeze(1), 0)  # [B, N(leaf), N]
+    lengths = torch.where(is_leaf, reached_depth.amax(-1), -1)
+    best_leaf = lengths.argmax(-1)  # the first leaf with the longest accepted path
+    num_accepted = lengths.gather(1, best_leaf.unsqueeze(1)).squeeze(1)
+    on_path = lineage[rows, best_leaf] & reached[rows]  # [B, N]: the accepted nodes of that leaf's path
+    path_depth = torch.where(on_path, depths, 0)
+    max_depth = int(depths.max())
+    slots = torch.arange(1, max_depth + 1, device=device)
+    hit = path_depth.unsqueeze(1) == slots.view(1, -1, 1)  # [B, D, N]
+    path = torch.where(hit.any(-1), hit.long().argmax(-1), -1)
+    last = torch.where(num_accepted > 0, path.gather(1, (num_accepted - 1).clamp_min(0).unsqueeze(1)).squeeze(1), -1)
+    current = target_probs[rows, last + 1]
     return num_accepted, path, current

@@ -284,7 +284,8 @@ def test_lantern_official_residual_zeroes_neighbours():
     probs = torch.tensor([[0.4, 0.05, 0.1, 0.2, 0.25]], dtype=torch.float64)
     neighbors = torch.tensor([[1, 2], [0, 2], [1, 0], [4, 2], [3, 2]])
     tv = LanternRule(neighbors, k=2, delta=0.1).residual(probs, None, torch.tensor([0]))
-    official = LanternRule(neighbors, k=2, delta=0.1, residual_mode="official").residual(probs, None, torch.tensor([0]))
+    official = LanternRule(neighbors, k=1, delta=0.1, residual_kind="zero_target_neighbors").residual(
+        probs, None, torch.tensor([0]))  # zeroes x and its k + 1 = 2 nearest neighbours
     assert tv[0, 0] == 0 and tv[0, 1] > 0
     assert official[0, :3].tolist() == [0, 0, 0] and official[0, 3] > 0
 
@@ -333,8 +334,8 @@ def test_bad_rule_options():
         LanternRule(neighbors, k=4, delta=1.5)
     with pytest.raises(ValueError, match="k=8 exceeds"):
         LanternRule(neighbors, k=8)
-    with pytest.raises(ValueError, match="residual_mode"):
-        LanternRule(neighbors, k=4, residual_mode="fancy")
+    with pytest.raises(ValueError, match="residual_kind"):
+        LanternRule(neighbors, k=4, residual_kind="fancy")
     with pytest.raises(ValueError, match="G must be"):
         GroupedRule(G=0)
     with pytest.raises(ValueError, match="tau"):

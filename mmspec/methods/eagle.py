@@ -17,11 +17,12 @@ from mmspec.methods.base import (
     MethodConfig,
     MethodPlan,
     check_bool_field,
+    check_choice_field,
     check_float_field,
     check_int_field,
     register,
 )
-from mmspec.rules import LanternRule
+from mmspec.rules import LANTERN_RESIDUALS, TREE_PATHS, LanternRule
 
 
 @dataclass(frozen=True)
@@ -91,24 +92,35 @@ class LanternConfig(EagleConfig):
         k: neighbourhood size (None: min(1000, V - 1)).
         delta: LANTERN's total-variation budget in [0, 1] (0: exact sampling).
         lam: the LANTERN++ bound (> 1); when given, ``delta`` is ignored.
+        residual_kind: what a rejection leaves to draw from: "tv" (the TV-optimal residual) or the released
+            code's heuristics "zero_target_neighbors" / "zero_draft_neighbors" (see
+            :class:`~mmspec.rules.LanternRule`).
+        tree_path: how greedy decoding picks its path through an EAGLE-2 tree: "first_accepted" or
+            "longest" (the released code's; see :attr:`~mmspec.rules.AcceptanceRule.tree_path`).
     """
 
     k: int | None = None
     delta: float = 0.1
     lam: float | None = None
+    residual_kind: str = "tv"
+    tree_path: str = "first_accepted"
 
     def validate(self) -> None:
         super().validate()
         check_int_field(self, "k", 1, optional=True)
         check_float_field(self, "delta", 0.0, 1.0)
         check_float_field(self, "lam", 1.0, 1e6, low_open=True, optional=True)
+        check_choice_field(self, "residual_kind", LANTERN_RESIDUALS)
+        check_choice_field(self, "tree_path", TREE_PATHS)
 
     def build(self, pipeline: Any, request: BuildRequest) -> MethodPlan:
         vocab = int(pipeline.transformer.config.vocab_size)
         k = min(1000, vocab - 1) if self.k is None else self.k
         if k > vocab - 1:
             raise ValueError(f"LanternConfig.k must be at most the image vocabulary minus one ({vocab - 1}), got {k}")
-        rule = LanternRule(pipeline.codebook_neighbors(k), k=k, delta=self.delta, lam=self.lam, greedy=request.greedy)
+        columns = k if self.residual_kind == "tv" else min(k + 1, vocab - 1)  # the released residual trims k + 1
+        rule = LanternRule(pipeline.codebook_neighbors(columns), k=k, delta=self.delta, lam=self.lam,
+                           greedy=request.greedy, residual_kind=self.residual_kind, tree_path=self.tree_path)
         return MethodPlan(drafter=eagle_drafter(self, pipeline, request), rule=rule)
 
 

@@ -2,8 +2,9 @@
 the target refines a window of draft slots itself; GSD accepts a draft when the target's mass on a group
 of tokens around it is large enough.
 
-The pipeline provides the transformer (its ``config.vocab_size``) and ``codebook_embeddings()`` (GSD's
-embedding distances; None skips that filter).
+The pipeline provides the transformer (its ``config.vocab_size``; its ``get_input_embeddings()`` for GSD's
+distance filter in the language model's input-embedding space) and ``codebook_embeddings()`` (the filter in
+the tokenizer's codebook space; None skips it).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+import torch
 
 from mmspec.drafters import JacobiDrafter
 from mmspec.methods.base import (
@@ -22,7 +25,7 @@ from mmspec.methods.base import (
     check_int_field,
     register,
 )
-from mmspec.rules import GroupedRule
+from mmspec.rules import GROUP_WINDOWS, GroupedRule
 
 
 @register("sjd")
@@ -52,6 +55,11 @@ class SJDConfig(MethodConfig):
         return MethodPlan(drafter=self.drafter(pipeline, request))
 
 
+#: Where GSD's embedding-distance filter measures: the tokenizer's codebook vectors or the language model's
+#: input embeddings of the image tokens (the released code's space).
+DISTANCE_SPACES = ("codebook", "input_embeddings")
+
+
 @register("gsd")
 @dataclass(frozen=True)
 class GSDConfig(SJDConfig):
@@ -60,21 +68,59 @@ class GSDConfig(SJDConfig):
     Attributes (beyond :class:`SJDConfig`'s):
         group_size: G, the draft and its G - 1 neighbours in the target's probability ranking.
         prob_threshold: a neighbour y joins the group only if |p(y) - p(draft)| is below this (1.0: no filter).
-        distance_threshold: ... and its codebook embedding lies closer than this to the draft's (inf: no filter).
+        distance_threshold: ... and its embedding lies closer than this to the draft's (inf: no filter).
+        group_window: "symmetric" (default) or "official", the released code's mirror-image window with its
+            fallback to plain min(1, p/q) near the bottom of the ranking (see :class:`~mmspec.rules.GroupedRule`).
+        distance_space: the embeddings ``distance_threshold`` measures in: "codebook" (the tokenizer's
+            codebook vectors) or "input_embeddings" (the transformer's input embedding of each token).
+
+    The released code's settings: ``group_size=14, prob_threshold=0.15, group_window="official",
+    distance_space="input_embeddings", distance_threshold=math.sqrt(0.5)`` (it thresholds squared distances
+    at 0.5).
     """
 
     group_size: int = 10
     prob_threshold: float = 0.15
     distance_threshold: float = math.inf
+    group_window: str = "symmetric"
+    distance_space: str = "codebook"
 
     def validate(self) -> None:
         super().validate()
         check_int_field(self, "group_size", 1, 4096)
         check_float_field(self, "prob_threshold", 0.0, 1.0, low_open=True)
         check_float_field(self, "distance_threshold", 0.0, math.inf, low_open=True, allow_inf=True)
+        check_choice_field(self, "group_window", GROUP_WINDOWS)
+        check_choice_field(self, "distance_space", DISTANCE_SPACES)
 
     def build(self, pipeline: Any, request: BuildRequest) -> MethodPlan:
         rule = GroupedRule(G=self.group_size, prob_threshold=self.prob_threshold,
-                           embeddings=pipeline.codebook_embeddings(), distance_threshold=self.distance_threshold,
-                           greedy=request.greedy)
+                           embeddings=self.distance_embeddings(pipeline), distance_threshold=self.distance_threshold,
+                           greedy=request.greedy, window=self.group_window)
         return MethodPlan(drafter=self.drafter(pipeline, request), rule=rule)
+
+    def distance_embeddings(self, pipeline: Any) -> torch.Tensor | None:
+        """The ``[V, D]`` table the distance filter measures in, or None when there is no filter (an infinite
+        ``distance_threshold``) or, in codebook space, the tokenizer exposes no codebook."""
+        if math.isinf(self.distance_threshold):
+            return None
+        if self.distance_space == "codebook":
+            return pipeline.codebook_embeddings()
+        return input_embedding_table(pipeline.transformer)
+
+
+def input_embedding_table(transformer: Any) -> torch.Tensor:
+    """The transformer's input embedding of every token of its vocabulary, ``[V, D]`` (the embedding
+    module applied to ``0 .. V-1``, so modules that project a table, like Janus' image embedding, count)."""
+    get = getattr(transformer, "get_input_embeddings", None)
+    if get is None:
+        raise ValueError(f"GSDConfig.distance_space='input_embeddings' needs a transformer with "
+                         f"get_input_embeddings(); {type(transformer).__name__} has none")
+    module = get()
+    vocab = int(transformer.config.vocab_size)
+    weight = getattr(module, "weight", None)
+    if isinstance(module, torch.nn.Embedding) and weight is not None and weight.shape[0] == vocab:
+        return weight.detach()
+    device = next(module.parameters()).device
+    with torch.no_grad():
+        return module(torch.arange(vocab, device=device)).detach()
