@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import math
 import time
 import weakref
 from collections.abc import Iterator, Sequence
@@ -69,7 +70,8 @@ from .bench_images import (
 from .speed import SPEEDUP_CELL_NOTE, RunResult, run_benchmark, speedup_cell
 
 DEFAULT_METHODS = ("none", "eagle", "eagle (reference)", "lantern", "lantern (reference)", "lantern, TV budget",
-                   "sjd", "sjd (reference)", "scd", "gsd", "gsd (reference)", "mulo", "mulo (reference)", "mulo, parallel",
+                   "lantern, released residual", "sjd", "sjd (reference)", "scd", "gsd", "gsd (reference)",
+                   "gsd, released window", "gsd, released code", "mulo", "mulo (reference)", "mulo, parallel",
                    "mulo, sequential", "mulo, reverify, exact")
 
 _BLOCK_CHAIN = dict(num_draft_tokens=4, draft_confidence_threshold=0.3, lookup_tail=16, lookup_only_from=4)
@@ -120,6 +122,11 @@ def default_cases() -> dict[str, dict[str, Any]]:
         cases[f"{method} (reference)"] = {"method": method, "reference": True}
     cases.update({
         "scd": {},  # speculative coupled decoding: SJD with coupled redraws (stored settings)
+        # the released code's behaviour where it departs from mmspec's defaults (docs/official_code.md)
+        "lantern, released residual": {"method": "lantern", "residual_kind": "zero_target_neighbors"},
+        "gsd, released window": {"method": "gsd", "group_window": "official"},
+        "gsd, released code": {"method": "gsd", "group_size": 14, "prob_threshold": 0.15, "group_window": "official",
+                               "distance_space": "input_embeddings", "distance_threshold": math.sqrt(0.5)},
         # LANTERN's TV budget over the stored chains, and an explicit LANTERN++ bound (also when greedy)
         "lantern, TV budget": {"method": "lantern", "k": 64, "delta": 0.2, "lam": None},
         "lantern++": {"method": "lantern", **_LANTERN_RULE},

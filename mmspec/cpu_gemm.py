@@ -189,10 +189,12 @@ def pack_cpu_linears(modules: nn.Module | Iterable[nn.Module], min_macs: int = D
 
 
 def add_cpu_gemm_argument(parser: argparse.ArgumentParser) -> None:
-    """``--cpu-gemm packed|plain`` (default packed) for the command lines that load pipelines."""
-    parser.add_argument("--cpu-gemm", choices=CPU_GEMM_MODES, default="packed",
-                        help="packed (default): large fp32 CPU matmuls run as prepacked oneDNN GEMMs, for every "
-                             "method and the baseline (mmspec.cpu_gemm); plain: PyTorch's default F.linear")
+    """``--cpu-gemm plain|packed`` (default plain, what a pipeline call does) for the command lines that load
+    pipelines."""
+    parser.add_argument("--cpu-gemm", choices=CPU_GEMM_MODES, default="plain",
+                        help="plain (default, as a pipeline call): PyTorch's F.linear; packed: an opt-in CPU "
+                             "speed-up, large fp32 CPU matmuls run as prepacked oneDNN GEMMs for every method and "
+                             "the baseline (pipe.enable_packed_cpu_gemm(), mmspec.cpu_gemm)")
 
 
 def pipeline_modules(pipeline: Any) -> list[nn.Module]:

@@ -17,11 +17,19 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # TRITON_INTERPRET: tests/conftest.py sets it to 1 when torch sees no GPU (Triton kernels run on the CPU
 # through the interpreter); with a GPU the kernels run compiled.
 export GRADIO_ANALYTICS_ENABLED=False
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"  # without workers (below: one thread per worker)
 
 selection=(-m "not slow")
 case "${1:-}" in
     --slow) selection=(-m slow); shift ;;
     --all) selection=(); shift ;;
 esac
-exec "$VENV/bin/python" -m pytest "${selection[@]}" "$@"
+# One pytest-xdist worker per core (at most 4), each test file on one worker (its module fixtures built once),
+# each worker with one torch thread; MMSPEC_TEST_WORKERS=0 runs in this process instead.
+workers="${MMSPEC_TEST_WORKERS:-$(python3 -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}"
+parallel=()
+if [ "$workers" -gt 1 ]; then
+    parallel=(-n "$workers" --dist loadfile)
+    export OMP_NUM_THREADS=1
+fi
+exec "$VENV/bin/python" -m pytest "${parallel[@]}" "${selection[@]}" "$@"

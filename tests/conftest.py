@@ -14,7 +14,8 @@ if not torch.cuda.is_available():
     # (the interpreter would also take the CUDA tensors the tests then use, and test nothing of the GPU path).
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# One process per core: pytest-xdist workers (scripts/test.sh runs one per core) take one thread each.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 
 def tiny_llama(vocab_size: int = 32, layers: int = 2, hidden: int = 32, seed: int = 0, dtype=torch.float64):

@@ -48,6 +48,7 @@ def test_commands_take_device_and_dtype(command):
     assert args.device == torch.device("cpu") and args.dtype is torch.bfloat16
     defaults = build_parser().parse_args(command)
     assert defaults.device is None and defaults.dtype is torch.float32  # None: the machine's default device
+    assert defaults.cpu_gemm == "plain"  # packed CPU GEMMs are opt-in, as on a pipeline
 
 
 @pytest.mark.parametrize("module", ["bench_ar_image", "bench_vlm", "bench_continuous", "bench_video"])

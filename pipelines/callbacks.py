@@ -1,0 +1,72 @@
+"""``callback_on_step_end`` in diffusers' convention, shared by every pipeline.
+
+diffusers calls ``callback_on_step_end(pipeline, step_index, timestep, callback_kwargs)`` after each step,
+where ``callback_kwargs`` holds the tensors named in ``callback_on_step_end_tensor_inputs`` (each must be in
+the pipeline class's ``_callback_tensor_inputs``), and the callback returns a dict. Its own callback classes
+(:class:`diffusers.callbacks.PipelineCallback`, :class:`~diffusers.callbacks.MultiPipelineCallbacks`) name
+their tensors themselves (``tensor_inputs``). :class:`StepCallback` does that resolution and the checks once
+per call, so a pipeline's loop only hands it the step's tensors.
+
+A speculative step is a verification round (a block for video); its tensors describe what the round
+committed and are read-only: the returned dict is checked (it must be one) but not fed back, because a
+changed token would invalidate the drafts already verified. ``timestep`` is the pipeline's own measure of
+progress (generated tokens for the token pipelines, the block index for video).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+class StepCallback:
+    """One call's ``callback_on_step_end`` with its tensor inputs resolved and checked.
+
+    Args:
+        pipeline: the pipeline passed to the callback as its first argument.
+        callback: None, a callable ``fn(pipeline, step, timestep, callback_kwargs) -> dict`` or a diffusers
+            ``PipelineCallback`` / ``MultiPipelineCallbacks`` (whose ``tensor_inputs`` are used).
+        tensor_inputs: ``callback_on_step_end_tensor_inputs`` of the call (None: every tensor the pipeline
+            offers, ``pipeline._callback_tensor_inputs``).
+
+    Raises:
+        ValueError: a callback that is not callable, or a tensor name the pipeline does not offer (named,
+            with the names it offers).
+    """
+
+    def __init__(self, pipeline: Any, callback: Callable[..., Any] | None,
+                 tensor_inputs: Sequence[str] | None = None) -> None:
+        offered = list(getattr(type(pipeline), "_callback_tensor_inputs", ()))
+        if callback is not None and not callable(callback):
+            raise ValueError(f"callback_on_step_end must be callable or None, got {type(callback).__name__}")
+        declared = getattr(callback, "tensor_inputs", None) if _is_diffusers_callback(callback) else None
+        names = list(declared if declared is not None else (tensor_inputs if tensor_inputs is not None else offered))
+        if isinstance(tensor_inputs, str) or not all(isinstance(name, str) for name in names):
+            raise ValueError(f"callback_on_step_end_tensor_inputs must be a list of names, got {tensor_inputs!r}")
+        unknown = [name for name in names if name not in offered]
+        if unknown:
+            raise ValueError(f"callback_on_step_end_tensor_inputs has {unknown}, which {type(pipeline).__name__} does "
+                             f"not offer; it offers {offered}")
+        self.pipeline, self.callback, self.tensor_inputs = pipeline, callback, names
+
+    @property
+    def active(self) -> bool:
+        return self.callback is not None
+
+    def __call__(self, step: int, timestep: Any, tensors: Mapping[str, Any]) -> dict[str, Any]:
+        """Call the callback with the requested ``tensors`` of this step; returns its dict ({} without one)."""
+        if self.callback is None:
+            return {}
+        result = self.callback(self.pipeline, step, timestep, {name: tensors[name] for name in self.tensor_inputs})
+        if not isinstance(result, dict):
+            raise TypeError(f"callback_on_step_end must return a dict (diffusers' convention: the callback_kwargs it "
+                            f"was given, possibly changed), got {type(result).__name__}")
+        return result
+
+
+def _is_diffusers_callback(callback: Any) -> bool:
+    try:
+        from diffusers.callbacks import MultiPipelineCallbacks, PipelineCallback
+    except ImportError:  # pragma: no cover - diffusers is a dependency
+        return False
+    return isinstance(callback, (PipelineCallback, MultiPipelineCallbacks))
