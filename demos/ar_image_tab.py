@@ -139,8 +139,9 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
     total = len(prompts) * images * pipe.transformer.config.block_size
 
     def run(name: str, generator: Any, progress: Any, output_type: str = "pil") -> Any:
-        def on_step(_pipe: Any, _round: int, state: dict) -> None:
+        def on_step(_pipe: Any, _round: int, _timestep: int, state: dict) -> dict:
             progress(float(state["num_generated"].sum()) / total)
+            return state
 
         return pipe(prompts, method=config if name != "none" else "none", num_images_per_prompt=images,
                     generator=generator, output_type=output_type, callback_on_step_end=on_step, **sampling)

@@ -50,6 +50,7 @@ from mmspec.methods import BuildRequest, MethodConfig
 from mmspec.models.llamagen_text import caption_features, check_text_encoder
 from mmspec.models.mulo import check_mulo_pair
 from mmspec.models.text import WordTokenizer
+from mmspec.pipelines.callbacks import StepCallback
 from mmspec.pipelines.conditioning import (
     WordVocabularyMixin,
     as_prompt_list,
@@ -66,7 +67,7 @@ from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
 from mmspec.speculate import SpeculativeOutput, speculative_generate
 from mmspec.stats import SpecStats
-from mmspec.validation import check_callable, check_guidance_scale
+from mmspec.validation import check_guidance_scale
 
 OUTPUT_TYPES = ("pil", "np", "pt", "tokens")
 
@@ -174,6 +175,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
     """
 
     pipeline_family = "ar_image"
+    _callback_tensor_inputs = ["new_tokens", "drafted", "num_generated"]
 
     _optional_components = ["eagle_head", "mulo_drafter", "mulo_upsampler", "text_encoder", "tokenizer",
                             "eagle_block_head"]
@@ -269,7 +271,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
 
     def check_inputs(self, prompt: Any, class_labels: Any, method: Any, do_sample: bool, top_k: int | None,
                      guidance_scale: float, num_images_per_prompt: int, output_type: str,
-                     rule: AcceptanceRule | None, generator: Any, callback_on_step_end: Any = None) -> None:
+                     rule: AcceptanceRule | None, generator: Any) -> None:
         config = self.transformer.config
         self.check_method(method)
         if output_type not in OUTPUT_TYPES:
@@ -308,7 +310,6 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
                                  f"greedy={not do_sample}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
-        check_callable(callback_on_step_end, "callback_on_step_end")
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
@@ -317,8 +318,9 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
                  top_k: int | None = None, top_p: float = 1.0, guidance_scale: float = 3.0,
                  num_images_per_prompt: int = 1, generator: torch.Generator | None = None, output_type: str = "pil",
                  rule: AcceptanceRule | None = None,
-                 callback_on_step_end: Callable[[ARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
-                 **removed: Any) -> ARImagePipelineOutput:
+                 callback_on_step_end: Callable[[ARImagePipeline, int, int, dict[str, torch.Tensor]], dict] | None = None,
+                 callback_on_step_end_tensor_inputs: list[str] | None = None, return_dict: bool = True,
+                 **removed: Any) -> ARImagePipelineOutput | tuple:
         """Generate images token by token, speculatively unless ``method="none"``.
 
         Args:
@@ -337,16 +339,21 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
             output_type: "pil", "np", "pt" or "tokens" (no decoding).
             rule: an :class:`~mmspec.rules.AcceptanceRule` replacing the method's (e.g. ``GroupedRule`` on
                 EAGLE drafts); its ``greedy`` flag must equal ``not do_sample``.
-            callback_on_step_end: called after every verification round (MuLo-SD: every block) as
-                ``fn(pipeline, round_index, {"new_tokens": [B, M] (-1 pad), "drafted": [B, M],
-                "num_generated": [B]})``.
+            callback_on_step_end: called after every verification round (MuLo-SD: every block) in diffusers'
+                convention, ``fn(pipeline, round_index, timestep, callback_kwargs) -> dict``, where
+                ``timestep`` is the tokens the furthest image has so far and ``callback_kwargs`` holds the
+                tensors named in ``callback_on_step_end_tensor_inputs``: ``"new_tokens"`` ``[B, M]`` (-1 pad),
+                ``"drafted"`` ``[B, M]``, ``"num_generated"`` ``[B]`` (default: all three). diffusers'
+                ``PipelineCallback`` objects work too. The tensors are read-only (:mod:`.callbacks`).
+            return_dict: False returns the tuple ``(images, tokens, stats, drafted)`` instead.
         Returns:
-            :class:`ARImagePipelineOutput`.
+            :class:`ARImagePipelineOutput` (or the tuple).
         """
         reject_removed_keywords(self, removed, MOVED_KEYWORDS, method)
         # 1. Check the inputs.
         self.check_inputs(prompt, class_labels, method, do_sample, top_k, guidance_scale, num_images_per_prompt,
-                          output_type, rule, generator, callback_on_step_end)
+                          output_type, rule, generator)
+        step_callback = StepCallback(self, callback_on_step_end, callback_on_step_end_tensor_inputs)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         # 2. Encode the condition: one row per image, doubled [cond; uncond] under guidance.
         inputs, mask, batch = self.encode_condition(prompt, class_labels, num_images_per_prompt, guidance_scale)
@@ -355,12 +362,13 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         target = self._target_runner(plan.drafter, guidance_scale)
         # 4. Run the loop: block_size tokens per row; every accept/reject happens in the core.
         loop = plan.loop or speculative_generate
-        with self._round_callback(batch, callback_on_step_end) as on_round:
+        with self._round_callback(batch, step_callback) as on_round:
             out = loop(target, plan.drafter, None, mask, max_new_tokens=self.transformer.config.block_size,
                        sampling=sampling, rule=rule if rule is not None else plan.rule, generator=generator,
                        callback=on_round, **inputs)
         # 5. Decode the token grids.
-        return self.decode_tokens(out, output_type)
+        output = self.decode_tokens(out, output_type)
+        return output if return_dict else (output.images, output.tokens, output.stats, output.drafted)
 
     def encode_condition(self, prompt: Any, class_labels: Any, num_images_per_prompt: int, guidance_scale: float
                          ) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:
@@ -392,7 +400,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         return target
 
     @contextmanager
-    def _round_callback(self, batch: int, callback_on_step_end: Callable | None) -> Iterator[Callable]:
+    def _round_callback(self, batch: int, step_callback: StepCallback) -> Iterator[Callable]:
         """The loop's per-round callback: advances the progress bar and calls ``callback_on_step_end``."""
         tokens_per_image = self.transformer.config.block_size
         progress = self.progress_bar(total=batch * tokens_per_image)
@@ -404,9 +412,9 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
             for row, gained in enumerate((new_tokens >= 0).sum(1).tolist()):
                 generated[row] = min(generated[row] + gained, tokens_per_image)
             progress.update(sum(generated) - before)
-            if callback_on_step_end is not None:
-                callback_on_step_end(self, rounds[0], {"new_tokens": new_tokens, "drafted": drafted,
-                                                       "num_generated": torch.tensor(generated)})
+            if step_callback.active:
+                step_callback(rounds[0], max(generated), {"new_tokens": new_tokens, "drafted": drafted,
+                                                          "num_generated": torch.tensor(generated)})
             rounds[0] += 1
 
         try:

@@ -395,12 +395,51 @@ def test_drafted_map_and_overlay(pipe):
 
 
 def test_progress_and_step_callback_see_every_token(pipe):
+    """diffusers' convention: fn(pipeline, step, timestep, callback_kwargs) -> dict, once per round."""
     seen = []
-    out = pipe(PROMPTS, method="eagle", do_sample=False, output_type="tokens",
-               callback_on_step_end=lambda p, step, kw: seen.append((step, kw["num_generated"].clone())))
-    assert [s for s, _ in seen] == list(range(len(seen)))
-    assert torch.equal(seen[-1][1], torch.full((3,), N))
+
+    def callback(p, step, timestep, kwargs):
+        seen.append((step, timestep, kwargs["num_generated"].clone()))
+        return kwargs
+
+    out = pipe(PROMPTS, method="eagle", do_sample=False, output_type="tokens", callback_on_step_end=callback)
+    assert [s for s, _, _ in seen] == list(range(len(seen)))
+    assert torch.equal(seen[-1][2], torch.full((3,), N)) and seen[-1][1] == N
+    assert [t for _, t, _ in seen] == [int(g.max()) for _, _, g in seen]  # timestep: the furthest image's tokens
     assert len(seen) == out.stats.target_calls  # one callback per target forward (prefill included)
+
+
+def test_step_callback_tensor_inputs_and_diffusers_callback_objects(pipe):
+    from diffusers.callbacks import PipelineCallback
+
+    seen = []
+    pipe(PROMPTS, method="eagle", do_sample=False, output_type="tokens", callback_on_step_end_tensor_inputs=["drafted"],
+         callback_on_step_end=lambda p, step, t, kwargs: seen.append(sorted(kwargs)) or kwargs)
+    assert seen and all(keys == ["drafted"] for keys in seen)
+
+    class CountDrafted(PipelineCallback):
+        tensor_inputs = ["drafted"]
+
+        def callback_fn(self, pipeline, step_index, timestep, callback_kwargs):
+            seen.append(int(callback_kwargs["drafted"].sum()))
+            return callback_kwargs
+
+    seen.clear()
+    out = pipe(PROMPTS, method="eagle", do_sample=False, output_type="tokens", callback_on_step_end=CountDrafted())
+    assert sum(seen) == int(out.drafted.sum())
+    with pytest.raises(ValueError, match=r"callback_on_step_end_tensor_inputs has \['latents'\].*offers"):
+        pipe(PROMPTS, output_type="tokens", callback_on_step_end=lambda *a: {},
+             callback_on_step_end_tensor_inputs=["latents"])
+    with pytest.raises(TypeError, match="must return a dict"):
+        pipe(PROMPTS, output_type="tokens", callback_on_step_end=lambda p, step, t, kwargs: None)
+
+
+def test_return_dict_false_gives_the_tuple(pipe):
+    out = pipe(PROMPTS, method="eagle", do_sample=False, output_type="np")
+    images, tokens, stats, drafted = pipe(PROMPTS, method="eagle", do_sample=False, output_type="np",
+                                          return_dict=False)
+    assert torch.equal(tokens, out.tokens) and np.array_equal(images, out.images) and torch.equal(drafted, out.drafted)
+    assert stats.target_calls == out.stats.target_calls
 
 
 # -- save / load ---------------------------------------------------------------------------------------------
