@@ -113,14 +113,16 @@ def tokenizer_words() -> list[str]:
 
 def build_tokenizer():
     """A word-level ``PreTrainedTokenizerFast``: specials ``<pad> <s> </s> <unk> <image>`` (ids 0-4), then
-    every word of :func:`tokenizer_words`. Words split on spaces and punctuation (",", ".", "?", ":" are
-    tokens of their own); ``<s>`` is prepended; decoding re-attaches punctuation, so
+    every word of :func:`tokenizer_words`. Text is lowercased first (the world's words are lower case, so
+    "Describe the image." reads as "describe the image."); words split on spaces and punctuation (",", ".",
+    "?", ":" are tokens of their own); ``<s>`` is prepended; decoding re-attaches punctuation, so
     ``decode(encode(text))`` gives back any text of the world exactly."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(list(SPECIAL_TOKENS) + tokenizer_words())}
     core = Tokenizer(models.WordLevel(vocab, unk_token=UNK))
+    core.normalizer = normalizers.Lowercase()
     core.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation(behavior="isolated")])
     core.post_processor = processors.TemplateProcessing(
