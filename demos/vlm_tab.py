@@ -1,6 +1,7 @@
 """The VLM tab: image or video frames + prompt -> text (:class:`~mmspec.pipelines.VLMPipeline`). The
 speculative answer streams with its accepted draft tokens highlighted; the target-only baseline runs
-next on the same inputs and seed."""
+next on the same inputs and seed. The method runs with the checkpoint's stored settings, the page's knobs
+(K, a draft tree) over them (:func:`method_config`)."""
 
 from __future__ import annotations
 
@@ -127,13 +128,33 @@ class TokenPieces:
                 self.pieces.append((piece, DRAFT_LABEL if was_drafted else None))
 
 
+def method_config(pipe: Any, method: str, *, greedy: bool, num_draft_tokens: Any = None, use_tree: bool = False,
+                  tree_depth: Any = 5, tree_top_k: Any = 8, tree_total_tokens: Any = 48) -> Any:
+    """The page's settings of ``method``: the checkpoint's stored ones for the mode (``pipe.method_config``,
+    what a call with only ``method=`` runs) with the knobs the page shows replaced, each checked under its
+    label. Knob -> config field: K -> ``num_draft_tokens`` (an empty field keeps the stored K), the tree
+    fields -> ``tree`` (a tree's own expansion decides its length, so it drops any stored confidence
+    cut-off; FLASH drafts chains only and refuses one)."""
+    config = pipe.method_config(method, do_sample=not greedy)
+    fields: dict[str, Any] = {}
+    if not (num_draft_tokens is None or (isinstance(num_draft_tokens, str) and not num_draft_tokens.strip())):
+        fields["num_draft_tokens"] = check_int("K (draft tokens)", num_draft_tokens, 1, 32)
+    if use_tree:
+        if not config.supports_tree:
+            raise DemoError(f"{method} drafts chains only: untick the draft tree")
+        fields.update(tree=tree_config(tree_depth, tree_top_k, tree_total_tokens), draft_confidence_threshold=0.0)
+    return config.replace(**fields) if fields else config
+
+
 def run_vlm(cache: PipelineCache, *, path: str = DEFAULT_PATH, files: Any = None,
             example: str | None = next(iter(EXAMPLES)), prompt: str = "", method: str = "eagle",
             max_new_tokens: int = 200, seed: int = 0, greedy: bool = True, temperature: float = 1.0,
-            num_draft_tokens: int = 6, use_tree: bool = False, tree_depth: int = 5, tree_top_k: int = 8,
+            num_draft_tokens: int | None = None, use_tree: bool = False, tree_depth: int = 5, tree_top_k: int = 8,
             tree_total_tokens: int = 48) -> Iterator[VLMView]:
     """Stream the speculative answer (a :class:`VLMView` per verified round), then run the baseline with
-    the same inputs and seed; the last view carries the statistics and the comparison.
+    the same inputs and seed; the last view carries the statistics and the comparison. The method runs
+    with the checkpoint's stored settings and the page's knobs over them (:func:`method_config`; an empty
+    K keeps the stored one); the baseline gets the sampling settings only.
 
     An empty prompt takes the example's default ("describe the image in detail." or "narrate the video.").
     """
@@ -146,26 +167,25 @@ def run_vlm(cache: PipelineCache, *, path: str = DEFAULT_PATH, files: Any = None
     limit = check_int("max new tokens", max_new_tokens, 1, 1024)
     seed = check_int("seed", seed, 0, MAX_SEED)
     kwargs = sampling_kwargs(greedy, temperature)
-    if use_tree:
-        kwargs["tree"] = tree_config(tree_depth, tree_top_k, tree_total_tokens)
-    spec_kwargs = {**kwargs, "num_draft_tokens": check_int("K (draft tokens)", num_draft_tokens, 1, 32)}
-    base_kwargs = {k: v for k, v in kwargs.items() if k != "tree"}
     pipe = cache.get("vlm", path)
     pipe.check_method(method)
+    config = method_config(pipe, method, greedy=bool(greedy), num_draft_tokens=num_draft_tokens,
+                           use_tree=bool(use_tree), tree_depth=tree_depth, tree_top_k=tree_top_k,
+                           tree_total_tokens=tree_total_tokens)
     visual = {"images": frames[0]} if kind == "image" else {"videos": [frames]}
 
-    def warm(name: str, extra: dict) -> None:
-        pipe(**visual, prompt=text, method=name, max_new_tokens=2, **extra)
+    def warm(name: Any) -> None:
+        pipe(**visual, prompt=text, method=name, max_new_tokens=2, **kwargs)
 
-    cache.warm_up(pipe, ("vlm", method), lambda: warm(method, spec_kwargs))
-    cache.warm_up(pipe, ("vlm", "none"), lambda: warm("none", base_kwargs))
+    cache.warm_up(pipe, ("vlm", method), lambda: warm(config))
+    cache.warm_up(pipe, ("vlm", "none"), lambda: warm("none"))
 
     pieces = TokenPieces(pipe.tokenizer)
     yield VLMView([], status=f"speculative run ({method}): streaming...", frames=frames)
     final: Any = None
     start = last_yield = time.perf_counter()
-    for item in pipe.stream(**visual, prompt=text, method=method, max_new_tokens=limit, generator=seeded(seed),
-                            **spec_kwargs):
+    for item in pipe.stream(**visual, prompt=text, method=config, max_new_tokens=limit, generator=seeded(seed),
+                            **kwargs):
         if isinstance(item, VLMStreamChunk):
             pieces.add(item.tokens, item.drafted)
             now = time.perf_counter()
@@ -181,7 +201,7 @@ def run_vlm(cache: PipelineCache, *, path: str = DEFAULT_PATH, files: Any = None
     pieces.add(final.tokens[0].tolist(), final.drafted[0].tolist())
     yield VLMView(list(pieces.pieces), status="baseline run (target only)...", frames=frames)
     base, base_seconds = timed(lambda: pipe(**visual, prompt=text, method="none", max_new_tokens=limit,
-                                            generator=seeded(seed), **base_kwargs))
+                                            generator=seeded(seed), **kwargs))
     comparison = Comparison(method, final, base, spec_seconds, base_seconds)
     spec_tokens, base_tokens = len(final.tokens[0]), len(base.tokens[0])
     same = final.text[0] == base.text[0]
@@ -191,8 +211,9 @@ def run_vlm(cache: PipelineCache, *, path: str = DEFAULT_PATH, files: Any = None
     comparison.extra["draft-side visual tokens"] = ("-" if visual_tokens is None else str(visual_tokens), "-")
     comparison.extra["same text as the baseline"] = ("yes" if same else "no", "-")
     mode = "greedy" if greedy else f"sampling at temperature {kwargs['temperature']:g}"
+    drafting = f"a tree {config.tree}" if config.tree is not None else f"chains of up to K={config.num_draft_tokens}"
     comparison.notes = [f"{'1 image' if kind == 'image' else f'{len(frames)} video frames'}, prompt {text!r}, {mode}, "
-                        f"seed {seed}, at most {limit} new tokens.", LENGTH_NOTE,
+                        f"seed {seed}, at most {limit} new tokens; {method} drafts {drafting}.", LENGTH_NOTE,
                         "Every VLM method is lossless: greedy answers equal the baseline's token for token; sampled "
                         "answers follow the same distribution but use the random numbers differently.",
                         "The streamed run is timed end to end, page updates included.", CPU_NOTE]

@@ -13,6 +13,14 @@ batch-1 only. Columns: speedup over ``none`` (end to end: image encoding and pre
 accepted length (bonus token included), tokens/s, visual positions the drafter attends to, peak memory,
 and exact-match accuracy of the outputs against the world's reference text (lossless methods match
 ``none`` at temperature 0; at temperature 1 they sample the same distribution).
+
+A row named after a method (``flash``) calls the pipeline with nothing but ``method=``: the settings stored
+with the checkpoint (``speculation_config.json``) for the mode and batch, as a user's call gets them.
+``M (reference)`` runs the same method with :data:`REFERENCE_CONFIGS`, the chain lengths this benchmark ran
+before they were stored, as explicit configs. A case's config fields override the stored (or reference)
+settings, and variants run under their own names:
+``--method-kwargs '{"eagle, K=6": {"like": "eagle", "num_draft_tokens": 6}}'`` (the fields of the method's
+config, :mod:`mmspec.methods.vlm_heads`; a ``"tree"`` as a JSON object).
 """
 
 from __future__ import annotations
@@ -23,11 +31,12 @@ from typing import Any
 
 import torch
 
+from mmspec.methods import MethodConfig
+from mmspec.methods.vlm_heads import DraftVLMConfig, FlashConfig, SpecVLMConfig, ViSpecConfig, VLMEagleConfig
 from mmspec.stats import SpecStats
 
 from .bench_cli import (
     add_common_arguments,
-    call_kwargs,
     command_line,
     load_quiet_pipeline,
     machine_line,
@@ -36,14 +45,32 @@ from .bench_cli import (
 )
 from .speed import RunResult, run_benchmark
 
-METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")
-HF_CASES = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
-#: chain lengths: the zoo's trained heads are accepted so often that long chains pay (K = 6 / 8 / 12 for
-#: EAGLE are compared in docs/pipeline_vlm.md); FLASH's 10 = two semi-AR forwards of 5
-DEFAULT_KWARGS: dict[str, dict[str, Any]] = {
-    "none": {}, "eagle": {"num_draft_tokens": 10}, "flash": {"num_draft_tokens": 10},
-    "vispec": {"num_draft_tokens": 10}, "specvlm": {"num_draft_tokens": 10}, "draft_vlm": {"num_draft_tokens": 8},
+#: The chain lengths this benchmark ran before they were stored with the checkpoint, the same in every mode
+#: and batch size: the zoo's trained heads are accepted so often that long chains pay (K = 6 / 8 / 12 for
+#: EAGLE are compared in docs/pipeline_vlm.md); FLASH's 10 = two semi-AR forwards of 5. The "M (reference)"
+#: rows run them as explicit configs next to the stored settings ("M"); the stored table is
+#: ``models/recipes/build_zoo_vlm.py``'s ``SPECULATION_SETTINGS``.
+REFERENCE_CONFIGS: dict[str, MethodConfig] = {
+    "eagle": VLMEagleConfig(num_draft_tokens=10), "flash": FlashConfig(num_draft_tokens=10),
+    "vispec": ViSpecConfig(num_draft_tokens=10), "specvlm": SpecVLMConfig(num_draft_tokens=10),
+    "draft_vlm": DraftVLMConfig(num_draft_tokens=8),
 }
+#: case keys that are not config fields
+CASE_KEYS = ("method", "reference")
+
+
+def default_cases() -> dict[str, dict[str, Any]]:
+    """The benchmark's cases: ``none``, then per method its stored settings (``{}``: only ``method=``) and its
+    reference row (``"reference": True``); a case named other than its method says which with "method"."""
+    cases: dict[str, dict[str, Any]] = {"none": {}}
+    for method in REFERENCE_CONFIGS:
+        cases[method] = {}
+        cases[f"{method} (reference)"] = {"method": method, "reference": True}
+    return cases
+
+
+METHODS = tuple(default_cases())
+HF_CASES = ("hf_generate", "hf_assisted", "hf_prompt_lookup")
 MODES = {"temperature_0": {"do_sample": False}, "temperature_1": {"do_sample": True, "temperature": 1.0}}
 TASKS = {"image": "describe", "video": "narrate"}
 
@@ -61,16 +88,47 @@ def _chunks(items: list, size: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def pipeline_case(pipe: Any, examples: list[dict], method: str, kwargs: dict, mode: dict, batch: int,
+def case_method(pipe: Any, case: str, spec: dict[str, Any], mode: dict, batch_size: int) -> str | MethodConfig:
+    """The ``method=`` of a case for one mode and batch size: the method's name when the case sets no config
+    field (the checkpoint's stored settings), else the stored (or, with ``"reference"``,
+    :data:`REFERENCE_CONFIGS`'s) config with the case's fields replaced. A key that is neither a field of
+    the method's config nor in :data:`CASE_KEYS` is a command-line error naming it."""
+    fields = {key: value for key, value in spec.items() if key not in CASE_KEYS}
+    method, reference = spec.get("method", case), spec.get("reference", False)
+    if method != "none" and method not in pipe.methods():
+        raise SystemExit(f"--method-kwargs: case {case!r} names method {method!r}; methods: {pipe.methods()}")
+    if method == "none" or not (fields or reference):
+        if fields:
+            raise SystemExit(f"--method-kwargs: case {case!r} runs target-only decoding, which has no settings; "
+                             f"got {sorted(fields)}")
+        return method
+    if reference and method not in REFERENCE_CONFIGS:
+        raise SystemExit(f"case {case!r}: no reference settings for {method!r} (REFERENCE_CONFIGS has "
+                         f"{list(REFERENCE_CONFIGS)})")
+    base = REFERENCE_CONFIGS[method] if reference else pipe.method_config(
+        method, do_sample=mode.get("do_sample", False), batch_size=batch_size)
+    unknown = [key for key in fields if key not in base.field_names()]
+    if unknown:
+        raise SystemExit(f"--method-kwargs: case {case!r} sets {unknown[0]!r}, which is neither a field of "
+                         f"{type(base).__name__} ({', '.join(base.field_names())}) nor a case key "
+                         f"({', '.join(CASE_KEYS)})")
+    try:
+        return type(base).from_dict({**base.to_dict(), **fields}, source=f"case {case!r}")
+    except ValueError as error:
+        raise SystemExit(f"--method-kwargs: {error}") from None
+
+
+def pipeline_case(pipe: Any, examples: list[dict], method: str | MethodConfig, mode: dict, batch: int,
                   max_new_tokens: int, seed: int) -> Callable[[], RunResult]:
-    """Every example once, ``batch`` at a time, through the pipeline."""
+    """Every example once, ``batch`` at a time, through the pipeline with ``method=method`` (a name: the
+    stored settings; a config: as given) and nothing else of the method."""
     def call() -> RunResult:
         generator = torch.Generator().manual_seed(seed)
         texts, stats, visual = [], [], []
         for chunk in _chunks(examples, batch):
             frames = [list(e["frames"]) for e in chunk]
             out = pipe(videos=frames, prompt=[e["prompt"] for e in chunk], method=method, generator=generator,
-                       max_new_tokens=max_new_tokens, **mode, **call_kwargs(kwargs))
+                       max_new_tokens=max_new_tokens, **mode)
             texts += out.text
             stats.append(out.stats)
             visual += out.draft_visual_tokens or []
@@ -118,23 +176,39 @@ def _accuracy(texts: Sequence[str], examples: Sequence[dict]) -> float:
     return sum(t.strip() == e["answer"].strip() for t, e in zip(texts, examples)) / max(1, len(examples))
 
 
-def run(pipe: Any, methods: Sequence[str], kwargs: dict[str, dict], modes: Sequence[str], tasks: Sequence[str],
+def resolved_configs(pipe: Any, methods: dict[str, str | MethodConfig], mode: dict, batch_size: int
+                     ) -> dict[str, dict[str, Any] | None]:
+    """What every case ran as (JSON): its config's fields, the stored ones for a case that passes only
+    ``method=`` (None: target-only)."""
+    configs = {}
+    for case, method in methods.items():
+        if isinstance(method, str):
+            method = pipe.method_config(method, do_sample=mode.get("do_sample", False), batch_size=batch_size)
+        configs[case] = None if method is None else {"config": type(method).__name__, **method.to_dict()}
+    return configs
+
+
+def run(pipe: Any, methods: Sequence[str], cases: dict[str, dict], modes: Sequence[str], tasks: Sequence[str],
         batch_sizes: Sequence[int], num_examples: int, max_new_tokens: int, repeats: int, seed: int,
         hf_cases: Sequence[str], log: Callable[[str], None] = print) -> dict:
-    """Every measurement of the table; returns a JSON-able dict."""
+    """Every measurement of the table; ``cases[m]`` is a case's spec (:func:`default_cases`), resolved per
+    mode and batch size by :func:`case_method`. Returns a JSON-able dict (each report with the configs its
+    cases ran as)."""
     results: dict[str, Any] = {}
     for task in tasks:
         examples = task_examples(task, num_examples, seed)
         for mode_name in modes:
+            mode = MODES[mode_name]
             for batch in batch_sizes:
-                cases = {m: pipeline_case(pipe, examples, m, kwargs[m], MODES[mode_name], batch, max_new_tokens, seed)
-                         for m in methods}
+                resolved = {m: case_method(pipe, m, cases[m], mode, batch) for m in methods}
+                timed = {m: pipeline_case(pipe, examples, method, mode, batch, max_new_tokens, seed)
+                         for m, method in resolved.items()}
                 if batch == 1:
-                    cases.update({c: transformers_case(pipe, examples, c, MODES[mode_name], max_new_tokens, seed)
+                    timed.update({c: transformers_case(pipe, examples, c, mode, max_new_tokens, seed)
                                   for c in hf_cases})
-                report = run_benchmark(cases, baseline="none", warmup=1, repeats=repeats, seed=seed)
+                report = run_benchmark(timed, baseline="none", warmup=1, repeats=repeats, seed=seed)
                 key = f"{task} / {mode_name} / batch {batch}"
-                results[key] = report.to_dict()
+                results[key] = {**report.to_dict(), "configs": resolved_configs(pipe, resolved, mode, batch)}
                 log(f"## {key}\n{report.to_markdown()}")
     return results
 
@@ -144,6 +218,9 @@ def to_markdown(results: dict, command: str, meta: dict) -> str:
              f"Machine: {meta['machine']}. {meta['examples']} held-out examples per task, {meta['repeats']} timed "
              f"repeats (median), up to {meta['max_new_tokens']} new tokens. Speedups are end to end (image encoding "
              "and prefill included) against `none` in the same run. Mean accepted length counts the bonus token. "
+             "A row named after a method calls the pipeline with only `method=` (the settings stored with the "
+             "checkpoint, speculation_config.json); `M (reference)` rows run the chain lengths this benchmark used "
+             "before they were stored, as explicit configs. "
              "hf_* rows are transformers' `generate` on the same target (batch 1 only). Time spread: the "
              "interquartile range of the repeats' times over their median (how much this machine moved during the "
              "case; a speedup is only as steady as its row's and `none`'s).", ""]
@@ -180,16 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     torch.set_num_threads(args.threads)
-    kwargs = method_kwargs(args.methods, DEFAULT_KWARGS, args.method_kwargs)
+    cases = method_kwargs(args.methods, default_cases(), args.method_kwargs, derived_cases=True)
 
     from mmspec.pipelines import VLMPipeline
 
     pipe = load_quiet_pipeline(VLMPipeline, args.pipeline, cpu_gemm=args.cpu_gemm)
+    for mode in args.modes:  # every case resolves before anything is timed: a bad case fails at once
+        for batch in args.batch_sizes:
+            for case, spec in cases.items():
+                case_method(pipe, case, spec, MODES[mode], batch)
     hf_cases = [c for c in args.hf_cases if c != "hf_assisted" or pipe.draft_model is not None]
-    results = run(pipe, args.methods, kwargs, args.modes, args.tasks, args.batch_sizes, args.examples,
+    results = run(pipe, args.methods, cases, args.modes, args.tasks, args.batch_sizes, args.examples,
                   args.max_new_tokens, args.repeats, args.seed, hf_cases)
     meta = {"machine": machine_line(cpu_gemm=args.cpu_gemm), "examples": args.examples, "repeats": args.repeats,
-            "max_new_tokens": args.max_new_tokens, "kwargs": kwargs}
+            "max_new_tokens": args.max_new_tokens, "cases": cases}
     table = to_markdown(results, command_line("mmspec.evaluation.bench_vlm", argv), meta)
     write_report(args.out, table, {"meta": meta, "results": results})
     return 0

@@ -2,23 +2,26 @@
 
 :class:`VLMPipeline` composes a transformers vision-language model (the target: LLaVA, LLaVA-NeXT,
 Qwen2-VL, Qwen2.5-VL, or the zoo's shapes captioner, itself a ``LlavaForConditionalGeneration``), its
-processor, and optional draft heads. Every method is one call of the core's
+processor, and optional draft heads. A call names its method (``method="flash"``: the settings stored with
+the checkpoint, ``speculation_config.json``) or passes its config (``method=FlashConfig(num_draft_tokens=8)``);
+the config builds the drafter (:mod:`mmspec.methods.vlm_heads`), and every method is one call of the core's
 :func:`~mmspec.speculate.speculative_generate` with :class:`~mmspec.models.vlm_targets.VLMRunner` as the
-target; the pipeline only formats the prompt, builds the drafter and decodes the text:
+target; the pipeline only formats the prompt, resolves the method and decodes the text:
 
-===========  ==========================================================================  ========
-method       drafter                                                                     lossless
-===========  ==========================================================================  ========
-"none"       None (target-only baseline, same loop)                                      --
-"eagle"      EAGLE-style head over the target's features (chain or EAGLE-2 tree)          yes
-"flash"      FLASH: latent-compressed image span + semi-autoregressive head               yes
-"vispec"     ViSpec: vision adaptor (few image tokens + global vector) on the head         yes
-"specvlm"    SpecVLM: elastic visual compressor picked per input by a gate                 yes
-"draft_vlm"  a standalone small VLM of the same family (classic speculative decoding)     yes
-===========  ==========================================================================  ========
+===========  ==================  ==========================================================================
+method       config              drafter
+===========  ==================  ==========================================================================
+"none"       -                   None (target-only baseline, same loop)
+"eagle"      ``VLMEagleConfig``  EAGLE-style head over the target's features (chain or EAGLE-2 tree)
+"flash"      ``FlashConfig``     FLASH: latent-compressed image span + semi-autoregressive head (chains)
+"vispec"     ``ViSpecConfig``    ViSpec: vision adaptor (few image tokens + global vector) on the head
+"specvlm"    ``SpecVLMConfig``   SpecVLM: elastic visual compressor picked per input by a gate
+"draft_vlm"  ``DraftVLMConfig``  a standalone small VLM of the same family (classic speculative decoding)
+===========  ==================  ==========================================================================
 
 Every method is lossless: greedy output equals ``"none"`` token for token, sampled output follows the
-target's distribution (the acceptance rule is exact speculative sampling). Heads only change speed.
+target's distribution (the acceptance rule is exact speculative sampling). Heads and settings only change
+speed. A method registered from outside the package (:func:`mmspec.methods.register`) runs the same way.
 
 Streaming: ``callback_on_step_end`` sees every verification round; :meth:`VLMPipeline.stream` yields
 :class:`VLMStreamChunk` text deltas per row (with which tokens were drafted and accepted), and
@@ -37,6 +40,7 @@ import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,21 +52,24 @@ from diffusers import DiffusionPipeline
 from diffusers.utils import BaseOutput
 
 from mmspec.cpu_gemm import PackedCPUGemmMixin
-from mmspec.drafters import ModelDrafter, TreeConfig
 from mmspec.inference_mode import inference_call
+from mmspec.methods import BuildRequest, MethodConfig
+from mmspec.methods.vlm_heads import draft_component
 from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner, vlm_family
 from mmspec.pipelines.hub import load_components, resolve_pretrained
+from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
 from mmspec.validation import check_callable
 
-METHODS = ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm")
-#: method -> the pipeline component that holds its draft model
-METHOD_COMPONENTS = {"eagle": "eagle_head", "flash": "flash_head", "vispec": "vispec_head",
-                     "specvlm": "specvlm_head", "draft_vlm": "draft_model"}
+_DRAFTING = ("eagle", "flash", "vispec", "specvlm", "draft_vlm")
+#: The method keywords ``__call__`` took before methods became configs: keyword -> (config field, methods whose
+#: config has it). Passing one raises a ``TypeError`` naming the field (:func:`reject_removed_keywords`).
+MOVED_KEYWORDS: MovedKeywords = {name: (name, _DRAFTING)
+                                 for name in ("num_draft_tokens", "tree", "draft_confidence_threshold")}
 ImageLike = PIL.Image.Image | np.ndarray | torch.Tensor
 
 
@@ -112,7 +119,7 @@ class _Batch:
     image_counts: list[int] = field(default_factory=list)
 
 
-class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
+class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
     r"""Image/video + text -> text with a transformers VLM, speculative or not, on one core loop.
 
     Args:
@@ -125,14 +132,23 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
         draft_model: a small VLM of the same family and tokenizer for ``method="draft_vlm"`` (and for
             transformers' assisted generation in the benchmark).
 
+    Methods: ``pipe.methods()`` lists the names ``__call__`` takes; ``pipe.method_config("flash")`` is the
+    config a call with ``method="flash"`` uses (the checkpoint's stored settings, :attr:`speculation_settings`,
+    read from ``speculation_config.json`` by ``from_pretrained`` and written by ``save_pretrained``), a
+    starting point for ``.replace(...)``.
+
     Example::
 
         >>> pipe = VLMPipeline.from_pretrained("mmspec/shapes-vlm")
         >>> out = pipe(image, "describe the image in detail.", method="eagle", max_new_tokens=200)
         >>> out.text[0], out.stats.mean_accepted_length
+        >>> shorter = pipe.method_config("eagle").replace(num_draft_tokens=4)  # the stored settings, K changed
+        >>> out = pipe(image, "describe the image in detail.", method=shorter)
         >>> for chunk in pipe.stream(image, "describe the image in detail.", method="eagle"):
         ...     print(chunk.text, end="")
     """
+
+    pipeline_family = "vlm"
 
     _optional_components = ["eagle_head", "flash_head", "vispec_head", "specvlm_head", "draft_model"]
 
@@ -165,15 +181,23 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
         """Load a saved pipeline folder or a zoo id (``mmspec/shapes-vlm``, offline). Weights stored in fp16
         (the zoo) are computed in ``torch_dtype`` (default float32: exact greedy comparisons, fast on CPU).
         Loading errors name the file and the component; a target or head with NaN/inf weights is refused
-        unless ``check_weights=False`` (:func:`~mmspec.pipelines.hub.load_components`)."""
+        unless ``check_weights=False`` (:func:`~mmspec.pipelines.hub.load_components`). The methods'
+        recommended settings come from ``speculation_config.json`` (``speculation_settings=``, a
+        :class:`~mmspec.methods.SpeculationSettings` or its JSON mapping, replaces them)."""
         path = resolve_pretrained(pretrained_model_name_or_path)
+        settings = kwargs.pop("speculation_settings", None)
         if (Path(path) / "model_index.json").is_file():
             torch_dtype = kwargs.pop("torch_dtype", torch.float32)
             names = ("target", "processor", *cls._optional_components)
             pipe = cls(**load_components(cls, Path(path), names, torch_dtype=torch_dtype, **kwargs))
             pipe.register_to_config(_name_or_path=str(path))
-            return pipe
-        return super().from_pretrained(path, **kwargs)
+        else:
+            pipe = super().from_pretrained(path, **kwargs)
+        if settings is not None:
+            pipe.set_speculation_settings(settings)
+        else:
+            pipe.read_speculation_settings(path, **kwargs)
+        return pipe
 
     @property
     def tokenizer(self) -> Any:
@@ -239,21 +263,22 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
                                  f"{self.tokenizer.unk_token!r}; words outside its vocabulary: {unknown}")
 
     # -- methods --------------------------------------------------------------------------------------
-    def check_method(self, method: str) -> None:
-        if method not in METHODS:
-            raise ValueError(f"method must be one of {list(METHODS)}, got {method!r}")
-        component = METHOD_COMPONENTS.get(method)
-        if component is not None and getattr(self, component) is None:
-            raise ValueError(f"method={method!r} needs a {component}; this pipeline has none")
+    def method_config(self, name: str, *, do_sample: bool = False, batch_size: int = 1,
+                      guidance_scale: float = 1.0) -> MethodConfig | None:
+        """The config a call with ``method=name`` uses for this decoding mode and number of prompts (None for
+        "none"); greedy by default, as ``__call__`` is."""
+        return super().method_config(name, do_sample=do_sample, batch_size=batch_size, guidance_scale=guidance_scale)
 
-    def position_limits(self, method: str) -> dict[str, int]:
-        """``max_position_embeddings`` of the models a call of ``method`` runs over the prompt's positions: the
-        target's language model and the method's draft model or head (those that declare one)."""
-        names = ["target"] + ([METHOD_COMPONENTS[method]] if method in METHOD_COMPONENTS else [])
+    def position_limits(self, method: str | MethodConfig | None) -> dict[str, int]:
+        """``max_position_embeddings`` of the models a call of ``method`` (a name or config) runs over the
+        prompt's positions: the target's language model and the method's draft model or head (those that
+        declare one; :attr:`~mmspec.methods.vlm_heads.VLMDraftConfig.component`)."""
+        component = draft_component(method)
+        names = ["target"] + ([component] if component else [])
         limits = {name: _max_positions(getattr(self, name)) for name in names}
         return {name: limit for name, limit in limits.items() if limit is not None}
 
-    def check_context_length(self, batch: _Batch, max_new_tokens: int, method: str) -> None:
+    def check_context_length(self, batch: _Batch, max_new_tokens: int, method: str | MethodConfig | None) -> None:
         """Refuse a call whose longest prompt (image and video tokens included, as the processor expanded
         them) plus ``max_new_tokens`` exceeds a model's ``max_position_embeddings``: past it the model runs
         without error on positions it never learnt and answers nonsense. Counts tokens, which for M-RoPE
@@ -278,45 +303,39 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
                              f"{limit}: lower max_new_tokens to at most {limit - prompt}, shorten the prompt or "
                              "use fewer images or video frames")
 
-    def make_drafter(self, method: str, sampling: SamplingConfig, generator: torch.Generator | None,
-                     num_draft_tokens: int, tree: TreeConfig | None, confidence_threshold: float = 0.0) -> Any:
-        """The drafter of ``method`` (None for "none", which ignores every drafting option);
-        ``confidence_threshold`` > 0 gives it dynamic chain lengths (FLASH's blocks are cut after the first
-        unsure draft)."""
+    def check_inputs(self, method: Any, max_new_tokens: Any, sampling: SamplingConfig, generator: Any,
+                     callback_on_step_end: Any) -> None:
+        """The checks that need no encoding: the method (a name of this family or one of its configs), the
+        generation limit, the sampling settings against the vocabulary, the generator and the callback."""
         self.check_method(method)
-        if method == "none":
-            return None
-        if method == "draft_vlm":
-            return ModelDrafter(VLMRunner(self.draft_model), num_draft_tokens, sampling=sampling, tree=tree,
-                                generator=generator, confidence_threshold=confidence_threshold)
-        head = getattr(self, METHOD_COMPONENTS[method])
-        from mmspec.models.eagle import EagleDrafter, EagleHead
-        from mmspec.models.vlm_drafters import VLMDraftHead, drafter_for
-
-        if isinstance(head, VLMDraftHead):
-            return drafter_for(head, sampling=sampling, num_draft_tokens=num_draft_tokens, tree=tree,
-                               generator=generator, confidence_threshold=confidence_threshold)
-        if isinstance(head, EagleHead):
-            return EagleDrafter(head, num_draft_tokens, sampling=sampling, tree=tree, generator=generator,
-                                confidence_threshold=confidence_threshold)
-        raise ValueError(f"{METHOD_COMPONENTS[method]} is a {type(head).__name__}, not a draft head "
-                         "(mmspec.models.vlm_drafters or EagleHead)")
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        sampling.check_vocab(self.target.get_output_embeddings().weight.shape[0])  # top_k=0 disables it, as in the core
+        check_callable(callback_on_step_end, "callback_on_step_end")
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise ValueError("generator must be one torch.Generator")
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
-    def __call__(self, images: Any = None, prompt: str | Sequence[str] = "", method: str = "none", *,
+    def __call__(self, images: Any = None, prompt: str | Sequence[str] = "", method: str | MethodConfig = "none", *,
                  videos: Any = None, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float = 1.0, max_new_tokens: int = 256, generator: torch.Generator | None = None,
-                 num_draft_tokens: int = 6, tree: TreeConfig | None = None, draft_confidence_threshold: float = 0.0,
                  callback_on_step_end: Callable[[VLMPipeline, int, dict[str, Any]], Any] | None = None,
-                 streamer: Any = None) -> VLMPipelineOutput:
+                 streamer: Any = None, **removed: Any) -> VLMPipelineOutput:
         """Answer each (images or video frames, prompt) pair, speculatively unless ``method="none"``.
 
         Args:
             images: one image (PIL, ``[H, W, 3]`` array or ``[3, H, W]`` tensor), or one entry per prompt,
                 each an image or a list of images.
             prompt: text prompt(s); image placeholder tokens are added by :meth:`format_prompt`.
-            method: "none", "eagle", "flash", "vispec", "specvlm" or "draft_vlm".
+            method: "none" (target only), a method name (``self.methods()``: "eagle", "flash", "vispec",
+                "specvlm", "draft_vlm" and any registered from outside) run with the checkpoint's stored
+                settings for this decoding mode and number of prompts (``self.method_config(name, ...)``), or
+                a config (``FlashConfig(num_draft_tokens=8)``, ``self.method_config("eagle").replace(tree=...)``)
+                run as given. A method's settings (chain length K, an EAGLE-2 tree, the dynamic chain
+                length's ``draft_confidence_threshold``) are its config's fields
+                (:mod:`mmspec.methods.vlm_heads`); passing one as a keyword here raises a ``TypeError`` that
+                names the field.
             videos: instead of ``images``: per prompt a list of frames (the frames enter the prompt as a
                 sequence of images, the way the zoo captioner and LLaVA read video).
             do_sample / temperature / top_k / top_p: sampling; greedy decoding when ``do_sample=False``.
@@ -325,37 +344,45 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
                 ``max_position_embeddings``; otherwise ValueError before any forward
                 (:meth:`check_context_length`).
             generator: one ``torch.Generator`` for every random draw.
-            num_draft_tokens: draft chain length K (FLASH: tokens per semi-autoregressive forward).
-            tree: an EAGLE-2 :class:`~mmspec.drafters.TreeConfig` instead of a chain (heads that support it).
-            draft_confidence_threshold: dynamic chain length for every drafting method: a round's chain
-                stops before K once every row's last draft had less than this probability under the drafter
-                (FLASH: its block is cut there and no further forward runs; 0: always K). Lossless like any
-                chain length.
             callback_on_step_end: called after every round as ``fn(pipeline, round_index,
                 {"new_tokens": [B, M] (-1 pad), "drafted": [B, M]})``.
             streamer: a transformers streamer (``put(ids)``, ``end()``), batch 1 only.
         Returns:
             :class:`VLMPipelineOutput`.
         """
-        self.check_method(method)
-        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+        reject_removed_keywords(self, removed, MOVED_KEYWORDS, method)
+        # 1. Check the inputs.
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-        sampling.check_vocab(self.target.get_output_embeddings().weight.shape[0])  # top_k=0 disables it, as in the core
-        check_callable(callback_on_step_end, "callback_on_step_end")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError("generator must be one torch.Generator")
+        self.check_inputs(method, max_new_tokens, sampling, generator, callback_on_step_end)
+        # 2. Encode the images and prompts (left-padded).
         batch = self.encode(images, prompt, videos)
         rows = batch.inputs["input_ids"].shape[0]
         if streamer is not None and rows != 1:
             raise ValueError(f"streamer= works for one prompt at a time (got {rows}); use stream() for batches")
-        drafter = self.make_drafter(method, sampling, generator, num_draft_tokens, tree, draft_confidence_threshold)
-        self.check_context_length(batch, max_new_tokens, method)  # before any forward
-        needs_hidden = bool(getattr(drafter, "needs_target_hidden", False))
-        target = VLMRunner(self.target, return_hidden=needs_hidden, return_penultimate=method == "specvlm")
-        rounds = [0]
+        # 3. Resolve the method: the stored or given config builds the drafter; the context must fit its model.
+        config, plan = self.build_method(method, BuildRequest(sampling, generator, batch_size=rows))
+        self.check_context_length(batch, max_new_tokens, config)  # before any forward
+        target = VLMRunner(self.target, return_hidden=bool(getattr(plan.drafter, "needs_target_hidden", False)),
+                           return_penultimate=bool(getattr(config, "needs_penultimate", False)))
+        # 4. Run the loop; every accept/reject happens in the core.
+        inputs = dict(batch.inputs)
+        input_ids, attention_mask = inputs.pop("input_ids"), inputs.pop("attention_mask", None)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        with self._round_callback(max_new_tokens, callback_on_step_end, streamer) as on_round:
+            out = (plan.loop or speculative_generate)(
+                target, plan.drafter, input_ids, attention_mask, max_new_tokens=max_new_tokens, sampling=sampling,
+                rule=plan.rule, eos_token_id=self.eos_token_ids or None, pad_token_id=pad, generator=generator,
+                callback=on_round, **inputs)
+        # 5. Decode the text.
+        return self.decode_output(out, config, plan.drafter, target)
+
+    @contextmanager
+    def _round_callback(self, max_new_tokens: int, callback_on_step_end: Callable | None,
+                        streamer: Any) -> Iterator[Callable[[torch.Tensor, torch.Tensor], None]]:
+        """The loop's per-round callback: advances the progress bar (by the longest row), feeds the streamer
+        (row 0) and calls ``callback_on_step_end``; the streamer is ended once the loop has returned."""
         progress = self.progress_bar(total=max_new_tokens)
-        longest = [0]
+        rounds, longest = [0], [0]
 
         def on_round(new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
             counts = (new_tokens >= 0).sum(1)
@@ -368,27 +395,30 @@ class VLMPipeline(PackedCPUGemmMixin, DiffusionPipeline):
                 callback_on_step_end(self, rounds[0], {"new_tokens": new_tokens, "drafted": drafted})
             rounds[0] += 1
 
-        inputs = dict(batch.inputs)
-        input_ids, attention_mask = inputs.pop("input_ids"), inputs.pop("attention_mask", None)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        out = speculative_generate(target, drafter, input_ids, attention_mask, max_new_tokens=max_new_tokens,
-                                   sampling=sampling, eos_token_id=self.eos_token_ids or None, pad_token_id=pad,
-                                   generator=generator, callback=on_round, **inputs)
-        progress.close()
+        try:
+            yield on_round
+        finally:
+            progress.close()
         if streamer is not None:
             streamer.end()
+
+    def decode_output(self, out: Any, config: MethodConfig | None, drafter: Any, target: VLMRunner
+                      ) -> VLMPipelineOutput:
+        """The loop's output as text per row, with the drafted flags and the draft-side visual tokens (the
+        drafter's own count, else the whole image span for a method that reads it)."""
+        rows = out.sequences.shape[0]
         tokens = [out.sequences[i, : int(out.lengths[i])].cpu() for i in range(rows)]
         drafted = [out.drafted[i, : int(out.lengths[i])].cpu() for i in range(rows)]
         text = [self.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
         visual = getattr(drafter, "draft_visual_tokens", None)
-        if visual is None and method in ("eagle", "draft_vlm") and target.prompt is not None:
-            visual = target.prompt.image_mask.sum(1).tolist()  # these drafters read the whole image span
+        if visual is None and getattr(config, "reads_whole_image", False) and target.prompt is not None:
+            visual = target.prompt.image_mask.sum(1).tolist()
         if isinstance(visual, torch.Tensor):
             visual = visual.tolist()
         return VLMPipelineOutput(text=text, tokens=tokens, drafted=drafted, stats=out.stats,
                                  draft_visual_tokens=visual)
 
-    def stream(self, images: Any = None, prompt: str | Sequence[str] = "", method: str = "none",
+    def stream(self, images: Any = None, prompt: str | Sequence[str] = "", method: str | MethodConfig = "none",
                **kwargs: Any) -> Iterator[VLMStreamChunk | VLMPipelineOutput]:
         """Generate like ``__call__`` and yield text as it is verified.
 

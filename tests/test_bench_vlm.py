@@ -1,7 +1,8 @@
 """The shapes-vlm zoo assembly (models/recipes/build_zoo_vlm.py) and the VLM benchmark (evaluation/bench_vlm.py)
 on tiny random parts: the assembled folder loads as a VLMPipeline whose chat template formats plain prompts
 exactly like the captioner's training prompts, and the benchmark writes one table in which every lossless
-method matches target-only decoding at temperature 0."""
+method matches target-only decoding at temperature 0, its stored-settings rows running the settings the
+assembly wrote into the folder."""
 
 from __future__ import annotations
 
@@ -43,6 +44,9 @@ def test_zoo_folder_loads_with_the_training_prompt_format(zoo_folder):
                                                       "draft_model"))
     assert pipe.format_prompt("describe the image in detail.", 1) == sv.task_prompt("describe")
     assert pipe.format_prompt("narrate the video.", 4) == sv.task_prompt("narrate", num_frames=4)
+    stored = json.loads((zoo_folder / "speculation_config.json").read_text())
+    assert stored == build_zoo_vlm.SPECULATION_SETTINGS == pipe.speculation_settings.to_dict()
+    assert pipe.method_config("flash").num_draft_tokens == 10 and pipe.method_config("draft_vlm").num_draft_tokens == 8
 
 
 def test_rebuilding_an_assembled_folder_keeps_every_part(zoo_folder, tmp_path):
@@ -78,7 +82,7 @@ def test_benchmark_table(zoo_folder, tmp_path):
                     "--threads", "1", "--out", str(out)])
     table = out.read_text()
     for name in ("none", "eagle", "flash", "vispec", "specvlm", "draft_vlm", "hf_generate", "hf_assisted",
-                 "hf_prompt_lookup"):
+                 "hf_prompt_lookup", "eagle (reference)", "draft_vlm (reference)"):
         assert f"| {name} |" in table
     assert "| time spread |" in table and "| 0 % |" in table  # one repeat: no spread
     results = json.loads(out.with_suffix(".json").read_text())["results"]
@@ -89,6 +93,11 @@ def test_benchmark_table(zoo_folder, tmp_path):
         for name, case in cases.items():  # greedy: every method is exactly target-only (accuracy equal)
             assert case["quality"]["accuracy"] == cases["none"]["quality"]["accuracy"], name
         assert cases["eagle"]["mean_accepted_length"] >= 1.0
+        configs = report["configs"]  # the stored rows ran the folder's settings, the reference rows the constants
+        assert configs["none"] is None
+        assert configs["flash"] == {"config": "FlashConfig", "num_draft_tokens": 10, "tree": None,
+                                    "draft_confidence_threshold": 0.0} == configs["flash (reference)"]
+        assert configs["draft_vlm"]["num_draft_tokens"] == 8
 
 
 def test_bad_arguments(zoo_folder):
@@ -98,6 +107,13 @@ def test_bad_arguments(zoo_folder):
         bench_vlm.main(["--pipeline", str(zoo_folder), "--methods", "eagle"])
     with pytest.raises(SystemExit, match="unknown methods"):
         bench_vlm.main(["--pipeline", str(zoo_folder), "--methods", "none", "medusa"])
+    variant = '{"eagle, K=6": {"like": "eagle", "num_draft_tokens": 6, "lantern_k": 3}}'
+    with pytest.raises(SystemExit, match=r"case 'eagle, K=6' sets 'lantern_k', which is neither a field of "
+                                         r"VLMEagleConfig"):
+        bench_vlm.main(["--pipeline", str(zoo_folder), "--methods", "none", "eagle, K=6", "--method-kwargs", variant])
+    with pytest.raises(SystemExit, match="FlashConfig.tree must be None"):
+        bench_vlm.main(["--pipeline", str(zoo_folder), "--methods", "none", "flash", "--method-kwargs",
+                        '{"flash": {"tree": {"depth": 4, "top_k": 2, "total_tokens": 8}}}'])
 
 
 def test_benchmark_cases_are_lossless_at_temperature_0(zoo_folder):
@@ -107,11 +123,33 @@ def test_benchmark_cases_are_lossless_at_temperature_0(zoo_folder):
     pipe = VLMPipeline.from_pretrained(zoo_folder)
     pipe.set_progress_bar_config(disable=True)
     examples = bench_vlm.task_examples("image", 3, seed=0)
-    outputs = {m: bench_vlm.pipeline_case(pipe, examples, m, bench_vlm.DEFAULT_KWARGS[m], bench_vlm.MODES["temperature_0"],
-                                          2, 12, 0)().output for m in bench_vlm.METHODS}
+    mode = bench_vlm.MODES["temperature_0"]
+    outputs = {case: bench_vlm.pipeline_case(pipe, examples, bench_vlm.case_method(pipe, case, spec, mode, 2), mode, 2,
+                                             12, 0)().output for case, spec in bench_vlm.default_cases().items()}
+    assert len(outputs) == 11
     assert len({len(t.split()) for t in outputs["none"]} | {0}) > 1  # real text, not empty rows
     for method, texts in outputs.items():
         assert texts == outputs["none"], method
+
+
+def test_cases_resolve_to_the_stored_settings_or_explicit_configs(zoo_folder):
+    """A case without fields passes the method's name (the stored settings, as a user's call); a reference
+    case the former constants; config fields (a tree as JSON) apply over the stored settings."""
+    from mmspec.drafters import TreeConfig
+    from mmspec.evaluation import bench_vlm
+    from mmspec.methods.vlm_heads import ViSpecConfig
+    from mmspec.pipelines import VLMPipeline
+
+    pipe = VLMPipeline.from_pretrained(zoo_folder)
+    mode = bench_vlm.MODES["temperature_1"]
+    assert bench_vlm.case_method(pipe, "vispec", {}, mode, 4) == "vispec"
+    reference = bench_vlm.case_method(pipe, "vispec (reference)", {"method": "vispec", "reference": True}, mode, 4)
+    assert reference == bench_vlm.REFERENCE_CONFIGS["vispec"] == ViSpecConfig(num_draft_tokens=10)
+    tree = bench_vlm.case_method(pipe, "vispec, tree", {"method": "vispec", "tree": {"depth": 4, "top_k": 2,
+                                                                                     "total_tokens": 8}}, mode, 1)
+    assert tree == ViSpecConfig(num_draft_tokens=10, tree=TreeConfig(depth=4, top_k=2, total_tokens=8))
+    with pytest.raises(SystemExit, match="runs target-only decoding, which has no settings"):
+        bench_vlm.case_method(pipe, "none", {"num_draft_tokens": 4}, mode, 1)
 
 
 def test_tree_keywords_from_the_command_line():

@@ -97,7 +97,7 @@ VISUAL_TOKENS = {"eagle": [16, 16], "flash": [4, 4], "vispec": [1, 1], "draft_vl
 def test_greedy_equals_target_only(pipe, method, tree):
     images = _images(2)
     base = pipe(images, PROMPTS, "none", max_new_tokens=24)
-    spec = pipe(images, PROMPTS, method, max_new_tokens=24, num_draft_tokens=4, tree=tree)
+    spec = pipe(images, PROMPTS, pipe.method_config(method).replace(num_draft_tokens=4, tree=tree), max_new_tokens=24)
     assert spec.text == base.text
     for a, b in zip(spec.tokens, base.tokens):
         assert torch.equal(a, b)
@@ -114,8 +114,9 @@ def test_dynamic_chains_keep_the_output_with_fewer_draft_forwards(pipe, method):
     """draft_confidence_threshold stops chains early (fewer draft calls) and greedy text stays exact."""
     images = _images(2, seed=7)
     base = pipe(images, PROMPTS, "none", max_new_tokens=24)
-    fixed = pipe(images, PROMPTS, method, max_new_tokens=24, num_draft_tokens=6)
-    dynamic = pipe(images, PROMPTS, method, max_new_tokens=24, num_draft_tokens=6, draft_confidence_threshold=0.95)
+    config = pipe.method_config(method).replace(num_draft_tokens=6)
+    fixed = pipe(images, PROMPTS, config, max_new_tokens=24)
+    dynamic = pipe(images, PROMPTS, config.replace(draft_confidence_threshold=0.95), max_new_tokens=24)
     assert dynamic.text == base.text == fixed.text
     for a, b in zip(dynamic.tokens, base.tokens):
         assert torch.equal(a, b)
@@ -144,11 +145,12 @@ def test_sampled_first_tokens_follow_the_target(pipe):
     image = _images(1, seed=5)[0]
     rows = 600
     draws = {}
-    for method in ("none", "eagle"):
-        out = pipe([image] * rows, ["w8"] * rows, method, do_sample=True, max_new_tokens=3, num_draft_tokens=3,
-                   generator=torch.Generator().manual_seed(11 if method == "none" else 12))
-        draws[method] = torch.stack([t[:3] if t.shape[0] >= 3 else torch.nn.functional.pad(t, (0, 3 - t.shape[0]), value=-1)
-                                     for t in out.tokens])
+    eagle = pipe.method_config("eagle", do_sample=True).replace(num_draft_tokens=3)
+    for name, method in (("none", "none"), ("eagle", eagle)):
+        out = pipe([image] * rows, ["w8"] * rows, method, do_sample=True, max_new_tokens=3,
+                   generator=torch.Generator().manual_seed(11 if name == "none" else 12))
+        draws[name] = torch.stack([t[:3] if t.shape[0] >= 3 else torch.nn.functional.pad(t, (0, 3 - t.shape[0]), value=-1)
+                                   for t in out.tokens])
     for position in (1, 2):
         a, b = draws["none"][:, position], draws["eagle"][:, position]
         assert two_sample_chi2_pvalue(a[a >= 0].numpy(), b[b >= 0].numpy()) > 1e-3
@@ -179,7 +181,7 @@ def test_transformers_streamer(pipe):
 
 def test_bad_input(pipe):
     image = _images(1)[0]
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match=r"method='medusa' is not a method of VLMPipeline.*'eagle'"):
         pipe(image, "w1", "medusa")
     with pytest.raises(ValueError, match="at least one image"):
         pipe(None, "w1", "none")
@@ -204,12 +206,12 @@ def test_bad_input(pipe):
     assert all(torch.equal(a, b) for a, b in zip(unlimited, disabled))  # top_k=0 disables it, as in the core
     with pytest.raises(ValueError, match="callback_on_step_end must be callable"):
         pipe(image, "w1", "none", callback_on_step_end="print")
-    with pytest.raises(NotImplementedError, match="chains only"):
-        pipe(image, "w1", "flash", tree=TREE)
-    with pytest.raises(ValueError, match="confidence_threshold must be a number"):
-        pipe(image, "w1", "eagle", draft_confidence_threshold=1.5)
+    with pytest.raises(ValueError, match="FlashConfig.tree must be None: this method drafts chains only"):
+        pipe.method_config("flash").replace(tree=TREE)
+    with pytest.raises(ValueError, match="VLMEagleConfig.draft_confidence_threshold must be a number"):
+        pipe.method_config("eagle").replace(draft_confidence_threshold=1.5)
     with pytest.raises(ValueError, match="dynamic already"):
-        pipe(image, "w1", "vispec", tree=TREE, draft_confidence_threshold=0.5)
+        pipe.method_config("vispec").replace(tree=TREE, draft_confidence_threshold=0.5)
     bare = VLMPipeline(pipe.target, pipe.processor)
     with pytest.raises(ValueError, match="needs a flash_head"):
         bare(image, "w1", "flash")

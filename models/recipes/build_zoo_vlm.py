@@ -3,11 +3,14 @@
 After ``train_vlm`` (target/ and draft/: the captioner and the standalone draft VLM) and
 ``train_vlm_drafter`` (eagle_head/, flash_head/, vispec_head/, specvlm_head/) have written their parts,
 this writes the pipeline layout (``model_index.json``, target/, processor/ with the captioner's chat
-template, the heads, draft_model/), so ``VLMPipeline.from_pretrained("mmspec/shapes-vlm")`` works offline
-and ``pipe(image, "describe the image in detail.")`` formats the prompt the way the captioner was trained.
-Missing heads are left out (their methods are then unavailable); the parts folders are removed once copied.
+template, the heads, draft_model/) and the methods' recommended settings (``speculation_config.json``,
+:data:`SPECULATION_SETTINGS`), so ``VLMPipeline.from_pretrained("mmspec/shapes-vlm")`` works offline,
+``pipe(image, "describe the image in detail.")`` formats the prompt the way the captioner was trained and
+``pipe(..., method="flash")`` runs with the settings the benchmark measured. Missing heads are left out
+(their methods are then unavailable); the parts folders are removed once copied.
 
     python -m mmspec.models.recipes.build_zoo_vlm --folder models/zoo/shapes-vlm
+    python -m mmspec.models.recipes.build_zoo_vlm --folder models/zoo/shapes-vlm --settings-only  # the table alone
 """
 
 from __future__ import annotations
@@ -30,17 +33,41 @@ SHAPES_CHAT_TEMPLATE = (
 )
 HEADS = ("eagle_head", "flash_head", "vispec_head", "specvlm_head")
 
+#: The zoo's recommended settings per method (``speculation_config.json``), measured with
+#: ``python -m mmspec.evaluation.bench_vlm --threads 1 --repeats 5`` (docs/pipeline_vlm.md, "Speed on the
+#: zoo"): the heads are accepted so often that long chains pay, K = 10 (FLASH: two semi-autoregressive
+#: forwards of its 5 drafts); K = 6 accepted less and K = 12 verified more for little gain; an EAGLE-2 tree
+#: was slower than the chain and a confidence cut-off gained a few per cent at most, so neither is stored.
+#: The standalone draft VLM costs more per draft: K = 8. The same in every decoding mode and batch size (the
+#: benchmark measured these for temperature 0 and 1, batch 1 and 4). Every VLM method is lossless, so no
+#: setting here trades quality.
+SPECULATION_SETTINGS: dict[str, dict] = {
+    "eagle": {"settings": {"num_draft_tokens": 10}},
+    "flash": {"settings": {"num_draft_tokens": 10}},
+    "vispec": {"settings": {"num_draft_tokens": 10}},
+    "specvlm": {"settings": {"num_draft_tokens": 10}},
+    "draft_vlm": {"settings": {"num_draft_tokens": 8}},
+}
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", type=Path, default=Path("models/zoo/shapes-vlm"))
+    parser.add_argument("--settings-only", action="store_true",
+                        help="write only speculation_config.json into an assembled folder")
     args = parser.parse_args(argv)
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
+    from mmspec.methods import SpeculationSettings
     from mmspec.models.vlm_drafters import EagleVLMHead, FlashHead, SpecVLMHead, ViSpecHead
     from mmspec.pipelines import VLMPipeline
 
     folder = args.folder
+    if args.settings_only:
+        if not (folder / "model_index.json").is_file():
+            raise SystemExit(f"{folder} is not an assembled pipeline folder: run without --settings-only first")
+        print(f"wrote {SpeculationSettings.from_dict('vlm', SPECULATION_SETTINGS).save(folder)}")
+        return
     if not (folder / "target" / "config.json").is_file():
         raise SystemExit(f"{folder}/target holds no trained captioner: run models.recipes.train_vlm first")
     half = torch.float16  # the recipes save every part in fp16; the pipeline computes in fp32
@@ -54,6 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     draft = LlavaForConditionalGeneration.from_pretrained(draft_dir, dtype=half) if draft_dir.is_dir() else None
     target = LlavaForConditionalGeneration.from_pretrained(folder / "target", dtype=half)
     pipe = VLMPipeline(target=target, processor=processor, draft_model=draft, **heads)
+    pipe.set_speculation_settings(SPECULATION_SETTINGS)  # save_pretrained writes speculation_config.json
     staging = folder.with_name(folder.name + ".staging")
     save_zoo_folder(pipe, staging)
     # keep the files save_pretrained does not write (processor and tokenizer files, training reports) beside
