@@ -1,7 +1,9 @@
 """The AR video tab: block-causal video generation (:class:`~mmspec.pipelines.ar_video.ARVideoPipeline`),
 SDVG (reward-routed draft blocks) next to the target-only baseline, with the per-block accept/reject
 strip and each block's reward. Each run's videos are shown twice: animated (a looping GIF, every video of
-the run in one picture) and as a film strip (every frame at once)."""
+the run in one picture) and as a film strip (every frame at once). SDVG runs with the checkpoint's stored
+settings (``pipe.method_config("sdvg")``, what a call with ``method="sdvg"`` runs) with the page's knobs over
+them; an empty knob keeps the stored value."""
 
 from __future__ import annotations
 
@@ -45,6 +47,10 @@ REWARDS = ("shapes", "imagereward", "clip")  # "shapes" needs no weights; the ot
 #: files of an ImageReward folder given in the reward-weights field (nothing is downloaded)
 IMAGEREWARD_FILES = {"weights": "ImageReward.pt", "med_config": "med_config.json", "tokenizer": "tokenizer"}
 AGGREGATES = ("min", "mean")
+#: the page's choice (reward, aggregate, first-block rule) that keeps the checkpoint's setting
+STORED = "checkpoint"
+#: the first-block rule's page choices besides :data:`STORED`
+FIRST_BLOCK = {"yes": True, "no": False}
 DEFAULT_PATH = "mmspec/shapes-video"
 EXAMPLE_PROMPTS = ("a red circle moving right", "a blue square moving up and a green diamond moving down")
 
@@ -254,15 +260,20 @@ def reward_kwargs_for(reward: str, weights: str | None) -> dict[str, Any]:
     return {"model": model, "pretrained": str(Path(file).expanduser())}
 
 
-def refine_timestep(value: Any, steps: int) -> float | None:
-    """The demo's "refine rejected drafts from" field: 0 / empty -> None (redraw from noise), else one of the
-    target's timesteps for ``steps`` denoising steps, below the first (which is pure noise)."""
-    if value in (None, ""):
+def _given(value: Any) -> Any:
+    """A knob's value, or None when the field is empty or keeps the checkpoint's setting."""
+    if value is None or (isinstance(value, str) and (not value.strip() or value == STORED)):
         return None
+    return value
+
+
+def refine_timestep(value: Any, steps: int) -> float | None:
+    """The demo's "refine rejected drafts from" field (not empty): 0 -> None (redraw from noise), else one of
+    the target's timesteps for ``steps`` denoising steps, below the first (which is pure noise)."""
     timestep = check_float("refine rejected drafts from (timestep)", value, 0.0, 1000.0)
     if timestep == 0:
         return None
-    from mmspec.pipelines.ar_video import evenly_spaced_timesteps  # the pipelines load lazily, with the page
+    from mmspec.video_blocks import evenly_spaced_timesteps  # the models load lazily, with the page
 
     choices = evenly_spaced_timesteps(steps, "denoising steps per block")[1:]
     if timestep not in choices:
@@ -271,36 +282,66 @@ def refine_timestep(value: Any, steps: int) -> float | None:
     return timestep
 
 
+def sdvg_config(pipe: Any, *, batch_size: int, guidance_scale: float, steps: int, tau: Any = None,
+                reward: Any = None, reward_weights: Any = None, aggregate: Any = None, force_reject_first: Any = None,
+                refine_rejected_from: Any = None) -> Any:
+    """The page's SDVG settings: the checkpoint's stored ones (``pipe.method_config``, what a call with only
+    ``method="sdvg"`` runs) with the knobs the page shows replaced, each checked under its label; an empty knob
+    (None, "" or :data:`STORED`) keeps the stored value. The reward-weights field configures the chosen (or
+    stored) reward; empty, a stored reward keeps its stored settings."""
+    config = pipe.method_config("sdvg", batch_size=batch_size, guidance_scale=guidance_scale)
+    fields: dict[str, Any] = {}
+    if _given(tau) is not None:
+        fields["tau"] = check_float("tau (reward threshold)", tau, -1e6, 1e6, allow_inf=True)
+    chosen = config.reward if _given(reward) is None else check_choice("reward", reward, REWARDS)
+    if not isinstance(chosen, str):
+        raise DemoError("the checkpoint's reward is not a named one: choose a reward")
+    if _given(reward_weights) is not None or chosen != config.reward:
+        fields["reward"], fields["reward_kwargs"] = chosen, reward_kwargs_for(chosen, reward_weights) or None
+    if _given(aggregate) is not None:
+        fields["aggregate"] = check_choice("aggregate", aggregate, AGGREGATES)
+    if _given(force_reject_first) is not None:
+        rule = FIRST_BLOCK.get(force_reject_first, force_reject_first) if isinstance(force_reject_first, str) \
+            else force_reject_first
+        if not isinstance(rule, bool):
+            raise DemoError(f"first block always by the target must be {STORED!r}, 'yes' or 'no', got "
+                            f"{force_reject_first!r}")
+        fields["force_reject_first"] = rule
+    if _given(refine_rejected_from) is not None:
+        fields["refine_rejected_from"] = refine_timestep(refine_rejected_from, steps)
+    return config.replace(**fields) if fields else config
+
+
 def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = EXAMPLE_PROMPTS[0],
-              method: str = "sdvg", num_videos: int = 1, seed: int = 0, tau: float = 0.5, reward: str = "shapes",
-              reward_weights: str | None = None, aggregate: str = "min", force_reject_first: bool = True,
-              refine_rejected_from: float | None = 0, num_blocks: int | None = None, num_inference_steps: int = 4, guidance_scale: float = 3.0,
-              report: Report | None = None) -> VideoResult:
+              method: str = "sdvg", num_videos: int = 1, seed: int = 0, tau: Any = None, reward: str | None = None,
+              reward_weights: str | None = None, aggregate: str | None = None, force_reject_first: Any = None,
+              refine_rejected_from: Any = None, num_blocks: int | None = None, num_inference_steps: int = 4,
+              guidance_scale: float = 3.0, report: Report | None = None) -> VideoResult:
     """Generate with SDVG (or drafter only) and target-only with the same seed; return the animations (GIF
     paths in :data:`ANIMATIONS`' folder), the film strips, the per-block decisions with rewards, and the
-    statistics. ``refine_rejected_from``: 0 or None, the target redraws a rejected block from noise (SDVG's
-    rule); one of the target's timesteps below 1000, it refines the rejected draft from there."""
+    statistics. The method runs with the checkpoint's stored settings and the page's knobs over them
+    (:func:`sdvg_config`; None or empty: the stored value; "draft" takes none). ``refine_rejected_from``: 0,
+    the target redraws a rejected block from noise (SDVG's rule); one of the target's timesteps below 1000, it
+    refines the rejected draft from there."""
     method, prompts, videos, seed = check_request(method, METHODS, prompt, num_videos, seed,
                                                   per_prompt_name="videos per prompt", max_per_prompt=4,
                                                   what="videos")
-    tau = check_float("tau (reward threshold)", tau, -1e6, 1e6, allow_inf=True)
-    reward = check_choice("reward", reward, REWARDS)
-    reward_kwargs = reward_kwargs_for(reward, reward_weights) if method == "sdvg" else {}
-    aggregate = check_choice("aggregate", aggregate, AGGREGATES)
     steps = check_int("denoising steps per block", num_inference_steps, 1, 50)
     guidance = check_float("guidance scale", guidance_scale, 0.0, 20.0)
-    refine = refine_timestep(refine_rejected_from, steps)
     pipe = cache.get("video", path)
+    batch = len(prompts) * videos
+    config = sdvg_config(pipe, batch_size=batch, guidance_scale=guidance, steps=steps, tau=tau, reward=reward,
+                         reward_weights=reward_weights, aggregate=aggregate, force_reject_first=force_reject_first,
+                         refine_rejected_from=refine_rejected_from) if method == "sdvg" else \
+        pipe.method_config(method, batch_size=batch, guidance_scale=guidance)
     blocks = pipe.max_blocks if num_blocks in (None, "", 0) else check_int(
         "blocks", num_blocks, 1, pipe.max_blocks)
     common = dict(num_blocks=blocks, num_inference_steps=steps, guidance_scale=guidance,
                   num_videos_per_prompt=videos)
 
     def run(name: str, generator: Any, progress: Any, output_type: str = "pil") -> Any:
-        extra = dict(tau=tau, reward=reward, reward_kwargs=reward_kwargs, aggregate=aggregate,
-                     force_reject_first=bool(force_reject_first), refine_rejected_from=refine) if name == "sdvg" else {}
-        return pipe(prompts, name, generator=generator, output_type=output_type,
-                    callback_on_block_end=lambda _p, n, _info: progress((n + 1) / blocks), **common, **extra)
+        return pipe(prompts, "none" if name == "none" else config, generator=generator, output_type=output_type,
+                    callback_on_step_end=lambda _p, n, _info: progress((n + 1) / blocks), **common)
 
     comparison = warm_up_and_compare(cache, pipe, "video", run, method, seed, warm_output_type="latent",
                                      report=report)
@@ -326,7 +367,7 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
     fpb = pipe.frames_per_block
     spec_animation = ANIMATIONS.write(animation_frames(spec_videos, kinds, fpb, videos), "speculative")
     base_animation = ANIMATIONS.write(animation_frames(base_videos, None, fpb, videos), "baseline")
-    blocks_html = block_strip_html(stats, tau, rows_prompts)
+    blocks_html = block_strip_html(stats, getattr(config, "tau", math.inf), rows_prompts)
     return VideoResult(spec_animation, film_strip(spec_videos, kinds, fpb), base_animation,
                        film_strip(base_videos, None, fpb), blocks_html,
                        stats_html(comparison, show_accepted_length=False, unit="frames"), comparison)

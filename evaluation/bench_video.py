@@ -1,12 +1,16 @@
-"""Benchmark of ARVideoPipeline on one zoo entry: a tau sweep of SDVG against target-only and draft-only
-generation, speed and quality measured in one run.
+"""Benchmark of ARVideoPipeline on one zoo entry: SDVG with the checkpoint's stored settings and a tau sweep
+of reference settings against target-only and draft-only generation, speed and quality measured in one run.
 
-Cases: ``none`` (the target, the baseline), ``draft`` (the drafter alone, the quality floor) and one
-``sdvg`` case per ``--sweep`` item ``reward:tau[:mean][:refine=T]`` (worst-frame aggregation unless
-``mean``; first block forced to the target; rejected blocks regenerated from noise unless ``refine=T``: the
-target refines the rejected draft from its timestep T, ``refine_rejected_from``; rewards: the shapes
-world's exact per-frame score ``fraction``, its finer ``match`` variant, or ``imagereward`` with local
-weights). For every case:
+Cases: ``none`` (the target, the baseline), ``draft`` (``method="draft"``: the drafter alone with its stored
+settings, the quality floor), ``sdvg`` (``method="sdvg"`` and nothing else: the settings stored with the
+checkpoint, ``speculation_config.json``, what a user's plain call gets) and one ``sdvg ... (reference)`` case
+per ``--sweep`` item ``reward:tau[:mean][:refine=T]`` (an explicit :class:`~mmspec.methods.sdvg.SDVGConfig`:
+worst-frame aggregation unless ``mean``; first block forced to the target; rejected blocks regenerated from
+noise unless ``refine=T``: the target refines the rejected draft from its timestep T,
+``refine_rejected_from``; rewards: the shapes world's exact per-frame score ``fraction``, its finer ``match``
+variant, or ``imagereward`` with local weights; the drafter samples as ``--draft-steps`` /
+``--draft-guidance-scale`` say, by default as the folder's ``model_index.json`` does). Every case shares the
+call's own settings (``--steps``, ``--sampler``, ``--guidance-scale``). For every case:
 
 * **quality** on ``--quality-prompts`` prompts of ``make_video_prompt_set`` (one video each, seed
   ``seed + i`` for prompt i in every case, so the cases are paired): the shapes world's exact evaluator
@@ -35,6 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmspec.methods.sdvg import SDVGConfig
 from mmspec.reward import aggregate_frame_rewards
 from mmspec.world import evaluate_videos, make_video_prompt_set
 
@@ -50,6 +55,9 @@ from .files import atomic_path
 from .speed import RunResult, run_benchmark
 
 GOAL_SPEEDUP, GOAL_QUALITY = 1.5, 0.98
+#: the case of SDVG with the checkpoint's stored settings (``method="sdvg"``, nothing else)
+STORED_CASE = "sdvg"
+REFERENCE = " (reference)"
 
 
 @dataclass(frozen=True)
@@ -65,15 +73,27 @@ class SweepItem:
     @property
     def case_name(self) -> str:
         return (f"sdvg {self.reward} tau={self.tau:g}" + ("" if self.aggregate == "min" else f" {self.aggregate}")
-                + ("" if self.refine is None else f" refine={self.refine:g}"))
+                + ("" if self.refine is None else f" refine={self.refine:g}") + REFERENCE)
+
+    def config(self, reward: Any, draft_steps: int | None = None, draft_guidance_scale: float | None = None
+               ) -> SDVGConfig:
+        """The reference case's explicit config (``reward``: the callable scoring the item's reward)."""
+        return SDVGConfig(tau=self.tau, reward=reward, aggregate=self.aggregate, refine_rejected_from=self.refine,
+                          draft_num_inference_steps=draft_steps, draft_guidance_scale=draft_guidance_scale)
 
 
-def case_kwargs(method: str, common: dict, item: SweepItem | None = None, reward: Any = None) -> dict:
-    """Pipeline arguments of a case: ``method`` with ``common``, plus the sweep item's routing for "sdvg"."""
-    if item is None:
-        return {"method": method, **common}
-    return {"method": "sdvg", "tau": item.tau, "reward": reward, "aggregate": item.aggregate,
-            "refine_rejected_from": item.refine, **common}
+def stored_item(config: SDVGConfig) -> SweepItem:
+    """The stored SDVG settings as a table row's reward, tau, aggregate and refinement (a "shapes" reward is
+    named by its mode, as the sweep names it)."""
+    reward = config.reward if isinstance(config.reward, str) else getattr(config.reward, "__name__", "callable")
+    if reward == "shapes":
+        reward = dict(config.reward_kwargs or {}).get("mode", "fraction")
+    return SweepItem(reward, float(config.tau), config.aggregate, config.refine_rejected_from)
+
+
+def case_kwargs(method: Any, common: dict) -> dict:
+    """Pipeline arguments of a case: ``method`` (a name: the stored settings; or a config) with ``common``."""
+    return {"method": method, **common}
 
 
 def generate(pipe: Any, prompts: Sequence[Any], kwargs: dict, seed: int) -> tuple[np.ndarray, list[Any]]:
@@ -134,8 +154,10 @@ def imagereward_of(scorer: Any, videos: np.ndarray, prompts: Sequence[Any]) -> f
 
 
 def run(pipe: Any, cases: dict[str, dict], quality_prompts: Sequence[Any], speed_prompts: Sequence[Any],
-        repeats: int, seed: int, imagereward: Any = None, log=print) -> dict:
-    """Every measurement of the table; returns a JSON-able dict."""
+        repeats: int, seed: int, imagereward: Any = None, log=print, routers: dict[str, tuple] | None = None) -> dict:
+    """Every measurement of the table; returns a JSON-able dict. ``routers``: per SDVG case its reward callable,
+    tau and aggregate (for the pass rates of the target's and the drafter's own blocks)."""
+    routers = routers or {}
     quality: dict[str, dict[str, float]] = {}
     own_videos: dict[str, np.ndarray] = {}  # target-only and draft-only videos, for the routers' pass rates
     block_rewards: dict[tuple[int, str, str], torch.Tensor] = {}  # (reward, aggregate, video set), shared by taus
@@ -145,16 +167,16 @@ def run(pipe: Any, cases: dict[str, dict], quality_prompts: Sequence[Any], speed
         result = evaluate_videos(list(videos), list(quality_prompts))
         q = {"frame_score": result.frame_score, "accuracy": result.accuracy, "identity": result.identity,
              "motion": result.motion, **routing_summary(stats)}
-        if kwargs["method"] in ("none", "draft"):
-            own_videos[kwargs["method"]] = videos
-        elif set(own_videos) == {"none", "draft"}:
+        if name in ("none", "draft"):
+            own_videos[name] = videos
+        elif name in routers and set(own_videos) == {"none", "draft"}:
+            reward, tau, aggregate = routers[name]
             for method, key in (("none", "target_blocks_pass"), ("draft", "draft_blocks_pass")):
-                scored = (id(kwargs["reward"]), kwargs["aggregate"], method)
+                scored = (id(reward), aggregate, method)
                 if scored not in block_rewards:
                     block_rewards[scored] = block_rewards_after_first_block(
-                        kwargs["reward"], own_videos[method], quality_prompts, pipe.frames_per_block,
-                        kwargs["aggregate"])
-                q[key] = pass_rate(block_rewards[scored], kwargs["tau"])
+                        reward, own_videos[method], quality_prompts, pipe.frames_per_block, aggregate)
+                q[key] = pass_rate(block_rewards[scored], tau)
         q["seconds"] = time.perf_counter() - start
         if imagereward is not None:
             q["imagereward"] = imagereward_of(imagereward, videos, quality_prompts)
@@ -212,6 +234,27 @@ def best_tau(results: dict) -> tuple[str | None, str]:
                   f"per-frame score ({q['frame_score']:.3f} vs {none:.3f}; draft-only {draft:.3f}).")
 
 
+def stored_sentence(results: dict) -> str:
+    """Whether the stored settings (``method="sdvg"``) meet both goals, with their speed and quality."""
+    if STORED_CASE not in results["quality"]:
+        return ""
+    none = results["quality"]["none"]["frame_score"]
+    draft = results["quality"]["draft"]["frame_score"]
+    q, speed = results["quality"][STORED_CASE], conservative_speedup(results["speed"][STORED_CASE])
+    met = speed >= GOAL_SPEEDUP and q["frame_score"] >= GOAL_QUALITY * none and q["frame_score"] > draft
+    return (f"**Stored settings** (`method=\"sdvg\"`, nothing else): {speed:.2f}x (the lower of the two estimates) at "
+            f"{_ratio(q['frame_score'], none):.1%} of the target's per-frame score ({q['frame_score']:.3f} vs "
+            f"{none:.3f}; draft-only {draft:.3f}): goal {'met' if met else 'not met'} (>= {GOAL_SPEEDUP}x at >= "
+            f"{GOAL_QUALITY:.0%}, above draft-only).")
+
+
+def _method_cell(name: str) -> str:
+    """The table's method column: the stored-settings case and reference cases labelled as such."""
+    if name == STORED_CASE:
+        return "sdvg (stored settings)"
+    return "sdvg (reference)" if name.endswith(REFERENCE) else name.split(" ")[0]
+
+
 def _paired_cell(speed: dict) -> str:
     """``"1.56x (1.51-1.73)"``: the median and range of the per-pass speedups ("-" where not recorded)."""
     median, spread = speed.get("paired_speedup_median"), speed.get("paired_speedup_range")
@@ -231,9 +274,16 @@ def _guidance(results: dict) -> str:
 
 
 def _draft_steps(results: dict) -> str:
-    """`` (drafter: N)`` when the drafter sampled with fewer steps than the target."""
+    """`` (drafter: N)`` when the drafter sampled with fewer steps than the target; the reference rows' drafter
+    sampling when it differs from the stored one."""
     steps = results.get("draft_steps")
-    return "" if steps is None or steps == results["steps"] else f" (drafter: {steps})"
+    text = "" if steps is None or steps == results["steps"] else f" (drafter: {steps})"
+    reference = results.get("reference_draft_steps"), results.get("reference_draft_guidance_scale")
+    if "reference_draft_steps" in results and reference != (steps, results.get("draft_guidance_scale")):
+        ref_steps = results["steps"] if reference[0] is None else reference[0]
+        ref_scale = results.get("guidance_scale", 1.0) if reference[1] is None else reference[1]
+        text += f" (reference rows' drafter: {ref_steps} steps, guidance {ref_scale:g})"
+    return text
 
 
 def to_markdown(results: dict, command: str) -> str:
@@ -248,10 +298,12 @@ def to_markdown(results: dict, command: str) -> str:
              f"Videos of {results['frames']} frames "
              f"({results['blocks']} blocks of {results['frames_per_block']}), {results['steps']} denoising steps per "
              f"block{_draft_steps(results)} ({results['sampler']} sampler), guidance {_guidance(results)}; target "
-             f"{results['target_layers']} layers, drafter {results['drafter_layers']}. SDVG: worst frame (`mean`: the "
-             "block's mean frame), first block forced to the target, rejected blocks regenerated by the target from "
-             "their noise (`refined from T`: the target refines the rejected draft from its timestep T, "
-             "`refine_rejected_from`); rewards: "
+             f"{results['target_layers']} layers, drafter {results['drafter_layers']}. `draft` and `sdvg (stored "
+             "settings)` are calls with `method=\"draft\"` / `method=\"sdvg\"` and nothing else (the checkpoint's "
+             "`speculation_config.json`); `sdvg (reference)` rows are explicit `SDVGConfig`s of the tau sweep. SDVG: "
+             "worst frame (`mean`: the block's mean frame), first block forced to the target, rejected blocks "
+             "regenerated by the target from their noise (`refined from T`: the target refines the rejected draft "
+             "from its timestep T, `refine_rejected_from`); rewards: "
              "`fraction` = the exact per-frame score (fraction of the prompted objects found), `match` = the same "
              "with each found object weighted by its template-match quality (0.6-1).", "",
              "| method | reward | tau | rejected blocks | speedup | paired speedup: median (range) | "
@@ -268,7 +320,7 @@ def to_markdown(results: dict, command: str) -> str:
             "from noise" if item["refine"] is None else f"refined from {item['refine']:g}")
         acc = "-" if math.isnan(q["acceptance"]) else f"{q['acceptance']:.2f}"
         own = [f"{q[key]:.2f}" if key in q else "-" for key in ("target_blocks_pass", "draft_blocks_pass")]
-        row = (f"| {name.split(' ')[0]} | {reward} | {tau} | {rejected} | {s['speedup']:.2f}x | {_paired_cell(s)} | "
+        row = (f"| {_method_cell(name)} | {reward} | {tau} | {rejected} | {s['speedup']:.2f}x | {_paired_cell(s)} | "
                f"{acc} | {own[0]} | {own[1]} | "
                f"{q['draft_fraction']:.2f} | "
                f"{q['target_calls']:.1f} | {q['draft_calls']:.1f} | {q['frame_score']:.3f} | "
@@ -277,7 +329,7 @@ def to_markdown(results: dict, command: str) -> str:
         if has_ir:
             row += f" {q['imagereward']:.3f} |"
         lines.append(row)
-    lines += ["", best_tau(results)[1], "",
+    lines += ["", stored_sentence(results), "", best_tau(results)[1], "",
               "`target's own blocks pass` / `draft-only blocks pass`: the share of the target-only / draft-only "
               "videos' blocks after the first that the row's router (same reward, tau, worst frame) would keep; the "
               "first is the acceptance a drafter exactly as good as the target would get, the ceiling of this "
@@ -302,15 +354,18 @@ def plot(results: dict, path: Path) -> Path:
     names = list(results["quality"])
     xs = [results["speed"][n]["speedup"] for n in names]
     ys = [results["quality"][n]["frame_score"] for n in names]
-    refines = {n: item["refine"] for n, item in results["sweep_items"].items()}
+    refines = {n: item["refine"] for n, item in results["sweep_items"].items() if n != STORED_CASE}
     for refine in dict.fromkeys(refines.values()):
         sdvg = [i for i, n in enumerate(names) if n in refines and refines[n] == refine]
-        label = "SDVG (tau sweep)" if refine is None else f"SDVG, rejected drafts refined from {refine:g}"
+        label = "SDVG (reference tau sweep)" if refine is None else f"SDVG (reference), refined from {refine:g}"
         ax.plot([xs[i] for i in sdvg], [ys[i] for i in sdvg], "o", label=label)
     for i, n in enumerate(names):
         if n in ("none", "draft"):
             ax.plot(xs[i], ys[i], "s", label={"none": "target only", "draft": "draft only"}[n])
-        ax.annotate(n.replace("sdvg ", "").replace("tau=", ""), (xs[i], ys[i]), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        elif n == STORED_CASE:
+            ax.plot(xs[i], ys[i], "*", markersize=11, label="SDVG, stored settings")
+        label = n.replace("sdvg ", "").replace("tau=", "").replace(REFERENCE, "")
+        ax.annotate(label, (xs[i], ys[i]), textcoords="offset points", xytext=(4, 4), fontsize=7)
     none = results["quality"]["none"]["frame_score"]
     ax.axhline(GOAL_QUALITY * none, color="grey", ls="--", lw=0.8, label=f"{GOAL_QUALITY:.0%} of target")
     ax.axvline(GOAL_SPEEDUP, color="grey", ls=":", lw=0.8, label=f"{GOAL_SPEEDUP}x")
@@ -367,8 +422,9 @@ def _sweep_number(text: str, what: str, item: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = new_parser(__doc__)
     parser.add_argument("--pipeline", default="mmspec/shapes-video", help="zoo id or pipeline folder")
-    parser.add_argument("--sweep", nargs="+", default=DEFAULT_SWEEP,
-                        help="SDVG cases as reward:tau[:min|mean][:refine=T] (worst frame unless mean; refine=T: the "
+    parser.add_argument("--sweep", nargs="*", default=DEFAULT_SWEEP,
+                        help="reference SDVG cases (beside the stored settings' case) as reward:tau[:min|mean]"
+                             "[:refine=T] (worst frame unless mean; refine=T: the "
                              "target refines rejected drafts from its timestep T instead of redrawing them from "
                              "noise); rewards: fraction (the exact per-frame score: found "
                              "fraction of the prompted objects), match (each found object weighted by its "
@@ -377,13 +433,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--speed-prompts", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4, help="denoising steps per block")
     parser.add_argument("--draft-steps", type=int, default=None,
-                        help="the drafter's denoising steps per block (default: the folder's setting, else --steps)")
+                        help="the drafter's denoising steps per block in the reference cases (default: the folder's "
+                             "model_index.json setting, else --steps); draft and the stored case use the stored "
+                             "settings")
     parser.add_argument("--sampler", default="euler", choices=["euler", "renoise"])
     parser.add_argument("--guidance-scale", type=float, default=3.0,
                         help="classifier-free guidance (the zoo's target draws the prompted objects in 2.5x more "
                              "frames at 3 than without: docs/pipeline_video.md)")
     parser.add_argument("--draft-guidance-scale", type=float, default=None,
-                        help="the drafter's guidance (default: the folder's setting, else --guidance-scale)")
+                        help="the drafter's guidance in the reference cases (default: the folder's model_index.json "
+                             "setting, else --guidance-scale)")
     parser.add_argument("--imagereward-weights", default=None, help="ImageReward.pt (quality column / routing)")
     parser.add_argument("--imagereward-med-config", default=None)
     parser.add_argument("--imagereward-tokenizer", default=None)
@@ -412,17 +471,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         rewards["imagereward"] = ScorerFrameReward(scorer, "imagereward", 224)
     elif any(item.reward == "imagereward" for item in sweep):
         raise SystemExit("--sweep imagereward:... needs the --imagereward-* files (no weights are downloaded)")
-    common = {"num_inference_steps": args.steps, "sampler": args.sampler, "guidance_scale": args.guidance_scale,
-              "draft_guidance_scale": args.draft_guidance_scale, "draft_num_inference_steps": args.draft_steps}
-    cases = {"none": case_kwargs("none", common), "draft": case_kwargs("draft", common)}
+    common = {"num_inference_steps": args.steps, "sampler": args.sampler, "guidance_scale": args.guidance_scale}
+    # the stored-settings cases: a user's plain call (method name only), resolved as that call resolves it
+    stored = pipe.method_config("sdvg", guidance_scale=args.guidance_scale)
+    cases = {"none": case_kwargs("none", common), "draft": case_kwargs("draft", common),
+             STORED_CASE: case_kwargs("sdvg", common)}
+    routers = {STORED_CASE: (pipe.get_reward(stored.reward, stored.reward_kwargs), stored.tau, stored.aggregate)}
+    items = {STORED_CASE: stored_item(stored)}
     for item in sweep:
-        cases[item.case_name] = case_kwargs("sdvg", common, item, rewards[item.reward])
+        config = item.config(rewards[item.reward], args.draft_steps, args.draft_guidance_scale)
+        cases[item.case_name] = case_kwargs(config, common)
+        routers[item.case_name] = (rewards[item.reward], item.tau, item.aggregate)
+        items[item.case_name] = item
     quality_prompts = make_video_prompt_set(args.quality_prompts)
     speed_prompts = make_video_prompt_set(args.speed_prompts, seed=args.seed + 1)
-    results = run(pipe, cases, quality_prompts, speed_prompts, args.repeats, args.seed, scorer)
+    results = run(pipe, cases, quality_prompts, speed_prompts, args.repeats, args.seed, scorer, routers=routers)
     config = pipe.transformer.config
-    draft_steps, draft_guidance = pipe.draft_settings(args.draft_steps, args.draft_guidance_scale)
-    results.update(sweep_items={item.case_name: asdict(item) for item in sweep},
+    draft = pipe.method_config("draft", guidance_scale=args.guidance_scale)
+    draft_steps, draft_guidance = pipe.draft_settings(draft.draft_num_inference_steps, draft.draft_guidance_scale)
+    results.update(sweep_items={name: asdict(item) for name, item in items.items()},
+                   stored_settings=stored.to_dict(),
+                   **dict(zip(("reference_draft_steps", "reference_draft_guidance_scale"),
+                              pipe.draft_settings(args.draft_steps, args.draft_guidance_scale))),
                    machine=machine_line(cpu_gemm=args.cpu_gemm), quality_prompts=len(quality_prompts), speed_prompts=len(speed_prompts), repeats=args.repeats,
                    frames=config.num_frames, frames_per_block=config.frames_per_block,
                    blocks=config.num_frames // config.frames_per_block, steps=args.steps, draft_steps=draft_steps,

@@ -17,6 +17,7 @@ import pytest
 import torch
 from pipeline_utils import assert_same_across_instances
 
+from mmspec.methods.sdvg import DraftConfig, SDVGConfig
 from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward, parse_video_prompt
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import load_zoo_tokenizer
@@ -72,7 +73,7 @@ class BlockReward:
 
 def test_tau_plus_inf_is_target_only_exactly(pipe):
     base = pipe(PROMPTS, "none", generator=gen(), output_type="pt")
-    spec = pipe(PROMPTS, "sdvg", tau=math.inf, generator=gen(), output_type="pt")
+    spec = pipe(PROMPTS, SDVGConfig(tau=math.inf), generator=gen(), output_type="pt")
     assert torch.equal(base.latents, spec.latents) and torch.equal(base.frames, spec.frames)
     assert spec.stats.draft_calls == 0 and spec.stats.reward_calls == 0  # the decision needs no draft
     assert spec.stats.target_calls == base.stats.target_calls == 1 + 4 * 4  # prompt, 4 steps x 4 blocks (writes ride along)
@@ -83,14 +84,14 @@ def test_tau_plus_inf_is_target_only_exactly(pipe):
 
 def test_tau_minus_inf_is_draft_only_exactly(pipe):
     draft = pipe(PROMPTS, "draft", generator=gen(), output_type="pt")
-    spec = pipe(PROMPTS, "sdvg", tau=-math.inf, force_reject_first=False, generator=gen(), output_type="pt")
+    spec = pipe(PROMPTS, SDVGConfig(tau=-math.inf, force_reject_first=False), generator=gen(), output_type="pt")
     assert torch.equal(draft.latents, spec.latents)
     assert spec.stats.target_calls == 0 and draft.stats.target_calls == 0  # the target never runs
     assert spec.stats.accepted.all() and spec.stats.draft_fraction == 1.0
     base = pipe(PROMPTS, "none", generator=gen(), output_type="pt")
     assert not torch.allclose(base.latents, draft.latents)
     # with the forced first block: block 0 is the target's, the rest the drafter's
-    anchored = pipe(PROMPTS, "sdvg", tau=-math.inf, generator=gen(), output_type="pt")
+    anchored = pipe(PROMPTS, SDVGConfig(tau=-math.inf), generator=gen(), output_type="pt")
     assert anchored.stats.source == [["target", "draft", "draft", "draft"]] * 2
     assert torch.equal(anchored.latents[:, :2], base.latents[:, :2])
 
@@ -104,8 +105,8 @@ def test_accepted_blocks_enter_the_target_cache(pipe):
         cache = info["target_cache"]
         seen[n] = (cache.num_frames, cache.kv.keys[:, :, :, :cache.length].clone(), info["latents"].clone())
 
-    out = pipe(PROMPTS, "sdvg", tau=0.5, reward=reward, generator=gen(), output_type="latent",
-               callback_on_block_end=on_block)
+    out = pipe(PROMPTS, SDVGConfig(tau=0.5, reward=reward), generator=gen(), output_type="latent",
+               callback_on_step_end=on_block)
     assert out.frames is None
     assert out.stats.source == [["target", "draft", "draft", "target"], ["target", "target", "draft", "draft"]]
     # lazy cache: the target caught up only when it ran: block 1 (video 1) needed block 0; block 2 (no
@@ -131,12 +132,13 @@ def test_accepted_blocks_enter_the_target_cache(pipe):
     assert torch.allclose(out.latents[0:1, 6:8], expected, atol=1e-10)
     # eager writes: the accepted block is in the target's cache right after its block
     eager = {}
-    pipe(PROMPTS, "sdvg", tau=0.5, reward=BlockReward([[None, 1.0, 1.0, 0.0], [None, 0.0, 1.0, 1.0]]),
-         generator=gen(), output_type="latent", lazy_target_cache=False,
-         callback_on_block_end=lambda p, n, info: eager.setdefault(n, info["target_cache"].num_frames))
+    eager_config = SDVGConfig(tau=0.5, reward=BlockReward([[None, 1.0, 1.0, 0.0], [None, 0.0, 1.0, 1.0]]),
+                              lazy_target_cache=False)
+    pipe(PROMPTS, eager_config, generator=gen(), output_type="latent",
+         callback_on_step_end=lambda p, n, info: eager.setdefault(n, info["target_cache"].num_frames))
     assert eager == {0: 2, 1: 4, 2: 6, 3: 6}
     # both videos reject block 3: its first target pass also writes the accepted blocks 1-2 (no pass of their own)
-    both = pipe(PROMPTS, "sdvg", tau=0.5, reward=BlockReward([[None, 1.0, 1.0, 0.0]] * 2), generator=gen(),
+    both = pipe(PROMPTS, SDVGConfig(tau=0.5, reward=BlockReward([[None, 1.0, 1.0, 0.0]] * 2)), generator=gen(),
                 output_type="latent")
     assert both.stats.source == [["target", "draft", "draft", "target"]] * 2
     assert both.stats.target_calls == 1 + 4 + 4
@@ -169,10 +171,10 @@ def test_context_frames_extend_a_video(pipe):
     fresh_start = pipe(PROMPTS, "none", generator=gen(), output_type="pt")
     assert not torch.allclose(base.latents[:, 2:4], fresh_start.latents[:, 2:4])
     # the exactness of tau = +-inf holds with a context; no block is forced to the target after one
-    spec = pipe(PROMPTS, "sdvg", tau=math.inf, context_frames=context, generator=gen(), output_type="pt")
+    spec = pipe(PROMPTS, SDVGConfig(tau=math.inf), context_frames=context, generator=gen(), output_type="pt")
     assert torch.equal(spec.latents, base.latents)
     draft = pipe(PROMPTS, "draft", context_frames=context, generator=gen(), output_type="pt")
-    accept_all = pipe(PROMPTS, "sdvg", tau=-math.inf, context_frames=context, generator=gen(), output_type="pt")
+    accept_all = pipe(PROMPTS, SDVGConfig(tau=-math.inf), context_frames=context, generator=gen(), output_type="pt")
     assert torch.equal(accept_all.latents, draft.latents) and accept_all.stats.target_calls == 0
     assert accept_all.stats.source == [["context", "draft", "draft", "draft"]] * 2
     assert not accept_all.stats.routed[:, 0].any() and accept_all.stats.routed[:, 1:].all()
@@ -192,7 +194,7 @@ def test_context_frames_extend_a_video(pipe):
 def test_per_block_stats(pipe):
     scores = [[None, 0.9, 0.2, 0.6], [None, 0.1, 0.7, 0.5]]
     reward = BlockReward(scores)
-    out = pipe(PROMPTS, "sdvg", tau=0.55, reward=reward, generator=gen(), output_type="latent")
+    out = pipe(PROMPTS, SDVGConfig(tau=0.55, reward=reward), generator=gen(), output_type="latent")
     stats = out.stats
     assert isinstance(stats, VideoSpecStats) and stats.tokens == 2 * 8
     expected_accept = [[False, True, False, True], [False, False, True, False]]
@@ -214,8 +216,8 @@ def test_worst_frame_versus_mean(pipe):
     def alternating(frames, prompt):  # frame scores 0.0 and 1.0
         return [float(i % 2) for i in range(frames.shape[0])]
 
-    worst = pipe(PROMPTS[:1], "sdvg", tau=0.4, reward=alternating, generator=gen(), output_type="latent")
-    mean = pipe(PROMPTS[:1], "sdvg", tau=0.4, reward=alternating, aggregate="mean", generator=gen(),
+    worst = pipe(PROMPTS[:1], SDVGConfig(tau=0.4, reward=alternating), generator=gen(), output_type="latent")
+    mean = pipe(PROMPTS[:1], SDVGConfig(tau=0.4, reward=alternating, aggregate="mean"), generator=gen(),
                 output_type="latent")
     assert not worst.stats.accepted.any() and worst.stats.block_scores[0, 1:].tolist() == [0.0] * 3
     assert mean.stats.accepted[0, 1:].all() and mean.stats.block_scores[0, 1:].tolist() == [0.5] * 3
@@ -256,26 +258,26 @@ def test_parse_video_prompt():
 
 def test_wrong_reward_output_and_bad_input(pipe):
     with pytest.raises(ValueError, match="returned 3 scores for a block of 2 frames"):
-        pipe(PROMPTS[0], "sdvg", tau=0.0, reward=lambda frames, prompt: [1.0, 1.0, 1.0], generator=gen())
+        pipe(PROMPTS[0], SDVGConfig(reward=lambda frames, prompt: [1.0, 1.0, 1.0]), generator=gen())
     with pytest.raises(ValueError, match="one number per frame"):
-        pipe(PROMPTS[0], "sdvg", tau=0.0, reward=lambda frames, prompt: "good", generator=gen())
+        pipe(PROMPTS[0], SDVGConfig(reward=lambda frames, prompt: "good"), generator=gen())
     with pytest.raises(ValueError, match="NaN"):
-        pipe(PROMPTS[0], "sdvg", tau=0.0, reward=lambda frames, prompt: [float("nan")] * 2, generator=gen())
-    with pytest.raises(ValueError, match="tau must be a number or \\+-inf, got NaN"):
-        pipe(PROMPTS[0], "sdvg", tau=float("nan"))
-    with pytest.raises(ValueError, match="tau must be a number"):
-        pipe(PROMPTS[0], "sdvg", tau="high")
+        pipe(PROMPTS[0], SDVGConfig(reward=lambda frames, prompt: [float("nan")] * 2), generator=gen())
+    with pytest.raises(ValueError, match="SDVGConfig.tau must be a number or \\+-inf, got NaN"):
+        SDVGConfig(tau=float("nan"))
+    with pytest.raises(ValueError, match="SDVGConfig.tau must be a number"):
+        SDVGConfig(tau="high")
     for blocks in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="num_blocks must be a positive integer"):
             pipe(PROMPTS[0], num_blocks=blocks)
     with pytest.raises(ValueError, match="exceeds the model's 4 blocks"):
         pipe(PROMPTS[0], num_blocks=5)
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match="method='eagle' is not a method of ARVideoPipeline"):
         pipe(PROMPTS[0], "eagle")
-    with pytest.raises(ValueError, match="reward must be one of"):
-        pipe(PROMPTS[0], "sdvg", reward="vision")
-    with pytest.raises(ValueError, match="aggregate"):
-        pipe(PROMPTS[0], "sdvg", aggregate="max")
+    with pytest.raises(ValueError, match="SDVGConfig.reward must be one of"):
+        SDVGConfig(reward="vision")
+    with pytest.raises(ValueError, match="SDVGConfig.aggregate"):
+        SDVGConfig(aggregate="max")
     with pytest.raises(ValueError, match="output_type"):
         pipe(PROMPTS[0], output_type="mp4")
     with pytest.raises(ValueError, match="outside the model's vocabulary"):
@@ -291,7 +293,7 @@ def test_wrong_reward_output_and_bad_input(pipe):
     with pytest.raises(ValueError, match="generator"):
         pipe(PROMPTS[0], generator=[gen()])
     with pytest.raises(ValueError, match="shapes world's video format"):
-        pipe("a red circle", "sdvg", tau=0.5, reward="shapes", generator=gen())
+        pipe("a red circle", SDVGConfig(tau=0.5, reward="shapes"), generator=gen())
     with pytest.raises(ValueError, match="needs local weights"):
         resolve_reward("imagereward")
     with pytest.raises(ValueError, match="pretrained"):
@@ -312,12 +314,12 @@ def test_sampler_guidance_steps_and_batching(pipe):
     renoise = pipe(PROMPTS[0], "none", sampler="renoise", generator=gen(), output_type="latent")
     two_steps = pipe(PROMPTS[0], "none", num_inference_steps=2, generator=gen(), output_type="latent")
     assert two_steps.stats.target_calls == 1 + 2 * 4
-    guided = pipe(PROMPTS[0], "sdvg", tau=math.inf, guidance_scale=3.0, generator=gen(), output_type="latent")
+    guided = pipe(PROMPTS[0], SDVGConfig(tau=math.inf), guidance_scale=3.0, generator=gen(), output_type="latent")
     guided_none = pipe(PROMPTS[0], "none", guidance_scale=3.0, generator=gen(), output_type="latent")
     assert torch.equal(guided.latents, guided_none.latents)
     for other in (renoise, guided):
         assert not torch.allclose(other.latents, base.latents[:1])
-    short = pipe(PROMPTS[0], "sdvg", tau=0.0, num_blocks=2, reward=lambda f, p: [1.0] * f.shape[0], generator=gen(),
+    short = pipe(PROMPTS[0], SDVGConfig(reward=lambda f, p: [1.0] * f.shape[0]), num_blocks=2, generator=gen(),
                  output_type="np")
     assert short.frames.shape == (1, 4, 32, 32, 3) and short.stats.source == [["target", "draft"]]
 
@@ -325,27 +327,29 @@ def test_sampler_guidance_steps_and_batching(pipe):
 def test_draft_guidance_scale_applies_to_the_drafter_only(pipe):
     """``draft_guidance_scale`` changes the drafter's blocks and nothing of the target's; None means "the same"."""
     guided_draft = pipe(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(), output_type="latent")
-    split = pipe(PROMPTS[0], "draft", guidance_scale=1.0, draft_guidance_scale=3.0, generator=gen(), output_type="latent")
+    split = pipe(PROMPTS[0], DraftConfig(draft_guidance_scale=3.0), guidance_scale=1.0, generator=gen(),
+                 output_type="latent")
     assert torch.equal(split.latents, guided_draft.latents)
     plain_draft = pipe(PROMPTS[0], "draft", generator=gen(), output_type="latent")
     assert not torch.allclose(plain_draft.latents, guided_draft.latents)
     target = pipe(PROMPTS[0], "none", guidance_scale=3.0, generator=gen(), output_type="latent")
-    target_split = pipe(PROMPTS[0], "none", guidance_scale=3.0, draft_guidance_scale=1.0, generator=gen(),
-                        output_type="latent")
+    target_split = pipe(PROMPTS[0], SDVGConfig(tau=math.inf, draft_guidance_scale=1.0), guidance_scale=3.0,
+                        generator=gen(), output_type="latent")
     assert torch.equal(target.latents, target_split.latents)
     # SDVG accepting every block (tau = -inf, no forced first block) is the drafter at its own guidance
-    all_drafts = pipe(PROMPTS[0], "sdvg", tau=-math.inf, force_reject_first=False, guidance_scale=1.0,
-                      draft_guidance_scale=3.0, generator=gen(), output_type="latent")
+    all_drafts = pipe(PROMPTS[0], SDVGConfig(tau=-math.inf, force_reject_first=False, draft_guidance_scale=3.0),
+                      guidance_scale=1.0, generator=gen(), output_type="latent")
     assert torch.equal(all_drafts.latents, guided_draft.latents)
     for bad in (-1.0, float("nan"), "3", True):
-        with pytest.raises(ValueError, match="draft_guidance_scale must be a number"):
-            pipe(PROMPTS[0], "sdvg", draft_guidance_scale=bad)
+        for config in (SDVGConfig, DraftConfig):
+            with pytest.raises(ValueError, match=f"{config.__name__}.draft_guidance_scale must be a number"):
+                config(draft_guidance_scale=bad)
 
 
 def test_draft_num_inference_steps_applies_to_the_drafter_only(pipe):
     """A few-step drafter (a reflow drafter's schedule): the drafter's blocks follow its own steps from the
     block's shared start noise, the target's are unchanged, and tau = -inf is still draft-only exactly."""
-    one_step = pipe(PROMPTS[0], "draft", draft_num_inference_steps=1, generator=gen(), output_type="latent")
+    one_step = pipe(PROMPTS[0], DraftConfig(draft_num_inference_steps=1), generator=gen(), output_type="latent")
     four = pipe(PROMPTS[0], "draft", generator=gen(), output_type="latent")
     assert one_step.stats.draft_calls == 1 + 1 * 4 and four.stats.draft_calls == 1 + 4 * 4
     assert not torch.allclose(one_step.latents, four.latents)
@@ -358,20 +362,19 @@ def test_draft_num_inference_steps_applies_to_the_drafter_only(pipe):
         v = pipe.drafter.predict_velocity(noise[0], 1000.0, cache, 0)
     assert torch.allclose(one_step.latents[:, :2], noise[0] - v, atol=1e-12)
     target = pipe(PROMPTS[0], "none", generator=gen(), output_type="latent")
-    assert torch.equal(pipe(PROMPTS[0], "none", draft_num_inference_steps=1, generator=gen(),
+    assert torch.equal(pipe(PROMPTS[0], SDVGConfig(tau=math.inf, draft_num_inference_steps=2), generator=gen(),
                             output_type="latent").latents, target.latents)
-    assert torch.equal(pipe(PROMPTS[0], "sdvg", tau=math.inf, draft_num_inference_steps=2, generator=gen(),
-                            output_type="latent").latents, target.latents)
-    all_drafts = pipe(PROMPTS[0], "sdvg", tau=-math.inf, force_reject_first=False, draft_num_inference_steps=1,
+    all_drafts = pipe(PROMPTS[0], SDVGConfig(tau=-math.inf, force_reject_first=False, draft_num_inference_steps=1),
                       generator=gen(), output_type="latent")
     assert torch.equal(all_drafts.latents, one_step.latents)
-    routed = pipe(PROMPTS[0], "sdvg", tau=0.0, draft_num_inference_steps=2, reward=lambda f, p: [1.0] * f.shape[0],
+    routed = pipe(PROMPTS[0], SDVGConfig(draft_num_inference_steps=2, reward=lambda f, p: [1.0] * f.shape[0]),
                   generator=gen(), output_type="latent")
     assert routed.stats.draft_calls == 1 + 2 * 3 and routed.stats.source == [["target"] + ["draft"] * 3]
-    for bad, match in ((0, "must be a positive integer"), (True, "must be a positive integer"),
-                       (2.0, "must be a positive integer"), (5, "exceeds the target's 4 steps")):
-        with pytest.raises(ValueError, match=f"draft_num_inference_steps.*{match}|{match}"):
-            pipe(PROMPTS[0], "draft", draft_num_inference_steps=bad)
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match="DraftConfig.draft_num_inference_steps must be an integer"):
+            DraftConfig(draft_num_inference_steps=bad)
+    with pytest.raises(ValueError, match="draft_num_inference_steps=5 exceeds the target's 4 steps"):
+        pipe(PROMPTS[0], DraftConfig(draft_num_inference_steps=5))
 
 
 def test_refine_rejected_from_refines_the_rejected_draft(pipe):
@@ -381,8 +384,8 @@ def test_refine_rejected_from_refines_the_rejected_draft(pipe):
     from mmspec.models.video import denoise_block, noised_to
 
     scores = [[None, 0.0, 1.0, 0.0]]  # block 1 and 3 rejected, block 2 accepted
-    full = pipe(PROMPTS[0], "sdvg", tau=0.5, reward=BlockReward(scores), generator=gen(), output_type="latent")
-    refined = pipe(PROMPTS[0], "sdvg", tau=0.5, reward=BlockReward(scores), refine_rejected_from=750,
+    full = pipe(PROMPTS[0], SDVGConfig(tau=0.5, reward=BlockReward(scores)), generator=gen(), output_type="latent")
+    refined = pipe(PROMPTS[0], SDVGConfig(tau=0.5, reward=BlockReward(scores), refine_rejected_from=750),
                    generator=gen(), output_type="latent")
     assert refined.stats.source == full.stats.source == [["target", "target", "draft", "target"]]
     assert torch.equal(refined.latents[:, :2], full.latents[:, :2])  # never drafted: from noise
@@ -404,12 +407,14 @@ def test_refine_rejected_from_refines_the_rejected_draft(pipe):
     assert torch.allclose(refined.latents[:, 2:4], expected, atol=1e-10)
     assert torch.allclose(start, 0.25 * draft + 0.75 * noise[0], atol=1e-12)
     # the first timestep is pure noise: exactly SDVG's regeneration
-    same = pipe(PROMPTS[0], "sdvg", tau=0.5, reward=BlockReward(scores), refine_rejected_from=1000,
+    same = pipe(PROMPTS[0], SDVGConfig(tau=0.5, reward=BlockReward(scores), refine_rejected_from=1000),
                 generator=gen(), output_type="latent")
     assert torch.equal(same.latents, full.latents) and same.stats.target_calls == full.stats.target_calls
-    for bad in (600, "750x", float("nan"), 0):
-        with pytest.raises(ValueError, match="refine_rejected_from must be None or one of the target's timesteps"):
-            pipe(PROMPTS[0], "sdvg", tau=0.5, refine_rejected_from=bad)
+    with pytest.raises(ValueError, match="refine_rejected_from must be None or one of the target's timesteps"):
+        pipe(PROMPTS[0], SDVGConfig(tau=0.5, refine_rejected_from=600))  # in range, but not a timestep of the call
+    for bad in ("750x", float("nan"), 0, 1001):
+        with pytest.raises(ValueError, match="SDVGConfig.refine_rejected_from must be a number"):
+            SDVGConfig(refine_rejected_from=bad)
 
 
 def test_drafter_sampling_defaults_are_saved_with_the_pipeline(pipe, tmp_path):
@@ -424,12 +429,12 @@ def test_drafter_sampling_defaults_are_saved_with_the_pipeline(pipe, tmp_path):
     loaded = ARVideoPipeline.from_pretrained(tmp_path / "reflow", torch_dtype=torch.float64)
     loaded.set_progress_bar_config(disable=True)
     assert loaded.config.draft_num_inference_steps == 1
-    explicit = pipe(PROMPTS[0], "draft", guidance_scale=3.0, draft_num_inference_steps=1, draft_guidance_scale=1.0,
+    explicit = pipe(PROMPTS[0], DraftConfig(draft_num_inference_steps=1, draft_guidance_scale=1.0), guidance_scale=3.0,
                     generator=gen(), output_type="latent")
     by_default = loaded(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(), output_type="latent")
     assert_same_across_instances(by_default.latents, explicit.latents)  # another instance: see ACROSS_INSTANCES
     assert by_default.stats.draft_calls == 1 + 4
-    overridden = loaded(PROMPTS[0], "draft", guidance_scale=3.0, draft_num_inference_steps=4, draft_guidance_scale=3.0,
+    overridden = loaded(PROMPTS[0], DraftConfig(draft_num_inference_steps=4, draft_guidance_scale=3.0), guidance_scale=3.0,
                         generator=gen(), output_type="latent")
     assert_same_across_instances(overridden.latents, pipe(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(),
                                                           output_type="latent").latents)
@@ -447,8 +452,8 @@ def test_save_load_and_export(pipe, tmp_path):
     again = ARVideoPipeline.from_pretrained(tmp_path / "pipe", torch_dtype=torch.float64)
     again.set_progress_bar_config(disable=True)
     reward = ShapesFrameReward()
-    a = pipe(PROMPTS, "sdvg", tau=0.5, reward=reward, generator=gen(), output_type="pt")
-    b = again(PROMPTS, "sdvg", tau=0.5, reward=reward, generator=gen(), output_type="pt")
+    a = pipe(PROMPTS, SDVGConfig(tau=0.5, reward=reward), generator=gen(), output_type="pt")
+    b = again(PROMPTS, SDVGConfig(tau=0.5, reward=reward), generator=gen(), output_type="pt")
     assert_same_across_instances(b.latents, a.latents)
     assert a.stats.source == b.stats.source
     lone = ARVideoPipeline.from_pretrained(tmp_path / "pipe", drafter=None)
@@ -485,7 +490,7 @@ def test_clip_reward_from_local_random_weights(pipe, tmp_path):
         random_model = CLIPScorer(name, None)
     torch.save(random_model.model.state_dict(), tmp_path / "clip.pt")
     kwargs = {"model": name, "pretrained": str(tmp_path / "clip.pt"), "image_size": 32}
-    out = pipe(PROMPTS, "sdvg", tau=-1.0, reward="clip", reward_kwargs=kwargs, generator=gen(), output_type="pt")
+    out = pipe(PROMPTS, SDVGConfig(tau=-1.0, reward="clip", reward_kwargs=kwargs), generator=gen(), output_type="pt")
     scores = out.stats.frame_rewards[:, 2:]
     assert not torch.isnan(scores).any() and ((scores >= 0) & (scores <= 100)).all()
     assert out.stats.accepted[:, 1:].all()  # CLIP scores are >= 0 > tau
@@ -518,9 +523,9 @@ def test_imagereward_from_local_random_weights(pipe, tmp_path):
     torch.save(model.state_dict(), tmp_path / "ir.pt")
     kwargs = {"weights": str(tmp_path / "ir.pt"), "med_config": str(tmp_path / "med.json"),
               "tokenizer": str(tmp_path / "tok"), "vision": vision}
-    out = pipe(PROMPTS[0], "sdvg", tau=-math.inf, reward="imagereward", reward_kwargs=kwargs, generator=gen())
+    out = pipe(PROMPTS[0], SDVGConfig(tau=-math.inf, reward="imagereward", reward_kwargs=kwargs), generator=gen())
     assert out.stats.reward_calls == 0  # tau = -inf needs no scores
-    out = pipe(PROMPTS[0], "sdvg", tau=-100.0, reward="imagereward", reward_kwargs=kwargs, generator=gen())
+    out = pipe(PROMPTS[0], SDVGConfig(tau=-100.0, reward="imagereward", reward_kwargs=kwargs), generator=gen())
     assert out.stats.reward_calls == 3 and not torch.isnan(out.stats.block_scores[0, 1:]).any()
 
 
@@ -546,7 +551,10 @@ def test_benchmark_pass_rate_of_own_blocks_skips_the_first_and_takes_the_worst_f
     assert parse_sweep(["match:0.4:mean", "fraction:1", "match:0.1:refine=750", "match:0.3:mean:refine=500"]) == [
         SweepItem("match", 0.4, "mean"), SweepItem("fraction", 1.0, "min"), SweepItem("match", 0.1, "min", 750.0),
         SweepItem("match", 0.3, "mean", 500.0)]
-    assert SweepItem("match", 0.3, "mean", 750.0).case_name == "sdvg match tau=0.3 mean refine=750"
+    assert SweepItem("match", 0.3, "mean", 750.0).case_name == "sdvg match tau=0.3 mean refine=750 (reference)"
+    config = SweepItem("match", 0.3, "mean", 750.0).config(brightness, draft_steps=1)
+    assert (config.tau, config.reward, config.aggregate, config.refine_rejected_from) == (0.3, brightness, "mean", 750.0)
+    assert config.draft_num_inference_steps == 1 and config.draft_guidance_scale is None
     for bad in ("match:0.4:max", "match", "clip:0.3", "match:nan", "match:0.1:refine=x", "match:0.1:refine=nan",
                 "match:0.1:mean:refine=750:min"):
         with pytest.raises(SystemExit):
@@ -585,19 +593,25 @@ def test_benchmark_script_writes_its_table(pipe, tmp_path):
                              "--draft-steps", "1", "--quality-prompts", "2", "--speed-prompts", "1", "--repeats", "1",
                              "--threads", "1", "--out", str(out)]) == 0
     table = out.read_text()
-    assert "| sdvg | match | 0.5 | from noise |" in table and "| none | - | - | - | 1.00x |" in table
-    assert "| sdvg | match mean | 0.5 | from noise |" in table and "Command: `" in table
-    assert "| sdvg | match | 0.5 | refined from 750 |" in table and "4 denoising steps per block (drafter: 1)" in table
+    assert "| sdvg (reference) | match | 0.5 | from noise |" in table and "| none | - | - | - | 1.00x |" in table
+    assert "| sdvg (reference) | match mean | 0.5 | from noise |" in table and "Command: `" in table
+    assert "| sdvg (reference) | match | 0.5 | refined from 750 |" in table
+    assert "4 denoising steps per block (reference rows' drafter: 1 steps, guidance 3)" in table
+    # the stored settings' case: this folder stores none, so a plain method="sdvg" runs SDVGConfig's defaults
+    assert "| sdvg (stored settings) | fraction | 0 | from noise |" in table and "**Stored settings**" in table
     assert "| none | - | - | - | 1.00x | 1.00x (1.00-1.00) |" in table  # one pass: the paired ratio is the ratio
     data = json.loads(out.with_suffix(".json").read_text())
-    assert set(data["quality"]) == {"none", "draft", "sdvg match tau=0.5", "sdvg match tau=0.5 mean",
-                                    "sdvg match tau=0.5 refine=750"}
-    refined, redrawn = data["quality"]["sdvg match tau=0.5 refine=750"], data["quality"]["sdvg match tau=0.5"]
+    assert set(data["quality"]) == {"none", "draft", "sdvg", "sdvg match tau=0.5 (reference)",
+                                    "sdvg match tau=0.5 mean (reference)", "sdvg match tau=0.5 refine=750 (reference)"}
+    assert data["stored_settings"] == SDVGConfig().to_dict()
+    refined = data["quality"]["sdvg match tau=0.5 refine=750 (reference)"]
+    redrawn = data["quality"]["sdvg match tau=0.5 (reference)"]
     assert refined["acceptance"] == redrawn["acceptance"] == 0.0  # the untrained drafter's blocks all fail...
     assert refined["target_calls"] == redrawn["target_calls"] - 3  # ...and each of 3 refinements saves a pass
+    assert redrawn["draft_calls"] == 1 + 1 * 3  # the reference rows' drafter: one step per drafted block
     assert data["quality"]["none"]["target_calls"] == 1 + 4 * 4 and data["quality"]["draft"]["target_calls"] == 0
-    assert data["quality"]["draft"]["draft_calls"] == 1 + 1 * 4  # one drafter step per block
-    sdvg = data["quality"]["sdvg match tau=0.5"]
+    assert data["quality"]["draft"]["draft_calls"] == 1 + 4 * 4  # method="draft": the stored (default) 4 steps
+    sdvg = data["quality"]["sdvg match tau=0.5 (reference)"]
     assert 0.0 <= sdvg["target_blocks_pass"] <= 1.0 and 0.0 <= sdvg["draft_blocks_pass"] <= 1.0
     assert "target_blocks_pass" not in data["quality"]["none"]
     assert out.with_suffix(".png").stat().st_size > 0
@@ -624,9 +638,10 @@ def test_zoo_entry_loads_offline_and_routes():
     assert layers[0] > layers[1]  # the target costs more per block than the drafter
     prompt = make_video_prompt_set(1)[0].text
     base = pipe(prompt, "none", num_blocks=3, generator=gen(), output_type="latent")
-    same = pipe(prompt, "sdvg", tau=math.inf, num_blocks=3, generator=gen(), output_type="latent")
+    same = pipe(prompt, pipe.method_config("sdvg").replace(tau=math.inf), num_blocks=3, generator=gen(),
+                output_type="latent")
     assert torch.equal(base.latents, same.latents)
-    spec = pipe(prompt, "sdvg", tau=0.5, num_blocks=3, generator=gen(), output_type="np")
+    spec = pipe(prompt, pipe.method_config("sdvg").replace(tau=0.5), num_blocks=3, generator=gen(), output_type="np")
     assert spec.frames.shape == (1, 6, 32, 32, 3) and spec.stats.reward_calls == 2
     # the reflow drafter drafts in one unguided step by the folder's defaults: 1 prompt pass, then per drafted
     # block one step (which also writes the previous block into its cache)
@@ -653,13 +668,15 @@ def test_zoo_report_matches_a_fresh_measurement():
 
 
 def _check_report_rows(pipe, report: dict, prompts: list) -> None:
-    for name, method in (("target", "none"), ("drafter", "draft")):
+    draft = pipe.method_config("draft")
+    if report.get("draft_guidance_scale") is not None:
+        draft = draft.replace(draft_guidance_scale=report["draft_guidance_scale"])
+    for name, method in (("target", "none"), ("drafter", draft)):
         stored = report[name]["per_prompt_frame_score"]
         assert len(stored) == report["prompts"] and abs(sum(stored) / len(stored) - report[name]["frame_score"]) < 1e-5
         for i, prompt in enumerate(prompts):
             out = pipe(prompt.text, method, guidance_scale=report.get("guidance_scale", 1.0),
-                       draft_guidance_scale=report.get("draft_guidance_scale"), generator=torch.Generator().manual_seed(i),
-                       output_type="np")
+                       generator=torch.Generator().manual_seed(i), output_type="np")
             frames = (np.clip(out.frames[0], 0, 1) * 255 + 0.5).astype(np.uint8)
             assert float(np.mean(score_video(frames, prompt).frame_scores)) == pytest.approx(stored[i], abs=1e-6)
 
