@@ -3,8 +3,7 @@
 * :class:`ModelDrafter`: a smaller causal LM of the same vocabulary, the classic draft-model speculative
   decoding (Leviathan et al. 2023) and the reference implementation of the
   :class:`~mmspec.speculate.Drafter` interface: chain drafting (greedy or sampled, returning the
-  distributions it sampled from) and EAGLE-2-style dynamic trees built with
-  :func:`~mmspec.tree.expand_dynamic_tree`.
+  distributions it sampled from) and dynamic trees (EAGLE-2's or entropy-adaptive, :class:`TreeConfig`).
 * :class:`JacobiDrafter`: Speculative Jacobi Decoding (SJD, arXiv 2410.01699), no draft model: the
   drafts of a round are the target's own samples from the previous round.
 
@@ -24,7 +23,7 @@ from mmspec.cache import keep_valid_slots
 from mmspec.runner import CausalLMRunner
 from mmspec.sampling import SamplingConfig, coupled_redraw, sample
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
-from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
+from mmspec.tree import DraftTree, StepFn, TreeAttentionBuilder, expand_dynamic_tree, expand_entropy_tree
 from mmspec.validation import check_positive_int, check_unit_interval
 
 
@@ -96,17 +95,43 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
     return DraftChain(torch.cat(tokens, 1), torch.cat(dists, 1) if drawing else None)
 
 
+#: the adaptive expansions a :class:`TreeConfig` can name (None: EAGLE-2's)
+ADAPTIVE_TREES = (None, "entropy")
+
+
 @dataclass(frozen=True)
 class TreeConfig:
-    """EAGLE-2 dynamic tree: ``depth`` levels, ``top_k`` branching, ``total_tokens`` nodes verified."""
+    """A dynamic draft tree: ``depth`` levels, ``top_k`` branching, ``total_tokens`` nodes verified.
+
+    ``adaptive=None`` is EAGLE-2's expansion (:func:`~mmspec.tree.expand_dynamic_tree`: every level expands
+    its ``top_k`` best nodes). ``adaptive="entropy"`` (:func:`~mmspec.tree.expand_entropy_tree`) expands
+    each node into as many branches as the drafter's entropy there suggests and stops early where no deeper
+    node could be kept, and past ``depth`` it follows the best path while the drafter is sure of every step
+    (up to ``total_tokens`` levels): deep and narrow where the drafter is confident, shallow and wide where
+    it is not. Both keep the ``total_tokens`` best nodes and are verified exactly, so either is lossless.
+    """
 
     depth: int = 5
     top_k: int = 8
     total_tokens: int = 48
+    adaptive: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("depth", "top_k", "total_tokens"):
             check_positive_int(getattr(self, name), name)
+        if self.adaptive not in ADAPTIVE_TREES:
+            allowed = ", ".join(repr(name) for name in ADAPTIVE_TREES)
+            raise ValueError(f"TreeConfig.adaptive must be one of {allowed}, got {self.adaptive!r}")
+
+    def expand(self, root_log_probs: torch.Tensor, step_fn: StepFn, depth_limit: int | None = None) -> DraftTree:
+        """Grow this tree with a drafter (``step_fn`` as in :func:`~mmspec.tree.expand_dynamic_tree`), no deeper
+        than ``depth_limit`` (a drafter's :attr:`~mmspec.speculate.Drafter.draft_limit`; None: no limit)."""
+        limit = self.total_tokens if depth_limit is None else depth_limit
+        depth = min(self.depth, limit)
+        if self.adaptive == "entropy":
+            return expand_entropy_tree(root_log_probs, step_fn, depth, self.top_k, self.total_tokens,
+                                       max_depth=min(self.total_tokens, limit))
+        return expand_dynamic_tree(root_log_probs, step_fn, depth, self.top_k, self.total_tokens)
 
 
 class ModelDrafter(Drafter):
@@ -119,7 +144,7 @@ class ModelDrafter(Drafter):
             :attr:`~mmspec.speculate.Drafter.draft_limit`).
         sampling: must equal the target's sampling config: drafts are drawn from the same processed
             distribution family (greedy drafting when ``do_sample=False``).
-        tree: draft an EAGLE-2 dynamic tree instead of a chain (deterministic top-k expansion).
+        tree: draft a dynamic tree instead of a chain (deterministic top-k expansion, :class:`TreeConfig`).
         generator: random source for sampled drafts.
         share_model_inputs: give the drafter's prefill the same extra inputs as the target's (image
             pixels, condition ids); False for a text-only drafter of a multimodal target.
@@ -177,8 +202,7 @@ class ModelDrafter(Drafter):
             return logits.log_softmax(-1)
 
         root = root_logits.log_softmax(-1)
-        return expand_dynamic_tree(root, step, self.capped(self.tree.depth), self.tree.top_k,
-                                   self.tree.total_tokens)
+        return self.tree.expand(root, step, self.draft_limit)
 
     def commit(self, result: RoundResult) -> None:
         prefix = self._prefix_valid.shape[1]

@@ -1,4 +1,5 @@
-"""Draft trees: layout, attention masks, EAGLE-1 static and EAGLE-2 dynamic construction, verification.
+"""Draft trees: layout, attention masks, EAGLE-1 static, EAGLE-2 dynamic and entropy-adaptive construction,
+verification.
 
 A :class:`DraftTree` holds N drafted nodes per row in topological order (a parent comes before its
 children, siblings in the order they should be tried). The *root* is the last committed token, which is
@@ -36,6 +37,7 @@ from mmspec.validation import (
     check_token_ids,
     value_checks,
 )
+from mmspec.verify import rule_masses
 
 #: How errors name the distributions of a tree.
 TARGET_NAME, DRAFT_NAME = "target distribution (target_probs)", "draft distribution (tree.draft_probs)"
@@ -173,32 +175,145 @@ def expand_dynamic_tree(root_log_probs: torch.Tensor, step_fn: StepFn, depth: in
     Returns:
         A deterministic :class:`DraftTree` (``draft_probs=None``), siblings ordered by score.
     """
+    _check_expansion(depth, top_k, total_tokens)
+    pool = _CandidatePool(root_log_probs, top_k)
+    frontier = pool.level_ids[:, :top_k]  # the root's top_k children are all the first level
+    for level in range(2, depth + 1):
+        pool.add_children(step_fn(*pool.feed(frontier), level - 1), frontier)
+        frontier = pool.best_of_last_level(top_k)
+    return pool.select(total_tokens)
+
+
+def expand_entropy_tree(root_log_probs: torch.Tensor, step_fn: StepFn, depth: int, top_k: int,
+                        total_tokens: int, max_depth: int | None = None) -> DraftTree:
+    """Entropy-adaptive draft tree: deep and narrow where the drafter is confident, shallow and wide where
+    it is not (the idea of SAGE, arXiv 2602.00523, applied per node of an EAGLE-2 expansion).
+
+    Every expanded node offers its ``top_k`` most likely children as candidates, as in
+    :func:`expand_dynamic_tree`, but how many of them are expanded further depends on the drafter's entropy
+    H at that node: :func:`entropy_branching` (``exp(H)``, the distribution's effective number of choices,
+    rounded up, at most ``top_k``); at most ``top_k`` nodes are expanded per level. A node is expanded only
+    while it scores above the ``total_tokens``-th best candidate so far, since no descendant of it could be
+    kept otherwise; when no row has such a node the expansion stops (the tree stays shallow where the
+    drafter is unsure). Past ``depth`` levels the tree grows on where the drafter is sure (``exp(H)``
+    rounds to 1, :func:`is_sure`): each row's best path continues with one node per level while every
+    step on it is sure, up to ``max_depth`` levels (deep and narrow). The tree is the ``total_tokens`` best
+    candidates, EAGLE-2's node budget and selection, so verification (and losslessness) is unchanged.
+
+    Args and return value as :func:`expand_dynamic_tree`; ``depth`` is the depth every row may reach,
+    deeper levels, up to ``max_depth`` (default and at most ``total_tokens``), only follow sure paths. Rows
+    of a batch share each level's frontier width (the widest row's); a row that wants fewer nodes fills its
+    slots with its next best candidates.
+    """
+    _check_expansion(depth, top_k, total_tokens)
+    if max_depth is not None:
+        check_positive_int(max_depth, "max_depth")
+    max_depth = total_tokens if max_depth is None else min(max_depth, total_tokens)
+    pool = _CandidatePool(root_log_probs, top_k)
+    branching = entropy_branching(root_log_probs, top_k).unsqueeze(1)  # [B, 1]: for the root
+    sure = is_sure(root_log_probs).unsqueeze(1)
+    for level in range(2, max(depth, max_depth) + 1):
+        # a candidate is wanted when it is among the first `branching` children of its parent and could still
+        # have a descendant in the tree; past `depth`, only the top child of a sure parent, one per row
+        parent_branching, parent_sure = branching.gather(1, pool.level_slots), sure.gather(1, pool.level_slots)
+        wanted = pool.level_scores > pool.kth_best_score(total_tokens).unsqueeze(1)
+        if level <= depth:
+            wanted &= pool.level_ranks < parent_branching
+        else:
+            wanted &= (pool.level_ranks == 0) & parent_sure
+            wanted &= pool.level_scores >= torch.where(wanted, pool.level_scores, -torch.inf).amax(1, keepdim=True)
+        width = min(top_k, int(wanted.sum(1).max()))
+        if width == 0:
+            break
+        frontier = pool.best_of_last_level(width, prefer=wanted)
+        log_probs = step_fn(*pool.feed(frontier), level - 1)
+        branching, sure = entropy_branching(log_probs, top_k), is_sure(log_probs)  # [B, width]
+        pool.add_children(log_probs, frontier)
+    return pool.select(total_tokens)
+
+
+def _effective_choices(log_probs: torch.Tensor) -> torch.Tensor:
+    """``exp(H)`` of the distributions ``log_probs [..., V]``: the number of equally likely tokens with the same
+    entropy (1 for a sure drafter, 2 for a coin flip between two tokens, V for a uniform distribution)."""
+    return torch.special.entr(log_probs.float().exp()).sum(-1).exp()
+
+
+def entropy_branching(log_probs: torch.Tensor, top_k: int) -> torch.Tensor:
+    """How many children of a node an entropy-adaptive tree expands: ``exp(H)`` rounded up and clamped to
+    ``[1, top_k]``, H the entropy (nats) of the drafter's distribution ``log_probs [..., V]`` there. A tenth
+    of a choice is ignored, so rounding error and a negligible tail add no branch. Returns a LongTensor
+    ``[...]``."""
+    return (_effective_choices(log_probs) - 0.1).ceil().clamp(1, top_k).long()
+
+
+def is_sure(log_probs: torch.Tensor) -> torch.Tensor:
+    """Whether the drafter is sure at a node: ``exp(H)`` below 1.5 (it rounds to one choice), e.g. a 95%
+    favourite; a BoolTensor ``[...]``. An entropy-adaptive tree grows past its depth only along sure nodes."""
+    return _effective_choices(log_probs) < 1.5
+
+
+def _check_expansion(depth: int, top_k: int, total_tokens: int) -> None:
     for value, name in ((depth, "depth"), (top_k, "top_k"), (total_tokens, "total_tokens")):
         check_positive_int(value, name)
-    batch = root_log_probs.shape[0]
-    scores, tokens = root_log_probs.topk(top_k, dim=-1)  # [B, k]
-    all_tokens, all_scores = [tokens], [scores]
-    all_parents = [torch.full_like(tokens, ROOT)]
-    frontier_ids = torch.arange(top_k, device=tokens.device).expand(batch, -1)  # candidate ids
-    frontier_tokens, frontier_scores, offset = tokens, scores, top_k
-    frontier_parents = all_parents[0]
-    for level in range(2, depth + 1):
-        log_probs = step_fn(frontier_tokens, frontier_ids, frontier_parents, level - 1)  # [B, k, V]
-        child_scores, child_tokens = log_probs.topk(top_k, dim=-1)  # [B, k, k]
-        child_scores = child_scores + frontier_scores.unsqueeze(-1)
-        parents = frontier_ids.unsqueeze(-1).expand(-1, -1, top_k)
-        child_scores, child_tokens, parents = (t.reshape(batch, -1) for t in (child_scores, child_tokens, parents))
-        all_tokens.append(child_tokens)
-        all_scores.append(child_scores)
-        all_parents.append(parents)
-        best = child_scores.topk(top_k, dim=-1).indices  # next frontier among the k*k candidates
-        frontier_tokens = child_tokens.gather(1, best)
-        frontier_scores = child_scores.gather(1, best)
-        frontier_parents = parents.gather(1, best)
-        frontier_ids = best + offset
-        offset += child_tokens.shape[1]
-    return _select_tree(torch.cat(all_tokens, 1), torch.cat(all_scores, 1), torch.cat(all_parents, 1),
-                        total_tokens)
+
+
+class _CandidatePool:
+    """The candidates of a tree expansion, numbered in order of creation (the ids the drafter is fed).
+
+    Level by level, every expanded (frontier) node adds its ``top_k`` most likely children with their
+    cumulative scores; :meth:`select` keeps the best ``total_tokens`` as a :class:`DraftTree`.
+    """
+
+    def __init__(self, root_log_probs: torch.Tensor, top_k: int) -> None:
+        self.top_k = top_k
+        scores, tokens = root_log_probs.topk(top_k, dim=-1)  # [B, k]
+        self.tokens, self.scores, self.parents = [tokens], [scores], [torch.full_like(tokens, ROOT)]
+        self._add_level(scores, torch.zeros_like(tokens), torch.arange(top_k, device=tokens.device).expand_as(tokens))
+
+    def _add_level(self, scores: torch.Tensor, slots: torch.Tensor, ranks: torch.Tensor) -> None:
+        """Record the newest level: its scores, each candidate's parent slot in the frontier and rank."""
+        offset = sum(t.shape[1] for t in self.tokens[:-1])
+        self.level_scores, self.level_slots, self.level_ranks = scores, slots, ranks
+        self.level_ids = torch.arange(offset, offset + scores.shape[1], device=scores.device).expand_as(scores)
+
+    def feed(self, frontier: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(tokens, node ids, parent ids)`` of ``frontier`` (candidate ids ``[B, F]``) for the step function."""
+        tokens, parents = torch.cat(self.tokens, 1), torch.cat(self.parents, 1)
+        return tokens.gather(1, frontier), frontier, parents.gather(1, frontier)
+
+    def add_children(self, log_probs: torch.Tensor, frontier: torch.Tensor) -> None:
+        """Add the ``top_k`` best children of each frontier node (``log_probs [B, F, V]`` after them)."""
+        batch, width = frontier.shape
+        parent_scores = torch.cat(self.scores, 1).gather(1, frontier)
+        child_scores, child_tokens = log_probs.topk(self.top_k, dim=-1)  # [B, F, k]
+        child_scores = child_scores + parent_scores.unsqueeze(-1)
+        parents = frontier.unsqueeze(-1).expand(-1, -1, self.top_k)
+        slots = torch.arange(width, device=frontier.device).view(1, -1, 1).expand_as(parents)
+        ranks = torch.arange(self.top_k, device=frontier.device).expand_as(parents)
+        flat = [t.reshape(batch, -1) for t in (child_scores, child_tokens, parents, slots, ranks)]
+        self.scores.append(flat[0])
+        self.tokens.append(flat[1])
+        self.parents.append(flat[2])
+        self._add_level(flat[0], flat[3], flat[4])
+
+    def best_of_last_level(self, width: int, prefer: torch.Tensor | None = None) -> torch.Tensor:
+        """Ids ``[B, width]`` of the newest level's best-scoring candidates (those in ``prefer`` first)."""
+        if prefer is None:
+            return self.level_ids.gather(1, self.level_scores.topk(width, dim=-1).indices)
+        order = self.level_scores.argsort(dim=-1, descending=True, stable=True)  # by score, then preferred first
+        order = order.gather(1, prefer.gather(1, order).long().argsort(dim=-1, descending=True, stable=True))
+        return self.level_ids.gather(1, order[:, :width])
+
+    def kth_best_score(self, k: int) -> torch.Tensor:
+        """``[B]`` the k-th best score of all candidates (-inf while there are fewer than k)."""
+        scores = torch.cat(self.scores, 1)
+        if scores.shape[1] < k:
+            return scores.new_full(scores.shape[:1], -torch.inf)
+        return scores.topk(k, dim=-1).values[:, -1]
+
+    def select(self, total_tokens: int) -> DraftTree:
+        return _select_tree(torch.cat(self.tokens, 1), torch.cat(self.scores, 1), torch.cat(self.parents, 1),
+                            total_tokens)
 
 
 class TreeAttentionBuilder:
@@ -256,12 +371,13 @@ def _select_tree(tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tens
     batch, num_candidates = tokens.shape
     keep = min(total_tokens, num_candidates)
     depth = tree_depths(parents)
-    # Rank by score; break ties towards shallower nodes so the kept set stays ancestor-closed.
-    key = scores - depth.to(scores.dtype) * 1e-6
-    chosen = key.topk(keep, dim=-1).indices  # [B, keep]
+    # Rank by score, ties towards shallower nodes, so the kept set stays ancestor-closed: a sure child's score
+    # can equal its parent's in floating point (and -inf ties -inf). Two stable sorts order lexicographically.
+    by_depth = depth.argsort(dim=-1, stable=True)
+    ranked = by_depth.gather(1, scores.gather(1, by_depth).argsort(dim=-1, descending=True, stable=True))
+    chosen = ranked[:, :keep]  # [B, keep], best first
     # Topological order: by depth, then by score (siblings tried best-first).
-    order_key = depth.gather(1, chosen).to(scores.dtype) * 1e6 - scores.gather(1, chosen)
-    chosen = chosen.gather(1, order_key.argsort(dim=-1, stable=True))
+    chosen = chosen.gather(1, depth.gather(1, chosen).argsort(dim=-1, stable=True))
     new_index = torch.full((batch, num_candidates), ROOT, dtype=torch.long, device=tokens.device)
     new_index.scatter_(1, chosen, torch.arange(keep, device=tokens.device).expand(batch, -1).contiguous())
     old_parents = parents.gather(1, chosen)
@@ -380,7 +496,7 @@ def _walk(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule, acc
             safe = child.clamp_min(0)
             token = tree.tokens[rows, safe]
             q = None if tree.draft_probs is None else tree.draft_probs[rows, safe]
-            target_mass, draft_mass = rule.masses(current, q, token)
+            target_mass, draft_mass = rule_masses(rule, current, q, token, torch.tensor(depth + 1))
             accept = trying & (accept_u[rows, safe] * draft_mass < target_mass)
             reject = trying & ~accept
             if bool(reject.any()):  # the residual over the vocabulary only when some row needs it
@@ -410,7 +526,7 @@ def _longest_path(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceR
     device = tree.tokens.device
     rows = torch.arange(batch, device=device)
     at_parent = target_probs[rows.unsqueeze(1), tree.parents + 1]  # [B, N, V]
-    target_mass, draft_mass = rule.masses(at_parent, tree.draft_probs, tree.tokens)
+    target_mass, draft_mass = rule_masses(rule, at_parent, tree.draft_probs, tree.tokens, tree.depths())
     accepted = accept_u * draft_mass < target_mass  # [B, N]
     lineage = tree_attention_mask(tree.parents, include_root=False)  # [B, N, N]: ancestor-or-self
     reached = ~(lineage & ~accepted.unsqueeze(1)).any(-1)  # the node and all its ancestors accepted
