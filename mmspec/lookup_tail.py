@@ -77,7 +77,7 @@ class LookupTailDrafter(Drafter):
         self.stop_at_change = stop_at_change
         if lookup_only_from is not None:
             check_positive_int(lookup_only_from, "lookup_only_from")
-            if not callable(getattr(inner, "commit_undrafted", None)):
+            if not inner.can_skip_rounds:
                 raise ValueError(f"lookup_only_from needs an inner drafter that can skip rounds (commit_undrafted); "
                                  f"{type(inner).__name__} cannot")
         self.lookup_only_from = lookup_only_from
@@ -86,8 +86,7 @@ class LookupTailDrafter(Drafter):
         self.max_length = max_length
         self._undrafted = False  # whether the current round is lookup-only
         self.needs_target_hidden = inner.needs_target_hidden
-        #: the target features the inner drafter reads under guidance (EAGLE heads name theirs)
-        self.target_hidden = getattr(inner, "target_hidden", "cond")
+        self.target_hidden = inner.target_hidden  # the target features the inner drafter reads under guidance
         self._generated: list[list[int]] = []  # per row: generated tokens, the pending one last
         self._proposed: list[list[int]] = []  # per row: the round's chain then its tail
 

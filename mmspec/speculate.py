@@ -105,10 +105,25 @@ class RoundResult:
 
 
 class Drafter(ABC):
-    """A drafting strategy (a draft model, an EAGLE/FLASH/ViSpec/SpecVLM head, Jacobi, MuLo-SD...)."""
+    """A drafting strategy (a draft model, an EAGLE/FLASH/ViSpec/SpecVLM head, Jacobi, MuLo-SD...).
+
+    Besides the three abstract methods, a drafter declares here every capability a loop or pipeline asks of
+    it, so nothing is found by probing attributes: which target features it reads (:attr:`needs_target_hidden`,
+    :attr:`target_hidden`), whether it can sit out a round (:attr:`can_skip_rounds`,
+    :meth:`commit_undrafted`) and, for VLM heads, how many visual positions it attends to
+    (:attr:`draft_visual_tokens`).
+    """
 
     #: whether the drafter wants the target's top hidden states (feature-level drafters)
     needs_target_hidden: bool = False
+    #: under classifier-free guidance, which hidden states it reads: "cond" (the conditional half), "both"
+    #: (both halves, drafting guided logits) or "guided" (one row of guided features)
+    target_hidden: str = "cond"
+    #: whether :meth:`commit_undrafted` is implemented (a lookup tail can then draft a round without it)
+    can_skip_rounds: bool = False
+    #: visual positions the drafter attends to per row (``[B]``; VLM heads that compress the image set it
+    #: at prefill); None: it does not say (a drafter reading the whole image span, or none)
+    draft_visual_tokens: torch.Tensor | None = None
     #: the most drafts the next ``propose`` may return (a chain's length, a tree's depth): set by
     #: :func:`speculative_generate` before every round to what its longest active row has left to generate
     #: minus one (drafts past that would be discarded); None (outside the loop): no limit
@@ -134,6 +149,11 @@ class Drafter(ABC):
     @abstractmethod
     def commit(self, result: RoundResult) -> None:
         """Learn what was accepted; roll back anything else (its own cache)."""
+
+    def commit_undrafted(self, result: RoundResult) -> None:
+        """Learn a round another drafter proposed for (a lookup tail's round); only drafters with
+        :attr:`can_skip_rounds` implement it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sit out a round (can_skip_rounds is False)")
 
 
 @dataclass

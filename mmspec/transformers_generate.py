@@ -127,7 +127,7 @@ def _target_and_drafter(model: Any, draft_model: Any, draft_config: Any, samplin
                              "tokenizer")
         runner = VLMRunner(draft_model) if is_vlm else CausalLMRunner(draft_model)
         drafter = _model_drafter(runner, draft_config, request)
-    hidden = bool(getattr(drafter, "needs_target_hidden", False))
+    hidden = drafter.needs_target_hidden
     if is_vlm:
         penultimate = bool(getattr(draft_config, "needs_penultimate", False))
         return VLMRunner(model, return_hidden=hidden, return_penultimate=penultimate), drafter

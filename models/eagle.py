@@ -41,7 +41,7 @@ from mmspec.models.lean_llama import LeanLlamaDecoder
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult
-from mmspec.tree import DraftTree, TreeAttentionBuilder, expand_dynamic_tree
+from mmspec.tree import DraftTree, TreeAttentionBuilder
 from mmspec.validation import check_positive_int
 
 
@@ -244,6 +244,7 @@ class EagleDrafter(Drafter):
     """
 
     needs_target_hidden = True
+    can_skip_rounds = True  # commit_undrafted: a lookup tail may draft a round without the head
 
     def __init__(self, head: EagleHead, num_draft_tokens: int = 4,
                  sampling: SamplingConfig = SamplingConfig(do_sample=False), tree: TreeConfig | None = None,
@@ -379,8 +380,7 @@ class EagleDrafter(Drafter):
             return out.logits.log_softmax(-1)
 
         root = root_logits.log_softmax(-1)
-        return expand_dynamic_tree(root, step, self.capped(self.tree.depth), self.tree.top_k,
-                                   self.tree.total_tokens)
+        return self.tree.expand(root, step, self.draft_limit)
 
     def commit(self, result: RoundResult) -> None:
         self.runner.commit(self._prefix_keep)

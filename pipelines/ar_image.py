@@ -394,9 +394,10 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
     def _target_runner(self, drafter: Any, guidance_scale: float) -> Any:
         """The transformer as the loop's target: with its hidden states when the drafter reads them, guided
         on the doubled batch under guidance."""
-        target: Any = CausalLMRunner(self.transformer, return_hidden=bool(getattr(drafter, "needs_target_hidden", False)))
+        reads_features = drafter is not None and drafter.needs_target_hidden
+        target: Any = CausalLMRunner(self.transformer, return_hidden=reads_features)
         if guidance_scale != 1.0:
-            target = GuidedRunner(target, guidance_scale, hidden=getattr(drafter, "target_hidden", "cond"))
+            target = GuidedRunner(target, guidance_scale, hidden=drafter.target_hidden if reads_features else "cond")
         return target
 
     @contextmanager

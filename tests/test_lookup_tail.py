@@ -105,6 +105,8 @@ def test_the_round_cap_covers_the_inner_chain_and_the_tail():
 class _SkippableDrafter(_ScriptedDrafter):
     """A scripted drafter that can also learn rounds it did not draft."""
 
+    can_skip_rounds = True
+
     def __init__(self, chain: list[list[int]]) -> None:
         super().__init__(chain)
         self.undrafted: list[RoundResult] = []
