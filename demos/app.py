@@ -209,8 +209,8 @@ def _vlm_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox, g
                                            elem_id=f"{elem}-method")
             fields["max_new_tokens"] = gr.Number(value=200, precision=0, label="max new tokens",
                                                  elem_id=f"{elem}-max-new-tokens")
-            fields["num_draft_tokens"] = gr.Number(value=6, precision=0, label="K (draft tokens; FLASH: per forward)",
-                                                   elem_id=f"{elem}-k")
+            fields["num_draft_tokens"] = optional_number(label="K (draft tokens; FLASH: per forward)",
+                                                         elem_id=f"{elem}-k")
         with gr.Row():
             fields.update(_sampling_row(elem, greedy=True))
         with gr.Row():
@@ -330,8 +330,8 @@ def _continuous_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Tex
         with gr.Row():
             fields["method"] = gr.Dropdown(list(continuous_tab.METHODS), value="cspd", label="method",
                                            elem_id=f"{elem}-method")
-            fields["draft_length"] = gr.Number(value=4, precision=0, label="CSpD gamma (draft iterations per target "
-                                               "pass)", elem_id=f"{elem}-gamma")
+            fields["draft_length"] = optional_number(label="CSpD gamma (draft iterations per target pass)",
+                                                     elem_id=f"{elem}-gamma")
             fields["num_images"] = gr.Number(value=2, precision=0, label="batch (images per prompt)",
                                              elem_id=f"{elem}-batch")
         with gr.Row():
@@ -341,10 +341,12 @@ def _continuous_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Tex
             fields["temperature"] = gr.Number(value=1.0, label="temperature", elem_id=f"{elem}-temperature")
             fields["guidance_scale"] = gr.Number(value=1.0, label="guidance scale", elem_id=f"{elem}-guidance")
         with gr.Row():
-            fields["verify_order"] = gr.Dropdown(list(continuous_tab.VERIFY_ORDERS), value="independent",
-                                                 label="verification order")
-            fields["verify_context"] = gr.Dropdown(list(continuous_tab.VERIFY_CONTEXTS), value="round",
-                                                   label="target context")
+            fields["verify_order"] = gr.Dropdown([("the checkpoint's", continuous_tab.STORED),
+                                                  *continuous_tab.VERIFY_ORDERS],
+                                                 value=continuous_tab.STORED, label="verification order")
+            fields["verify_context"] = gr.Dropdown([("the checkpoint's", continuous_tab.STORED),
+                                                    *continuous_tab.VERIFY_CONTEXTS],
+                                                   value=continuous_tab.STORED, label="target context")
         return fields
 
     return _generation_tab(
@@ -360,18 +362,20 @@ def _video_tab(cache: PipelineCache, paths: dict[str, str]) -> tuple[gr.Textbox,
         with gr.Row():
             fields["method"] = gr.Dropdown(list(video_tab.METHODS), value="sdvg", label="method",
                                            elem_id=f"{elem}-method")
-            fields["tau"] = gr.Number(value=0.5, label="tau (reward threshold)", elem_id=f"{elem}-tau")
-            fields["reward"] = gr.Dropdown(list(video_tab.REWARDS), value="shapes", label="reward",
-                                           elem_id=f"{elem}-reward")
+            fields["tau"] = optional_number(label="tau (reward threshold)", elem_id=f"{elem}-tau")
+            fields["reward"] = gr.Dropdown([("the checkpoint's", video_tab.STORED), *video_tab.REWARDS],
+                                           value=video_tab.STORED, label="reward", elem_id=f"{elem}-reward")
         fields["reward_weights"] = gr.Textbox(
             value="", label="reward weights (ImageReward: a folder with ImageReward.pt, med_config.json, "
             "tokenizer/; CLIP: MODEL:FILE; shapes: none)", elem_id=f"{elem}-reward-weights")
         with gr.Row():
-            fields["aggregate"] = gr.Dropdown(list(video_tab.AGGREGATES), value="min", label="aggregate over frames")
-            fields["force_reject_first"] = gr.Checkbox(value=True, label="first block always by the target",
+            fields["aggregate"] = gr.Dropdown([("the checkpoint's", video_tab.STORED), *video_tab.AGGREGATES],
+                                              value=video_tab.STORED, label="aggregate over frames")
+            fields["force_reject_first"] = gr.Dropdown([("the checkpoint's", video_tab.STORED), *video_tab.FIRST_BLOCK],
+                                                       value=video_tab.STORED, label="first block always by the target",
                                                        elem_id=f"{elem}-first")
-            fields["refine_rejected_from"] = gr.Number(
-                value=0, label="target refines rejected drafts from timestep (0: redraws them from noise)",
+            fields["refine_rejected_from"] = optional_number(
+                label="target refines rejected drafts from timestep (0: redraws them from noise)",
                 elem_id=f"{elem}-refine")
         with gr.Row():
             fields["seed"] = gr.Number(value=0, precision=0, label="seed", elem_id=f"{elem}-seed")

@@ -44,7 +44,7 @@ _LAZY = {
     "ARVideoPipeline": "mmspec.pipelines",
     "speculative_generate": "mmspec.speculate",
     "local_speculative_generate": "mmspec.local_speculate",
-    "BlockDrafter": "mmspec.local_speculate",
+    "RowBlockDrafter": "mmspec.local_speculate",
     "ModelDrafter": "mmspec.drafters",
     "TreeConfig": "mmspec.drafters",
     "JacobiDrafter": "mmspec.drafters",
@@ -69,5 +69,5 @@ __all__ = [
     "crop_cache", "cspd_log_ratio", "cspd_log_ratio_terms", "expand_dynamic_tree", "local_resample_sets", "logits_to_probs", "sample",
     "select_cache_slots", "static_tree_from_choices", "tree_attention_mask", "verify_continuous",
     "verify_tokens", "verify_tree", "speculative_generate", "ModelDrafter", "JacobiDrafter", "TreeConfig",
-    "CausalLMRunner", "local_speculative_generate", "BlockDrafter", "speculative_custom_generate",
+    "CausalLMRunner", "local_speculative_generate", "RowBlockDrafter", "speculative_custom_generate",
 ]

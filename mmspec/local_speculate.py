@@ -3,7 +3,7 @@
 Raster speculative decoding truncates at the first rejected token. MuLo-SD instead drafts whole
 blocks of image rows, lets the target score every drafted token in one pass, and redraws only the
 radius-l square neighbourhoods around rejected tokens; the rest of the block stands. This module is
-the model-agnostic loop: any :class:`BlockDrafter` (MuLo-SD's low-resolution drafter + up-sampler,
+the model-agnostic loop: any :class:`RowBlockDrafter` (MuLo-SD's low-resolution drafter + up-sampler,
 or anything else that proposes rows) with any :class:`~mmspec.rules.AcceptanceRule` (pooled threshold,
 LANTERN, exact...).
 
@@ -56,8 +56,17 @@ from mmspec.validation import NonFiniteProbabilitiesError, blame_inputs, check_p
 RESAMPLE_MODES = ("parallel", "sequential", "reverify")
 
 
-class BlockDrafter(ABC):
-    """Proposes whole blocks of grid rows (the drafter side of :func:`local_speculative_generate`)."""
+class RowBlockDrafter(ABC):
+    """Proposes whole blocks of grid rows (the drafter side of :func:`local_speculative_generate`).
+
+    It declares the target features it reads as a token :class:`~mmspec.speculate.Drafter` does, so a pipeline
+    builds the target runner for either kind the same way.
+    """
+
+    #: whether the drafter wants the target's top hidden states
+    needs_target_hidden: bool = False
+    #: under classifier-free guidance, which hidden states it reads (see :class:`~mmspec.speculate.Drafter`)
+    target_hidden: str = "cond"
 
     @property
     def calls(self) -> int:
@@ -97,7 +106,7 @@ class LocalSpeculativeOutput:
 
 
 @torch.no_grad()
-def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tuple[int, int], *, block_rows: int,
+def local_speculative_generate(target: Target, drafter: RowBlockDrafter, grid: tuple[int, int], *, block_rows: int,
                                radius: int = 1, attention_mask: torch.Tensor | None = None,
                                input_ids: torch.Tensor | None = None,
                                sampling: SamplingConfig = SamplingConfig(do_sample=False),
@@ -110,7 +119,7 @@ def local_speculative_generate(target: Target, drafter: BlockDrafter, grid: tupl
     Args:
         target: the target interface (``CausalLMRunner`` / ``GuidedRunner``); its prefill gets
             ``input_ids``, ``attention_mask`` and ``model_inputs`` (e.g. an image model's condition).
-        drafter: a :class:`BlockDrafter` proposing ``block_rows`` rows per call.
+        drafter: a :class:`RowBlockDrafter` proposing ``block_rows`` rows per call.
         block_rows: grid rows per block; must divide H.
         radius: neighbourhood radius l of the local resampling (0: only the rejected tokens).
         resample: "parallel" (all redrawn tokens from this pass's distributions, the paper's),

@@ -5,7 +5,7 @@ and of the previous final blocks (the causal video model interface of :mod:`mmsp
 :func:`generate_blocks` makes every block in one of three ways:
 
 * no drafter: the target makes every block (target-only decoding, the baseline);
-* a :class:`BlockDrafter` and no router: the drafter makes every block (draft-only, the quality floor);
+* a :class:`VideoDrafter` and no router: the drafter makes every block (draft-only, the quality floor);
 * a drafter and a :class:`~mmspec.reward.RewardRouter` (SDVG): the drafter proposes each block, the router
   decodes and scores it and keeps it iff its aggregated reward reaches tau; the target regenerates the
   rejected videos' block (from its noise, or refining the rejected draft from ``refine_rejected_from``).
@@ -111,7 +111,7 @@ def evenly_spaced_timesteps(num_steps: int, name: str) -> list[float]:
 
 
 @dataclass(frozen=True)
-class BlockDrafter:
+class VideoDrafter:
     """The drafting model of a video call and how it samples.
 
     Attributes:
@@ -199,7 +199,7 @@ class _Caches:
         return self.built[role]
 
 
-def generate_blocks(target: Any, drafter: BlockDrafter | None, prompt_ids: torch.Tensor, *, num_blocks: int,
+def generate_blocks(target: Any, drafter: VideoDrafter | None, prompt_ids: torch.Tensor, *, num_blocks: int,
                     timesteps: Sequence[float], sampler: str = "euler", guidance_scale: float = 1.0,
                     generator: torch.Generator | None = None, context: torch.Tensor | None = None,
                     decode: Callable[[torch.Tensor], torch.Tensor] | None = None, prompts: Sequence[Any] = (),

@@ -1,5 +1,5 @@
 """MuLo-SD drafting modules (arXiv 2601.05149): a low-resolution drafter, a learned token up-sampler
-and a down-sampler, assembled into a :class:`~mmspec.local_speculate.BlockDrafter`.
+and a down-sampler, assembled into a :class:`~mmspec.local_speculate.RowBlockDrafter`.
 
 * The low-resolution drafter is an ordinary AR image model over the token grid of the image at
   1/r resolution (here a small :class:`~mmspec.models.llamagen.LlamaGenTransformer` with the target's
@@ -28,7 +28,7 @@ from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from mmspec.drafters import draft_chain
-from mmspec.local_speculate import BlockDrafter
+from mmspec.local_speculate import RowBlockDrafter
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig, logits_to_probs, sample
 
@@ -145,7 +145,7 @@ def downsample_tokens(tokenizer: Any, tokens: torch.Tensor, ratio: int) -> torch
     return tokenizer.encode(F.avg_pool2d(pixels, ratio).clamp(0.0, 1.0))
 
 
-class MuLoDrafter(BlockDrafter):
+class MuLoDrafter(RowBlockDrafter):
     """MuLo-SD's multi-scale drafter: one low-res row per block, up-sampled to ``ratio`` target rows.
 
     Args:

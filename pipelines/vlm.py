@@ -57,13 +57,13 @@ from mmspec.methods import BuildRequest, MethodConfig
 from mmspec.methods.vlm_heads import draft_component
 from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner, vlm_family
+from mmspec.pipelines.callbacks import StepCallback
 from mmspec.pipelines.hub import load_components, resolve_pretrained
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
-from mmspec.validation import check_callable
 
 _DRAFTING = ("eagle", "flash", "vispec", "specvlm", "draft_vlm")
 #: The method keywords ``__call__`` took before methods became configs: keyword -> (config field, methods whose
@@ -149,6 +149,7 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
     """
 
     pipeline_family = "vlm"
+    _callback_tensor_inputs = ["new_tokens", "drafted"]
 
     _optional_components = ["eagle_head", "flash_head", "vispec_head", "specvlm_head", "draft_model"]
 
@@ -303,15 +304,13 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
                              f"{limit}: lower max_new_tokens to at most {limit - prompt}, shorten the prompt or "
                              "use fewer images or video frames")
 
-    def check_inputs(self, method: Any, max_new_tokens: Any, sampling: SamplingConfig, generator: Any,
-                     callback_on_step_end: Any) -> None:
+    def check_inputs(self, method: Any, max_new_tokens: Any, sampling: SamplingConfig, generator: Any) -> None:
         """The checks that need no encoding: the method (a name of this family or one of its configs), the
-        generation limit, the sampling settings against the vocabulary, the generator and the callback."""
+        generation limit, the sampling settings against the vocabulary and the generator."""
         self.check_method(method)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         sampling.check_vocab(self.target.get_output_embeddings().weight.shape[0])  # top_k=0 disables it, as in the core
-        check_callable(callback_on_step_end, "callback_on_step_end")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be one torch.Generator")
 
@@ -320,8 +319,9 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
     def __call__(self, images: Any = None, prompt: str | Sequence[str] = "", method: str | MethodConfig = "none", *,
                  videos: Any = None, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
                  top_p: float = 1.0, max_new_tokens: int = 256, generator: torch.Generator | None = None,
-                 callback_on_step_end: Callable[[VLMPipeline, int, dict[str, Any]], Any] | None = None,
-                 streamer: Any = None, **removed: Any) -> VLMPipelineOutput:
+                 callback_on_step_end: Callable[[VLMPipeline, int, int, dict[str, Any]], dict] | None = None,
+                 callback_on_step_end_tensor_inputs: list[str] | None = None, streamer: Any = None,
+                 return_dict: bool = True, **removed: Any) -> VLMPipelineOutput | tuple:
         """Answer each (images or video frames, prompt) pair, speculatively unless ``method="none"``.
 
         Args:
@@ -344,16 +344,22 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
                 ``max_position_embeddings``; otherwise ValueError before any forward
                 (:meth:`check_context_length`).
             generator: one ``torch.Generator`` for every random draw.
-            callback_on_step_end: called after every round as ``fn(pipeline, round_index,
-                {"new_tokens": [B, M] (-1 pad), "drafted": [B, M]})``.
-            streamer: a transformers streamer (``put(ids)``, ``end()``), batch 1 only.
+            callback_on_step_end: called after every round in diffusers' convention, ``fn(pipeline, round_index,
+                timestep, callback_kwargs) -> dict``; ``timestep`` is the tokens the longest answer has so far and
+                ``callback_kwargs`` holds the tensors named in ``callback_on_step_end_tensor_inputs``:
+                ``"new_tokens"`` ``[B, M]`` (-1 pad), ``"drafted"`` ``[B, M]`` (default: both). Read-only.
+            streamer: a transformers streamer (``put(ids)``, ``end()``), batch 1 only. It gets the prompt's ids
+                first, then the answer round by round, as from transformers' ``generate`` (so ``skip_prompt``
+                works).
+            return_dict: False returns the tuple ``(text, tokens, drafted, stats, draft_visual_tokens)``.
         Returns:
-            :class:`VLMPipelineOutput`.
+            :class:`VLMPipelineOutput` (or the tuple).
         """
         reject_removed_keywords(self, removed, MOVED_KEYWORDS, method)
         # 1. Check the inputs.
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
-        self.check_inputs(method, max_new_tokens, sampling, generator, callback_on_step_end)
+        self.check_inputs(method, max_new_tokens, sampling, generator)
+        step_callback = StepCallback(self, callback_on_step_end, callback_on_step_end_tensor_inputs)
         # 2. Encode the images and prompts (left-padded).
         batch = self.encode(images, prompt, videos)
         rows = batch.inputs["input_ids"].shape[0]
@@ -362,22 +368,26 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
         # 3. Resolve the method: the stored or given config builds the drafter; the context must fit its model.
         config, plan = self.build_method(method, BuildRequest(sampling, generator, batch_size=rows))
         self.check_context_length(batch, max_new_tokens, config)  # before any forward
-        target = VLMRunner(self.target, return_hidden=bool(getattr(plan.drafter, "needs_target_hidden", False)),
+        target = VLMRunner(self.target, return_hidden=plan.drafter is not None and plan.drafter.needs_target_hidden,
                            return_penultimate=bool(getattr(config, "needs_penultimate", False)))
         # 4. Run the loop; every accept/reject happens in the core.
         inputs = dict(batch.inputs)
         input_ids, attention_mask = inputs.pop("input_ids"), inputs.pop("attention_mask", None)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        with self._round_callback(max_new_tokens, callback_on_step_end, streamer) as on_round:
+        if streamer is not None:
+            streamer.put(input_ids.cpu())  # the prompt first, as transformers' generate does
+        with self._round_callback(max_new_tokens, step_callback, streamer) as on_round:
             out = (plan.loop or speculative_generate)(
                 target, plan.drafter, input_ids, attention_mask, max_new_tokens=max_new_tokens, sampling=sampling,
                 rule=plan.rule, eos_token_id=self.eos_token_ids or None, pad_token_id=pad, generator=generator,
                 callback=on_round, **inputs)
         # 5. Decode the text.
-        return self.decode_output(out, config, plan.drafter, target)
+        output = self.decode_output(out, config, plan.drafter, target)
+        return output if return_dict else (output.text, output.tokens, output.drafted, output.stats,
+                                           output.draft_visual_tokens)
 
     @contextmanager
-    def _round_callback(self, max_new_tokens: int, callback_on_step_end: Callable | None,
+    def _round_callback(self, max_new_tokens: int, step_callback: StepCallback,
                         streamer: Any) -> Iterator[Callable[[torch.Tensor, torch.Tensor], None]]:
         """The loop's per-round callback: advances the progress bar (by the longest row), feeds the streamer
         (row 0) and calls ``callback_on_step_end``; the streamer is ended once the loop has returned."""
@@ -391,8 +401,8 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
             longest[0] = min(max_new_tokens, longest[0] + step)
             if streamer is not None:
                 streamer.put(new_tokens[0, : int(counts[0])].cpu())
-            if callback_on_step_end is not None:
-                callback_on_step_end(self, rounds[0], {"new_tokens": new_tokens, "drafted": drafted})
+            if step_callback.active:
+                step_callback(rounds[0], longest[0], {"new_tokens": new_tokens, "drafted": drafted})
             rounds[0] += 1
 
         try:
@@ -410,7 +420,7 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
         tokens = [out.sequences[i, : int(out.lengths[i])].cpu() for i in range(rows)]
         drafted = [out.drafted[i, : int(out.lengths[i])].cpu() for i in range(rows)]
         text = [self.tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
-        visual = getattr(drafter, "draft_visual_tokens", None)
+        visual = drafter.draft_visual_tokens if drafter is not None else None
         if visual is None and getattr(config, "reads_whole_image", False) and target.prompt is not None:
             visual = target.prompt.image_mask.sum(1).tolist()
         if isinstance(visual, torch.Tensor):
@@ -431,13 +441,14 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
         decoder = _IncrementalDecoder(self.tokenizer)
         done = object()
 
-        def on_round(pipe: VLMPipeline, index: int, state: dict[str, Any]) -> None:
+        def on_round(pipe: VLMPipeline, index: int, timestep: int, state: dict[str, Any]) -> dict[str, Any]:
             new_tokens, drafted = state["new_tokens"].cpu(), state["drafted"].cpu()
             for row in range(new_tokens.shape[0]):
                 keep = new_tokens[row] >= 0
                 ids = new_tokens[row][keep].tolist()
                 if ids:
                     events.put(VLMStreamChunk(row, decoder.add(row, ids), ids, drafted[row][keep].tolist()))
+            return state
 
         def work() -> None:
             try:

@@ -7,7 +7,7 @@ import pytest
 import torch
 from stats_utils import P_VALUE_FLOOR, two_sample_chi2_pvalue
 
-from mmspec.local_speculate import BlockDrafter, local_speculative_generate
+from mmspec.local_speculate import RowBlockDrafter, local_speculative_generate
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.rules import AcceptanceRule, ExactRule, GreedyRule, PoolingThresholdRule
 from mmspec.runner import CausalLMRunner, GuidedRunner
@@ -43,7 +43,7 @@ def target_runner(model, guided: bool):
     return GuidedRunner(runner, 2.5) if guided else runner
 
 
-class ScriptedDrafter(BlockDrafter):
+class ScriptedDrafter(RowBlockDrafter):
     """Proposes fixed tokens (e.g. the target's own output, or noise); records what was committed."""
 
     def __init__(self, tokens: torch.Tensor, block_len: int) -> None:
@@ -206,7 +206,7 @@ def test_sequential_resampling_keeps_accepted_drafts_and_redraws_in_context():
 
 
 
-class SampledDrafter(BlockDrafter):
+class SampledDrafter(RowBlockDrafter):
     """Draws each block from fixed random distributions q (returned with the tokens), so the exact rule's
     ratio and residual with a stochastic draft are exercised."""
 

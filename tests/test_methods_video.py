@@ -21,7 +21,7 @@ from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import load_zoo_tokenizer
 from mmspec.models.video import BlockCausalVideoTransformer
 from mmspec.pipelines.ar_video import ARVideoPipeline
-from mmspec.video_blocks import BlockDrafter
+from mmspec.video_blocks import VideoDrafter
 from mmspec.world import make_video_prompt_set, vocabulary
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -205,7 +205,7 @@ class OneStepDraftConfig(MethodConfig):
     pipelines: ClassVar[tuple[str, ...]] = ("video",)
 
     def build(self, pipeline: Any, request: BuildRequest) -> MethodPlan:
-        return MethodPlan(drafter=BlockDrafter(pipeline.drafter, num_inference_steps=1))
+        return MethodPlan(drafter=VideoDrafter(pipeline.drafter, num_inference_steps=1))
 
 
 def test_a_method_registered_from_outside_runs_in_the_block_loop(pipe):

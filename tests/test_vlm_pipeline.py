@@ -172,11 +172,15 @@ def test_stream_yields_the_final_text(pipe):
 
 
 def test_transformers_streamer(pipe):
+    """As with transformers' generate: the streamer sees the prompt first (skip_prompt drops it), then the answer."""
     from transformers import TextIteratorStreamer
 
-    streamer = TextIteratorStreamer(pipe.tokenizer, skip_special_tokens=True)
+    streamer = TextIteratorStreamer(pipe.tokenizer, skip_prompt=True, skip_special_tokens=True)
     out = pipe(_images(1)[0], "w9", "eagle", max_new_tokens=10, streamer=streamer)
     assert "".join(streamer).strip() == out.text[0].strip()
+    with_prompt = TextIteratorStreamer(pipe.tokenizer, skip_special_tokens=True)
+    pipe(_images(1)[0], "w9", "eagle", max_new_tokens=10, streamer=with_prompt)
+    assert "".join(with_prompt).strip().endswith(out.text[0].strip()) and "w9" in "".join(with_prompt)
 
 
 def test_bad_input(pipe):
@@ -228,3 +232,34 @@ def test_mismatched_components_are_rejected(pipe):
         VLMPipeline(pipe.target, pipe.processor, eagle_head=other_vocab)
     with pytest.raises(ValueError, match="model must be one of"):
         VLMPipeline(torch.nn.Linear(2, 2), pipe.processor)
+
+
+def test_diffusers_style_callback_return_dict_and_a_streamer_that_skips_the_prompt():
+    """callback_on_step_end(pipe, step, timestep, kwargs) -> dict with the requested tensors; return_dict=False
+    gives a tuple; a TextStreamer with skip_prompt=True prints the whole answer (the prompt is sent first)."""
+    from transformers import TextStreamer
+
+    from mmspec.pipelines import VLMPipeline
+    from mmspec.world import render_scene, sample_scene
+
+    pipe = VLMPipeline.from_pretrained("mmspec/shapes-vlm")
+    pipe.set_progress_bar_config(disable=True)
+    image = render_scene(sample_scene(0), image_size=64)
+    seen = []
+    out = pipe(image, "describe the image in detail.", "flash", max_new_tokens=24,
+               callback_on_step_end=lambda p, step, t, kw: seen.append((step, t, sorted(kw))) or kw,
+               callback_on_step_end_tensor_inputs=["drafted"])
+    assert [s for s, _, _ in seen] == list(range(len(seen))) and all(keys == ["drafted"] for _, _, keys in seen)
+    assert seen[-1][1] == len(out.tokens[0])
+    text, tokens, drafted, stats, visual = pipe(image, "describe the image in detail.", "flash", max_new_tokens=24,
+                                                return_dict=False)
+    assert text == out.text and torch.equal(tokens[0], out.tokens[0])
+    printed = []
+
+    class Collect(TextStreamer):
+        def on_finalized_text(self, chunk: str, stream_end: bool = False) -> None:
+            printed.append(chunk)
+
+    pipe(image, "describe the image in detail.", "flash", max_new_tokens=24,
+         streamer=Collect(pipe.tokenizer, skip_prompt=True, skip_special_tokens=True))
+    assert "".join(printed).strip() == out.text[0].strip()

@@ -68,12 +68,12 @@ class DrafterSampling(MethodConfig):
 
     def block_drafter(self, pipeline: Any) -> Any:
         """The pipeline's drafter with this config's sampling (the pipeline's saved defaults for None)."""
-        from mmspec.video_blocks import BlockDrafter
+        from mmspec.video_blocks import VideoDrafter
 
         if pipeline.drafter is None:
             raise ValueError(f"method={self.name!r} needs a drafter; this pipeline has none")
         steps, scale = pipeline.draft_settings(self.draft_num_inference_steps, self.draft_guidance_scale)
-        return BlockDrafter(pipeline.drafter, steps, scale)
+        return VideoDrafter(pipeline.drafter, steps, scale)
 
 
 @register("draft")
