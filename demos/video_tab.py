@@ -341,7 +341,7 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
 
     def run(name: str, generator: Any, progress: Any, output_type: str = "pil") -> Any:
         return pipe(prompts, "none" if name == "none" else config, generator=generator, output_type=output_type,
-                    callback_on_step_end=lambda _p, n, _info: progress((n + 1) / blocks), **common)
+                    callback_on_step_end=lambda _p, n, _t, state: progress((n + 1) / blocks) or state, **common)
 
     comparison = warm_up_and_compare(cache, pipe, "video", run, method, seed, warm_output_type="latent",
                                      report=report)

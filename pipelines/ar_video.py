@@ -52,12 +52,13 @@ from mmspec.methods import BuildRequest, MethodConfig
 from mmspec.methods.sdvg import REWARDS, resolve_reward
 from mmspec.models.text import WordTokenizer
 from mmspec.models.video import check_timesteps
+from mmspec.pipelines.callbacks import StepCallback
 from mmspec.pipelines.conditioning import WordVocabularyMixin, as_prompt_list
 from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
-from mmspec.validation import check_callable, check_guidance_scale
+from mmspec.validation import check_guidance_scale
 from mmspec.video_blocks import (
     SAMPLERS,
     VideoBlocksOutput,
@@ -198,6 +199,7 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
     """
 
     pipeline_family = "video"
+    _callback_tensor_inputs = ["latents", "accepted", "target_cache", "draft_cache"]
 
     _optional_components = ["drafter"]
 
@@ -287,8 +289,7 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
             return self._reward_cache[key]
 
     def check_inputs(self, prompt: Any, method: Any, num_blocks: int, guidance_scale: float,
-                     num_videos_per_prompt: int, output_type: str, sampler: str, generator: Any,
-                     callback_on_step_end: Any = None) -> list[Any]:
+                     num_videos_per_prompt: int, output_type: str, sampler: str, generator: Any) -> list[Any]:
         """Validate the call; returns the prompts as a list (strings or VideoPrompts)."""
         self.check_method(method)
         if output_type not in OUTPUT_TYPES:
@@ -308,7 +309,6 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
             raise ValueError(f"num_videos_per_prompt must be a positive integer, got {num_videos_per_prompt!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
-        check_callable(callback_on_step_end, "callback_on_step_end")
         return prompts
 
     def _encode_context(self, frames: Any, batch: int, num_prompts: int, num_blocks: int) -> torch.Tensor:
@@ -341,8 +341,9 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
                  denoising_timesteps: Sequence[float] | None = None, sampler: str = "euler",
                  guidance_scale: float = 1.0, num_videos_per_prompt: int = 1, generator: torch.Generator | None = None,
                  output_type: str = "pil", context_frames: torch.Tensor | None = None,
-                 callback_on_step_end: Callable[[ARVideoPipeline, int, dict[str, Any]], Any] | None = None,
-                 **removed: Any) -> ARVideoPipelineOutput:
+                 callback_on_step_end: Callable[[ARVideoPipeline, int, int, dict[str, Any]], dict] | None = None,
+                 callback_on_step_end_tensor_inputs: list[str] | None = None, return_dict: bool = True,
+                 **removed: Any) -> ARVideoPipelineOutput | tuple:
         """Generate videos block by block.
 
         Args:
@@ -369,19 +370,23 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
                 (encoded by the vae, cached by both models like generated blocks); generation continues after
                 them and the output holds them first. Their blocks count as ``source="context"``; with a context
                 no block is forced to the target (the context anchors the scene).
-            callback_on_step_end: ``fn(pipeline, block_index, {"latents": [B, F, C, h, w] so far,
-                "accepted": bool [B], "target_cache", "draft_cache"})`` after every block (a step is a block;
-                the caches are :class:`~mmspec.models.video.VideoCache` objects or None, for inspection); its
-                return value is ignored.
+            callback_on_step_end: called after every block (a step is a block) in diffusers' convention,
+                ``fn(pipeline, block_index, timestep, callback_kwargs) -> dict`` with ``timestep`` the block index
+                and ``callback_kwargs`` the entries named in ``callback_on_step_end_tensor_inputs``:
+                ``"latents"`` ``[B, F, C, h, w]`` so far, ``"accepted"`` bool ``[B]``, ``"target_cache"`` and
+                ``"draft_cache"`` (:class:`~mmspec.models.video.VideoCache` objects or None, for inspection;
+                default: all four). Read-only.
+            return_dict: False returns the tuple ``(frames, latents, stats)``.
         Returns:
-            :class:`ARVideoPipelineOutput`.
+            :class:`ARVideoPipelineOutput` (or the tuple).
         """
         _reject_renamed_keywords(self, removed)
         reject_removed_keywords(self, removed, MOVED_KEYWORDS, method)
         # 1. Check the inputs.
         num_blocks = self.max_blocks if num_blocks is None else num_blocks
         prompts = self.check_inputs(prompt, method, num_blocks, guidance_scale, num_videos_per_prompt, output_type,
-                                    sampler, generator, callback_on_step_end)
+                                    sampler, generator)
+        step_callback = StepCallback(self, callback_on_step_end, callback_on_step_end_tensor_inputs)
         timesteps = check_timesteps(evenly_spaced_timesteps(num_inference_steps, "num_inference_steps")
                                     if denoising_timesteps is None else denoising_timesteps)
         # 2. Encode the prompts (one row per video) and a context.
@@ -395,21 +400,22 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         # 4. Run the loop: every block of every video; drafting, routing and regeneration happen in the core.
         loop = plan.loop or generate_blocks
         first = 0 if context is None else context.shape[1] // self.frames_per_block
-        with self._block_callback(num_blocks - first, callback_on_step_end) as on_block:
+        with self._block_callback(num_blocks - first, step_callback) as on_block:
             out = loop(self.transformer, plan.drafter, ids, num_blocks=num_blocks, timesteps=timesteps,
                        sampler=sampler, guidance_scale=guidance_scale, generator=generator, context=context,
                        decode=self.decode_latents, prompts=rows_prompts, callback=on_block)
         # 5. Decode the latents to frames.
-        return self.decode_video(out, output_type)
+        output = self.decode_video(out, output_type)
+        return output if return_dict else (output.frames, output.latents, output.stats)
 
     @contextmanager
-    def _block_callback(self, total: int, callback_on_step_end: Callable | None) -> Iterator[Callable]:
+    def _block_callback(self, total: int, step_callback: StepCallback) -> Iterator[Callable]:
         """The loop's per-block callback: advances the progress bar and calls ``callback_on_step_end``."""
         progress = self.progress_bar(total=total)
 
         def on_block(block: int, state: dict[str, Any]) -> None:
-            if callback_on_step_end is not None:
-                callback_on_step_end(self, block, state)
+            if step_callback.active:
+                step_callback(block, block, state)
             progress.update(1)
 
         try:

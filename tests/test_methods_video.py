@@ -134,12 +134,22 @@ def test_bad_methods_and_keywords_raise_naming_the_field(pipe):
 
 
 def test_callback_on_step_end_is_called_after_every_block(pipe):
+    """diffusers' convention: fn(pipeline, step, timestep, callback_kwargs) -> dict; a step is a block."""
     seen = []
-    out = pipe(PROMPTS, "sdvg", generator=gen(), output_type="latent",
-               callback_on_step_end=lambda p, n, state: seen.append((p, n, state["latents"].shape[1],
-                                                                      state["accepted"].tolist())))
-    assert [(p, n, frames) for p, n, frames, _ in seen] == [(pipe, n, 2 * (n + 1)) for n in range(4)]
+
+    def callback(p, n, timestep, state):
+        seen.append((p, n, timestep, state["latents"].shape[1], state["accepted"].tolist()))
+        return state
+
+    out = pipe(PROMPTS, "sdvg", generator=gen(), output_type="latent", callback_on_step_end=callback)
+    assert [(p, n, t, frames) for p, n, t, frames, _ in seen] == [(pipe, n, n, 2 * (n + 1)) for n in range(4)]
     assert [accepted for *_, accepted in seen] == out.stats.accepted.T.tolist()
+    keys = []
+    pipe(PROMPTS, "none", generator=gen(), output_type="latent", callback_on_step_end_tensor_inputs=["accepted"],
+         callback_on_step_end=lambda p, n, t, state: keys.append(sorted(state)) or state)
+    assert keys and all(k == ["accepted"] for k in keys)
+    frames, latents, stats = pipe(PROMPTS, "sdvg", generator=gen(), output_type="latent", return_dict=False)
+    assert frames is None and torch.equal(latents, out.latents) and stats.source == out.stats.source
 
 
 def test_save_and_load_keep_the_stored_settings(pipe, tmp_path):

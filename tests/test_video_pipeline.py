@@ -101,9 +101,10 @@ def test_accepted_blocks_enter_the_target_cache(pipe):
     reward = BlockReward([[None, 1.0, 1.0, 0.0], [None, 0.0, 1.0, 1.0]])
     seen = {}
 
-    def on_block(p, n, info):
+    def on_block(p, n, timestep, info):
         cache = info["target_cache"]
         seen[n] = (cache.num_frames, cache.kv.keys[:, :, :, :cache.length].clone(), info["latents"].clone())
+        return info
 
     out = pipe(PROMPTS, SDVGConfig(tau=0.5, reward=reward), generator=gen(), output_type="latent",
                callback_on_step_end=on_block)
@@ -135,7 +136,7 @@ def test_accepted_blocks_enter_the_target_cache(pipe):
     eager_config = SDVGConfig(tau=0.5, reward=BlockReward([[None, 1.0, 1.0, 0.0], [None, 0.0, 1.0, 1.0]]),
                               lazy_target_cache=False)
     pipe(PROMPTS, eager_config, generator=gen(), output_type="latent",
-         callback_on_step_end=lambda p, n, info: eager.setdefault(n, info["target_cache"].num_frames))
+         callback_on_step_end=lambda p, n, t, info: eager.setdefault(n, info["target_cache"].num_frames) and info)
     assert eager == {0: 2, 1: 4, 2: 6, 3: 6}
     # both videos reject block 3: its first target pass also writes the accepted blocks 1-2 (no pass of their own)
     both = pipe(PROMPTS, SDVGConfig(tau=0.5, reward=BlockReward([[None, 1.0, 1.0, 0.0]] * 2)), generator=gen(),
