@@ -91,3 +91,19 @@ def test_a_draft_is_required_and_must_share_the_vocabulary(zoo_vlm):
     with pytest.raises(ValueError, match="share a tokenizer"):
         pipe.target.generate(**inputs, max_new_tokens=4, custom_generate=speculative_custom_generate,
                              draft_model=tiny_llama(dtype=torch.float32))
+
+
+def test_qwen2_vl_through_generate_is_refused_with_the_reason():
+    """Qwen2-VL's M-RoPE positions need the image grid, which generate() drops before a custom_generate runs:
+    a clear NotImplementedError, not a wrong answer."""
+    from test_vlm_drafters import _build, _prompts
+
+    from mmspec.models.eagle import EagleHead
+
+    target = _build("qwen2_vl")
+    ids, mask, image_inputs, _ = _prompts("qwen2_vl")
+    text = target.config.get_text_config()
+    head = EagleHead(hidden_size=text.hidden_size, vocab_size=text.vocab_size, intermediate_size=64)
+    with pytest.raises(NotImplementedError, match="M-RoPE.*VLMPipeline"):
+        target.generate(ids, attention_mask=mask, **image_inputs, max_new_tokens=4, do_sample=False,
+                        custom_generate=speculative_custom_generate, draft_model=head)
