@@ -59,6 +59,7 @@ from mmspec.pipelines.conditioning import (
     images_for_output_type,
     load_text_vocabulary,
 )
+from mmspec.pipelines.generators import concat_outputs, split_generators
 from mmspec.pipelines.hub import resolve_pretrained
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.rules import AcceptanceRule
@@ -308,8 +309,9 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
             if rule.greedy == do_sample:
                 raise ValueError(f"rule.greedy={rule.greedy} contradicts do_sample={do_sample}: build the rule with "
                                  f"greedy={not do_sample}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
+        if generator is not None and not isinstance(generator, (torch.Generator, list, tuple)):
+            raise ValueError(f"generator must be a torch.Generator or a list of them (one per image), got "
+                             f"{type(generator).__name__}")
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
@@ -335,7 +337,9 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
                 decoding when ``do_sample=False``.
             guidance_scale: classifier-free guidance (1.0: no guidance, no doubled batch).
             num_images_per_prompt: images per prompt (rows ``prompt0 x n, prompt1 x n, ...``).
-            generator: one ``torch.Generator`` for every random draw (drafts, acceptance, resampling).
+            generator: one ``torch.Generator`` for every random draw (drafts, acceptance, resampling), or a
+                list, one per image: each image is then decoded alone with its own generator, so it equals a
+                call for that image alone (:mod:`.generators`; slower than one batched loop).
             output_type: "pil", "np", "pt" or "tokens" (no decoding).
             rule: an :class:`~mmspec.rules.AcceptanceRule` replacing the method's (e.g. ``GroupedRule`` on
                 EAGLE drafts); its ``greedy`` flag must equal ``not do_sample``.
@@ -354,6 +358,19 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         self.check_inputs(prompt, class_labels, method, do_sample, top_k, guidance_scale, num_images_per_prompt,
                           output_type, rule, generator)
         step_callback = StepCallback(self, callback_on_step_end, callback_on_step_end_tensor_inputs)
+        rows = self._condition_rows(prompt, class_labels, num_images_per_prompt)
+        generators = split_generators(generator, len(rows), "images")
+        if generators is not None:  # each image alone with its own random stream
+            parts = [self(**row, method=method, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                          top_p=top_p, guidance_scale=guidance_scale, generator=g, output_type=output_type,
+                          rule=rule, callback_on_step_end=callback_on_step_end,
+                          callback_on_step_end_tensor_inputs=callback_on_step_end_tensor_inputs)
+                     for row, g in zip(rows, generators)]
+            output = ARImagePipelineOutput(images=concat_outputs([p.images for p in parts]),
+                                           tokens=torch.cat([p.tokens for p in parts]),
+                                           stats=SpecStats.merge(p.stats for p in parts),
+                                           drafted=torch.cat([p.drafted for p in parts]))
+            return output if return_dict else (output.images, output.tokens, output.stats, output.drafted)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         # 2. Encode the condition: one row per image, doubled [cond; uncond] under guidance.
         inputs, mask, batch = self.encode_condition(prompt, class_labels, num_images_per_prompt, guidance_scale)
@@ -369,6 +386,15 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         # 5. Decode the token grids.
         output = self.decode_tokens(out, output_type)
         return output if return_dict else (output.images, output.tokens, output.stats, output.drafted)
+
+    @staticmethod
+    def _condition_rows(prompt: Any, class_labels: Any, num_images_per_prompt: int) -> list[dict[str, Any]]:
+        """The call's images as single-image conditions (``prompt0 x n, prompt1 x n, ...``)."""
+        if prompt is not None:
+            items = [prompt] if isinstance(prompt, str) else list(prompt)
+            return [{"prompt": text} for text in items for _ in range(num_images_per_prompt)]
+        labels = torch.as_tensor(class_labels).reshape(-1).tolist()
+        return [{"class_labels": [label]} for label in labels for _ in range(num_images_per_prompt)]
 
     def encode_condition(self, prompt: Any, class_labels: Any, num_images_per_prompt: int, guidance_scale: float
                          ) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:

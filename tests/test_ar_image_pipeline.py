@@ -747,3 +747,20 @@ def test_gsd_with_group_size_one_is_sjd_and_lantern_delta_zero_is_eagle_when_sam
 
     assert torch.equal(sampled(GSDConfig(group_size=1, window=5)), sampled(SJDConfig(window=5)))
     assert torch.equal(sampled(LanternConfig(delta=0.0, k=8)), sampled("eagle"))
+
+
+def test_a_list_of_generators_makes_each_image_its_own_call(pipe):
+    """diffusers' convention: one generator per image; image i equals a call for that image alone with
+    generators[i], whatever the other images are."""
+    seeds = [3, 4, 5, 6]
+    batch = pipe(PROMPTS[:2], method="eagle", num_images_per_prompt=2, output_type="np",
+                 generator=[torch.Generator().manual_seed(s) for s in seeds])
+    alone = [pipe(prompt, method="eagle", output_type="np", generator=torch.Generator().manual_seed(seed))
+             for prompt, seed in zip([PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]], seeds)]
+    assert torch.equal(batch.tokens, torch.cat([a.tokens for a in alone]))
+    assert np.array_equal(batch.images, np.concatenate([a.images for a in alone]))
+    assert batch.stats.target_calls == sum(a.stats.target_calls for a in alone)
+    with pytest.raises(ValueError, match="list of 3 generators, but the call makes 4 images"):
+        pipe(PROMPTS[:2], num_images_per_prompt=2, generator=[torch.Generator()] * 3)
+    with pytest.raises(ValueError, match=r"generator\[1\] is a int"):
+        pipe(PROMPTS[:2], generator=[torch.Generator(), 7])
