@@ -60,6 +60,17 @@ def user_message(error: BaseException) -> str:
 # input checks
 # ----------------------------------------------------------------------------------------------------
 
+#: a page choice that keeps the checkpoint's stored method setting
+STORED = "checkpoint"
+
+
+def given(value: Any) -> Any:
+    """A method knob's value, or None when the page left it at the checkpoint's setting (an empty text field
+    sends "", a choice :data:`STORED`)."""
+    if value is None or (isinstance(value, str) and (not value.strip() or value == STORED)):
+        return None
+    return value
+
 
 def _parse_number(name: str, value: Any, expected: str) -> float:
     """``value`` as a float, or a :class:`DemoError` naming the field and what it takes (``expected``, e.g.

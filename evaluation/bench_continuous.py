@@ -9,9 +9,15 @@ images/s, CSpD's acceptance rate, tokens per target forward, target calls per im
 
     python -m mmspec.evaluation.bench_continuous --out docs/benchmarks/continuous_cpu.md
 
-Configurations are pipeline keyword sets (``--configs '{"cspd": {"method": "cspd", "draft_length": 4}}'``);
-the first must be target-only (``{"method": "none"}``) and is the baseline. A configuration's optional
-``"batches"`` entry lists the batch sizes it is timed at (default: all; quality is always measured).
+A configuration names its ``"method"``; one without method settings calls the pipeline with nothing but
+``method="cspd"``: the settings stored with the checkpoint (``speculation_config.json``), as a user's call
+gets them. ``"reference": true`` runs :data:`REFERENCE_CONFIG` instead, the settings the benchmark ran as
+CSpD before settings were stored (the official code's), as an explicit config. Other keys are fields of the
+method's config, applied over the stored (or reference) settings (``--configs '{"cspd, gamma 4": {"method":
+"cspd", "draft_length": 4}}'``, :class:`~mmspec.methods.cspd.CSpDConfig`), pipeline call keywords
+(:data:`CALL_KEYS`, e.g. ``"num_iter"``) or ``"batches"``, the batch sizes the configuration is timed at
+(default: all; quality is always measured). The first configuration must be target-only
+(``{"method": "none"}``) and is the baseline.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mmspec.methods import MethodConfig
+from mmspec.methods.cspd import CSpDConfig
 from mmspec.world import make_prompt_set
 
 from .bench_cli import (
@@ -47,15 +55,26 @@ from .bench_images import (
 )
 from .speed import SPEEDUP_CELL_NOTE, RunResult, run_benchmark, speedup_cell
 
-#: name -> pipeline keyword arguments (shared settings come from --num-iter etc.)
+#: The settings this benchmark ran as CSpD before the zoo stored its own (the official code's: gamma 8, 5 % of
+#: the tokens pre-filled, independent verification in the round context, tau = 1): faster than the stored
+#: settings, and below the target's quality on the zoo.
+REFERENCE_CONFIG = CSpDConfig(draft_length=8, prefill_ratio=0.05, verify_order="independent", verify_context="round",
+                              density_temperature=1.0)
+
+#: pipeline call keywords a configuration may set (over the shared --num-iter etc.)
+CALL_KEYS = ("num_iter", "num_diffusion_steps", "guidance_scale", "temperature", "cfg_schedule")
+#: configuration keys that are neither config fields nor call keywords
+CASE_KEYS = ("method", "reference", "batches")
+
+#: name -> configuration (see the module docstring)
 DEFAULT_CONFIGS: dict[str, dict[str, Any]] = {
     "none": {"method": "none"},
-    # the pipeline's defaults: independent verification, "round" context (official code), tau = 1 (as specified)
-    "cspd": {"method": "cspd"},
+    "cspd": {"method": "cspd"},                                                  # the checkpoint's stored settings
+    "cspd (reference)": {"method": "cspd", "reference": True},
     "cspd, chain order": {"method": "cspd", "verify_order": "chain", "batches": [8]},  # the paper's truncation
     "cspd, tau=42": {"method": "cspd", "density_temperature": 42.0},           # official code's inner temperature
-    # target-only with as many target forwards as "cspd" makes (4 pre-fill + 4 rounds at 32 iterations, gamma 8)
-    "none, 8 iterations": {"method": "none", "num_iter": 8},
+    # target-only with half the iterations: what CSpD's round context amounts to (with --num-iter 64)
+    "none, 32 iterations": {"method": "none", "num_iter": 32},
 }
 REFERENCE_SIZE = 32  # pixels of FID's real renders (the zoo's 32x32 images)
 
@@ -71,8 +90,42 @@ def generate(pipe: Any, prompts: Sequence[str], kwargs: dict, batch: int, seed: 
     return images, stats
 
 
-def _call_kwargs(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k != "batches"}
+def call_kwargs(pipe: Any, name: str, spec: dict[str, Any], shared: dict[str, Any], batch: int) -> dict[str, Any]:
+    """The pipeline keywords of configuration ``name`` for calls of ``batch`` images: the shared settings,
+    the configuration's call keywords and ``method``: the method's name when it sets no config field (the
+    checkpoint's stored settings), else the stored (or, with ``"reference"``, :data:`REFERENCE_CONFIG`'s)
+    config with its fields replaced. A key that is none of those is a command-line error naming it."""
+    spec = dict(spec)
+    method, reference = spec.pop("method", "none"), spec.pop("reference", False)
+    spec.pop("batches", None)
+    call = {**shared, **{key: spec.pop(key) for key in CALL_KEYS if key in spec}}
+    if method != "none" and method not in pipe.methods():
+        raise SystemExit(f"--configs: {name!r} names method {method!r}; methods: {pipe.methods()}")
+    if method == "none" or not (spec or reference):
+        if spec:
+            raise SystemExit(f"--configs: {name!r} runs target-only decoding, which has no settings; got {sorted(spec)}")
+        return {**call, "method": method}
+    base: MethodConfig = REFERENCE_CONFIG if reference else pipe.method_config(
+        method, batch_size=batch, guidance_scale=call.get("guidance_scale", 3.0))
+    unknown = [key for key in spec if key not in base.field_names()]
+    if unknown:
+        raise SystemExit(f"--configs: {name!r} sets {unknown[0]!r}, which is neither a field of {type(base).__name__} "
+                         f"({', '.join(base.field_names())}) nor a key of {', '.join((*CASE_KEYS, *CALL_KEYS))}")
+    try:
+        return {**call, "method": type(base).from_dict({**base.to_dict(), **spec}, source=f"--configs {name!r}")}
+    except ValueError as error:
+        raise SystemExit(f"--configs: {error}") from None
+
+
+def settings_line(pipe: Any, configs: dict[str, dict], shared: dict[str, Any], batch: int) -> dict[str, Any]:
+    """What each speculative configuration runs at ``batch`` images per call (plain values, for the report)."""
+    out = {}
+    for name, spec in configs.items():
+        method = call_kwargs(pipe, name, spec, shared, batch)["method"]
+        if method != "none":
+            config = method if isinstance(method, MethodConfig) else pipe.method_config(method, batch_size=batch)
+            out[name] = {"stored": not isinstance(method, MethodConfig), **config.to_dict()}
+    return out
 
 
 def _merge(stats: list) -> Any:
@@ -98,7 +151,7 @@ def run(pipe: Any, configs: dict[str, dict], shared: dict, batch_sizes: Sequence
     texts = [p.text for p in quality_prompts]
     scores: dict[str, dict[str, Any]] = {}
     for name in [*names, "none, seed 2"]:
-        kwargs = {**shared, **_call_kwargs(configs["none" if name == "none, seed 2" else name])}
+        kwargs = call_kwargs(pipe, name, configs["none" if name == "none, seed 2" else name], shared, quality_batch)
         seeds = [seed + quality_seeds] if name == "none, seed 2" else range(seed, seed + quality_seeds)
         start = time.perf_counter()
         stats: list = []
@@ -111,7 +164,8 @@ def run(pipe: Any, configs: dict[str, dict], shared: dict, batch_sizes: Sequence
     speed_texts = [p.text for p in speed_prompts]
     for batch in batch_sizes:
         timed = [n for n in names if batch in configs[n].get("batches", [batch]) or n == names[0]]
-        cases = {n: _speed_case(pipe, speed_texts, {**shared, **_call_kwargs(configs[n])}, batch, seed) for n in timed}
+        cases = {n: _speed_case(pipe, speed_texts, call_kwargs(pipe, n, configs[n], shared, batch), batch, seed)
+                 for n in timed}
         report = run_benchmark(cases, baseline=names[0], warmup=1, repeats=repeats, seed=seed, unit="images")
         for name, case in report.cases.items():
             case.quality.update({k: v for k, v in scores[name].items() if k in ("geneval", "fid")})
@@ -150,6 +204,14 @@ def to_markdown(results: dict, command: str) -> str:
                          f"{c['tokens_per_target_call'] or 0:.2f} | {stats.get('target_calls', 0) / items:.1f} | "
                          f"{stats.get('draft_calls', 0) / items:.1f} | {score_cell(q, 'geneval', 3)} | "
                          f"{score_cell(q, 'fid', 1)} |" + seed_distance_cell(q, bool(header)))
+    lines += ["", "Method settings (per batch size where they differ; \"stored\": the checkpoint's, as a call with "
+              "only method= gets them):"]
+    for name, by_batch in _settings_by_name(results.get("settings", {})).items():
+        for batches, values in by_batch:
+            where = f" (batch {', '.join(batches)})" if len(by_batch) > 1 else ""
+            origin = "stored" if values["stored"] else "explicit"
+            fields = ", ".join(f"{k}={v}" for k, v in values.items() if k != "stored")
+            lines.append(f"- {name}{where}: {origin}: {fields}")
     noise = results["quality"]["none, seed 2"]
     base = results["quality"]["none"]
     lines += ["", f"Noise level: target-only with a second seed scores GenEval-shapes {noise['geneval']:.3f} "
@@ -161,10 +223,25 @@ def to_markdown(results: dict, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _settings_by_name(settings: dict[str, dict[str, dict]]) -> dict[str, list[tuple[list[str], dict]]]:
+    """``{batch: {name: values}}`` regrouped as ``{name: [(batches, values), ...]}`` (equal values merged)."""
+    out: dict[str, list[tuple[list[str], dict]]] = {}
+    for batch, by_name in settings.items():
+        for name, values in by_name.items():
+            groups = out.setdefault(name, [])
+            match = next((group for group in groups if group[1] == values), None)
+            if match is None:
+                groups.append(([batch], values))
+            else:
+                match[0].append(batch)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = new_parser(__doc__)
     parser.add_argument("--pipeline", default="mmspec/shapes-t2i-continuous", help="zoo id or pipeline folder")
-    parser.add_argument("--configs", default=None, help="JSON {name: pipeline kwargs}; default: DEFAULT_CONFIGS")
+    parser.add_argument("--configs", default=None, help="JSON {name: configuration} (the module docstring); default: "
+                        "DEFAULT_CONFIGS")
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 8, 32])
     parser.add_argument("--speed-prompts", type=int, default=32, help="timed prompts (the first of a shuffled set)")
     parser.add_argument("--quality-prompts", type=int, default=25, help="quality prompts per category")
@@ -196,6 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mmspec.pipelines.continuous_ar_image import ContinuousARImagePipeline
 
     pipe = load_quiet_pipeline(ContinuousARImagePipeline, args.pipeline, cpu_gemm=args.cpu_gemm)
+    settings = {str(batch): settings_line(pipe, configs, shared, batch)  # also refuses bad configurations up front
+                for batch in dict.fromkeys([args.quality_batch, *args.batch_sizes])}
     speed_prompts = make_prompt_set(n_per_category=max(1, -(-args.speed_prompts // 6)), seed=args.seed + 7)
     rng = np.random.default_rng(args.seed)
     speed_prompts = [speed_prompts[i] for i in rng.permutation(len(speed_prompts))[:args.speed_prompts]]
@@ -204,7 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results = run(pipe, configs, shared, args.batch_sizes, speed_prompts, quality_prompts, real, args.repeats,
                   args.quality_batch, args.seed, args.quality_seeds)
     results.update(machine=machine_line(cpu_gemm=args.cpu_gemm), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
-                   quality_seeds=args.quality_seeds, repeats=args.repeats, configs=configs, shared=shared)
+                   quality_seeds=args.quality_seeds, repeats=args.repeats, configs=configs, shared=shared,
+                   settings=settings)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_continuous", argv))
     write_report(args.out, table, results)
     return 0

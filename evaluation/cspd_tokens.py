@@ -32,8 +32,8 @@ PROMPTS = ["a red circle", "two blue squares", "a circle above a square", "a cya
 
 @contextmanager
 def recording_verifications() -> Iterator[list[dict[str, torch.Tensor]]]:
-    """Record the inputs and outcome of every ``cspd_verify`` call the pipeline makes inside the block."""
-    from mmspec.pipelines import continuous_ar_image as module
+    """Record the inputs and outcome of every ``cspd_verify`` call CSpD's loop makes inside the block."""
+    from mmspec.methods import cspd as module
 
     original = module.cspd_verify
     records: list[dict[str, torch.Tensor]] = []
@@ -52,12 +52,13 @@ def recording_verifications() -> Iterator[list[dict[str, torch.Tensor]]]:
         module.cspd_verify = original
 
 
-def token_distances(pipe: Any, seed: int = 0, **call_kwargs: Any) -> dict[str, float]:
-    """One ``pipe(method="cspd", **call_kwargs)`` call (``prompt=`` or ``class_labels=`` among them):
-    counts of its verified and rejected tokens and the 50th/90th percentiles of the distances over the
-    rejected (and accepted) ones (``nan`` where there are none)."""
+def token_distances(pipe: Any, seed: int = 0, method: Any = "cspd", **call_kwargs: Any) -> dict[str, float]:
+    """One ``pipe(method=method, **call_kwargs)`` call (``prompt=`` or ``class_labels=`` among them; ``method``:
+    "cspd", the checkpoint's stored settings, or a ``CSpDConfig``): counts of its verified and rejected
+    tokens and the 50th/90th percentiles of the distances over the rejected (and accepted) ones (``nan``
+    where there are none)."""
     with recording_verifications() as records:
-        pipe(method="cspd", generator=torch.Generator().manual_seed(seed), output_type="latent", **call_kwargs)
+        pipe(method=method, generator=torch.Generator().manual_seed(seed), output_type="latent", **call_kwargs)
     if not records:
         raise RuntimeError("the call verified no token: is prefill_ratio leaving nothing to draft?")
     cat = {key: torch.cat([r[key] for r in records]) for key in records[0]}

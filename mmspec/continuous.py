@@ -9,7 +9,8 @@ probability (1 - TV(p, q))^max_tries per rejected element (counted in ``num_fall
 
 Diffusion heads have no tractable density, so CSpD scores whole denoising trajectories: with the draft
 and target chains driven by the same noise, :func:`cspd_log_ratio` gives the surrogate log density ratio
-(:func:`cspd_log_ratio_terms` its two terms).
+(:func:`cspd_log_ratio_terms` its two terms); :func:`cspd_verify` verifies a batch of drafted tokens with it
+(acceptance and residual through :func:`verify_continuous`).
 
 NaN never decides: samples, proposals and the chains' means and variances must be finite, and log densities
 must not be NaN or +inf (a log ratio of NaN would reject silently, an infinite density accept), else a
@@ -185,3 +186,62 @@ def cspd_log_ratio_terms(x0: torch.Tensor, target_means: torch.Tensor, target_va
     log_det = 0.5 * (draft_vars[:-1].log() - target_vars[:-1].log()).sum(dim=(0, -1))
     last_step = gaussian_log_prob(x0, target_means[-1], target_vars[-1]) - gaussian_log_prob(x0, draft_means[-1], draft_vars[-1])
     return log_det, last_step
+
+
+# -- CSpD's verification over recorded chains -----------------------------------------------------------------
+# (the diffusion-head side of CSpD: both chains' per-step Gaussians in, the core's verification out)
+
+
+class LastStepGaussian:
+    """The last denoising step's diagonal Gaussian of a chain, as a distribution-like object for
+    :func:`verify_continuous`.
+
+    ``loc``/``scale`` are what the core samples residual proposals from (``loc + scale * eps``);
+    ``log_prob`` evaluates the density with the standard deviation multiplied by ``density_temperature``
+    (1: the plain Gaussian; the official code's "inner temperature" otherwise) plus ``log_offset`` (the
+    target side carries CSpD's log-determinant sum over the earlier steps).
+    """
+
+    def __init__(self, loc: torch.Tensor, variance: torch.Tensor, density_temperature: float = 1.0,
+                 log_offset: torch.Tensor | float = 0.0) -> None:
+        self.loc = loc
+        self.scale = variance.sqrt()
+        self.density_variance = variance * density_temperature ** 2
+        self.log_offset = log_offset
+
+    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        return gaussian_log_prob(x, self.loc, self.density_variance) + self.log_offset
+
+
+def cspd_verify(draft_x0: torch.Tensor, draft_means: torch.Tensor, draft_vars: torch.Tensor,
+                target_means: torch.Tensor, target_vars: torch.Tensor, generator: torch.Generator | None = None,
+                density_temperature: float = 1.0, max_tries: int = 64) -> ContinuousVerification:
+    """Verify drafted continuous tokens against the target's aligned chains (core calls only).
+
+    Args:
+        draft_x0: ``[N, C]`` drafted tokens (the draft chains' outputs).
+        draft_means, draft_vars, target_means, target_vars: ``[T, N, C]`` every step's Gaussian of the
+            two chains run with the same noise (variances include the sampling temperature).
+        density_temperature: multiplies the standard deviation of the last-step densities (1 = CSpD's
+            surrogate as specified).
+    Returns:
+        :class:`ContinuousVerification` (batch shape ``[N]``): ``accepted``,
+        ``samples`` (drafts where accepted, residual samples where rejected), ``num_fallbacks``; plus
+        ``log_ratio`` ``[N]`` and its two terms ``log_det`` and ``last_step`` (``cspd_log_ratio_terms``)
+        attached as attributes.
+
+    The surrogate log ratio is :func:`cspd_log_ratio` (log-determinants of
+    steps 1..T-1 plus the last-step Gaussians at the draft token, tempered). The target's
+    distribution object carries the log-determinant sum as a constant offset, so the core's
+    ``log p(x) - log q(x)`` at the draft token is exactly that ratio, and its residual draws y from the
+    target's last-step Gaussian and keeps y with probability ``max(0, 1 - 1 / r(y))``.
+    """
+    factor = torch.ones(draft_vars.shape[0], 1, 1, dtype=draft_vars.dtype, device=draft_vars.device)
+    factor[-1] = density_temperature ** 2
+    log_det, last_step = cspd_log_ratio_terms(draft_x0, target_means, target_vars * factor, draft_means,
+                                              draft_vars * factor)
+    target = LastStepGaussian(target_means[-1], target_vars[-1], density_temperature, log_det)
+    draft = LastStepGaussian(draft_means[-1], draft_vars[-1], density_temperature)
+    result = verify_continuous(draft, target, draft_x0, generator=generator, max_tries=max_tries)
+    result.log_ratio, result.log_det, result.last_step = log_det + last_step, log_det, last_step
+    return result

@@ -17,14 +17,15 @@ import torch
 from pipeline_utils import assert_same_across_instances
 from scipy import stats as sps
 
+from mmspec.continuous import cspd_verify
+from mmspec.methods.cspd import CSpDConfig
 from mmspec.models.mar import MARModel
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import ContinuousTokenizer
 from mmspec.pipelines.continuous_ar_image import (
+    BoundMAR,
     ContinuousARImagePipeline,
     CSpDStats,
-    _BoundMAR,
-    cspd_verify,
     mar_schedule,
 )
 
@@ -90,8 +91,8 @@ def test_mar_schedule():
 def test_identical_draft_is_accepted_and_reproduces_the_target(verify_order, verify_context, gamma):
     pipe = make_pipe(tiny_mar(0))  # the draft is the target's twin
     base = run(pipe, guidance_scale=3.0)
-    out = run(pipe, "cspd", guidance_scale=3.0, draft_length=gamma, verify_order=verify_order,
-              verify_context=verify_context, prefill_ratio=0.1)
+    out = run(pipe, CSpDConfig(draft_length=gamma, verify_order=verify_order, verify_context=verify_context,
+                               prefill_ratio=0.1), guidance_scale=3.0)
     assert torch.equal(out.tokens, base.tokens)
     assert out.stats.acceptance_rate == 1.0 and out.stats.drafted_tokens > 0
     assert out.stats.drafted_tokens + out.stats.prefill_tokens == 3 * 16
@@ -103,8 +104,8 @@ def test_identical_text_model_with_batch_and_images_per_prompt():
     pipe = make_pipe(tiny_mar(0, condition="text"), condition="text")
     prompts = ["a red circle", "two blue squares and a circle", "a square"]
     base = run(pipe, prompt=prompts, class_labels=None, num_images_per_prompt=2)
-    out = run(pipe, "cspd", prompt=prompts, class_labels=None, num_images_per_prompt=2, verify_context="exact",
-              verify_order="chain", draft_length=4)
+    out = run(pipe, CSpDConfig(verify_context="exact", verify_order="chain", draft_length=4, prefill_ratio=0.05),
+              prompt=prompts, class_labels=None, num_images_per_prompt=2)
     assert base.tokens.shape == (6, 4, 4, 4)
     assert torch.equal(out.tokens, base.tokens) and out.stats.acceptance_rate == 1.0
     # each row is its own image: a batch of one prompt gives the same images as that prompt's rows
@@ -117,7 +118,7 @@ def test_round_context_with_several_iterations_is_not_exact():
     """The official code's context: later draft iterations saw drafted tokens the target row does not,
     so even an identical draft is rejected somewhere (this is why the exactness tests can fail)."""
     pipe = make_pipe(tiny_mar(0))
-    out = run(pipe, "cspd", draft_length=4, verify_context="round", verify_order="independent", prefill_ratio=0.0)
+    out = run(pipe, CSpDConfig(draft_length=4, verify_context="round", verify_order="independent", prefill_ratio=0.0))
     assert out.stats.acceptance_rate < 1.0
     assert out.stats.target_calls == 2  # 8 iterations, 4 per round
 
@@ -138,8 +139,9 @@ def test_prefill_tokens_are_the_targets_and_different_drafts_are_verified():
     base = run(pipe)
     for order in ("chain", "independent"):
         for context in ("round", "exact"):
-            out = run(pipe, "cspd", prefill_ratio=0.3, draft_length=2, verify_order=order, verify_context=context,
-                      density_temperature=50.0)
+            config = CSpDConfig(prefill_ratio=0.3, draft_length=2, verify_order=order, verify_context=context,
+                                density_temperature=50.0)
+            out = run(pipe, config)
             prefill = math.ceil(0.3 * 16)
             schedule = mar_schedule(16, 8)
             first_after = next(s for s in schedule.starts if s >= prefill)
@@ -157,8 +159,7 @@ def test_prefill_tokens_are_the_targets_and_different_drafts_are_verified():
             assert 0.0 <= out.stats.acceptance_rate <= 1.0
             if order == "independent":
                 assert out.stats.drafted_tokens == 3 * (16 - first_after)
-            again = run(pipe, "cspd", prefill_ratio=0.3, draft_length=2, verify_order=order, verify_context=context,
-                        density_temperature=50.0)
+            again = run(pipe, config)
             assert torch.equal(again.tokens, out.tokens)  # one generator fixes everything
 
 
@@ -275,16 +276,22 @@ def test_bad_input():
     with pytest.raises(ValueError, match="condition_type"):
         ContinuousARImagePipeline(tiny_mar(0), tiny_vae(), draft_transformer=tiny_mar(1, condition="text"))
     pipe = make_pipe(tiny_mar(1, depth=1))
+    bad_settings = [
+        (dict(draft_length=0), r"CSpDConfig.draft_length must be an integer in \[1, 1024\]"),
+        (dict(draft_length=-2), "CSpDConfig.draft_length"),
+        (dict(draft_length=2.0), "CSpDConfig.draft_length"),
+        (dict(prefill_ratio=1.0), r"CSpDConfig.prefill_ratio must be a number in \[0.0, 1.0\)"),
+        (dict(prefill_ratio=-0.1), "CSpDConfig.prefill_ratio"),
+        (dict(verify_order="tree"), "CSpDConfig.verify_order"),
+        (dict(verify_context="all"), "CSpDConfig.verify_context"),
+        (dict(density_temperature=0.0), "CSpDConfig.density_temperature"),
+        (dict(max_tries=0), "CSpDConfig.max_tries"),
+    ]
+    for fields, message in bad_settings:
+        with pytest.raises(ValueError, match=message):
+            pipe(class_labels=[1], method=CSpDConfig(**fields))
     bad = [
-        (dict(method="cspd", draft_length=0), r"draft_length \(gamma\)"),
-        (dict(method="cspd", draft_length=-2), r"draft_length \(gamma\)"),
-        (dict(method="cspd", draft_length=2.0), r"draft_length \(gamma\)"),
-        (dict(method="cspd", prefill_ratio=1.0), "prefill_ratio"),
-        (dict(method="cspd", prefill_ratio=-0.1), "prefill_ratio"),
         (dict(method="eagle"), "method"),
-        (dict(method="cspd", verify_order="tree"), "verify_order"),
-        (dict(method="cspd", verify_context="all"), "verify_context"),
-        (dict(method="cspd", density_temperature=0.0), "density_temperature"),
         (dict(num_iter=17), "num_iter"),
         (dict(num_iter=0), "num_iter"),
         (dict(num_diffusion_steps=0), "num_diffusion_steps"),
@@ -295,7 +302,6 @@ def test_bad_input():
         (dict(class_labels=None, prompt="a red circle"), "class-conditioned"),
         (dict(class_labels=None), "exactly one"),
         (dict(num_images_per_prompt=0), "num_images_per_prompt"),
-        (dict(method="cspd", max_tries=0), "max_tries"),
         (dict(callback_on_step_end=3), "callback_on_step_end must be callable"),
     ]
     for kwargs, message in bad:
@@ -346,6 +352,11 @@ def test_benchmark_script_writes_its_table(tmp_path):
     assert set(data["quality"]) == {*bench_continuous.DEFAULT_CONFIGS, "none, seed 2"}
     assert data["speed"]["2"]["cases"]["none"]["speedup"] == pytest.approx(1.0)
     assert data["speed"]["2"]["cases"]["cspd"]["stats"]["draft_calls"] > 0
+    # "cspd" runs the stored settings (this folder stores none: the class defaults), the reference row its config
+    assert data["settings"]["2"]["cspd"] == {"stored": True, **CSpDConfig().to_dict()}
+    assert data["settings"]["2"]["cspd (reference)"] == {"stored": False,
+                                                         **bench_continuous.REFERENCE_CONFIG.to_dict()}
+    assert "- cspd (reference): explicit: draft_length=8, prefill_ratio=0.05" in table
     cspd = data["quality"]["cspd"]  # two generation seeds, averaged, with their spread; the chance row one
     assert cspd["seeds"] == 2 and len(cspd["per_seed"]) == 2 and data["quality"]["none, seed 2"]["seeds"] == 1
     assert cspd["geneval"] == pytest.approx(sum(s["geneval"] for s in cspd["per_seed"]) / 2)
@@ -359,14 +370,14 @@ def test_cspd_token_distances_diagnostic():
     target's own last step (about one last-step standard deviation per channel from its mean)."""
     from mmspec.evaluation.cspd_tokens import recording_verifications, token_distances
 
-    twin = token_distances(make_pipe(tiny_mar(0)), class_labels=[1, 3, 4], num_iter=8, draft_length=1,
-                           prefill_ratio=0.1)
+    twin = token_distances(make_pipe(tiny_mar(0)), method=CSpDConfig(draft_length=1, prefill_ratio=0.1),
+                           class_labels=[1, 3, 4], num_iter=8)
     assert twin["verified_tokens"] > 0 and twin["rejected_tokens"] == 0  # an identical draft: nothing rejected
     assert math.isnan(twin["rejected_residual_to_target_mean_p50"])
     assert twin["accepted_draft_to_target_mean_p90"] < 1e-9  # the twin's tokens are the target's
     assert twin["ratio_log_det_mean"] == 0 and twin["acceptance_probability"] == 1  # identical chains: r = 1
-    other = token_distances(make_pipe(tiny_mar(7, depth=1, width=16)), class_labels=[1, 3, 4], num_iter=8,
-                            prefill_ratio=0.1)
+    other = token_distances(make_pipe(tiny_mar(7, depth=1, width=16)),
+                            method=CSpDConfig(draft_length=8, prefill_ratio=0.1), class_labels=[1, 3, 4], num_iter=8)
     assert other["rejected_tokens"] > 0
     spread = other["target_last_step_std_x_sqrt_channels_p50"]
     assert 0.3 * spread < other["rejected_residual_to_target_mean_p50"] < 3 * spread
@@ -375,28 +386,28 @@ def test_cspd_token_distances_diagnostic():
     if other["acceptance_probability"] < 1e-6:  # a random draft this far from the target is never accepted
         assert other["rejected_tokens"] == other["verified_tokens"]
     assert other["ratio_log_det_mean"] != 0 and math.isfinite(other["ratio_last_step_p50"])
-    from mmspec.pipelines import continuous_ar_image
+    from mmspec.methods import cspd
 
-    original = continuous_ar_image.cspd_verify
+    original = cspd.cspd_verify
     with recording_verifications():
-        assert continuous_ar_image.cspd_verify is not original
-    assert continuous_ar_image.cspd_verify is original  # restored after the block
+        assert cspd.cspd_verify is not original
+    assert cspd.cspd_verify is original  # restored after the block
 
 
 def test_iteration_order_keeps_whole_iterations_and_equals_chain_with_one_token_each():
     pipe = make_pipe(tiny_mar(7, depth=1, width=16))
-    kwargs = dict(prefill_ratio=0.1, draft_length=3, verify_context="exact")
+    config = CSpDConfig(prefill_ratio=0.1, draft_length=3, verify_context="exact")
     # one token per MAR iteration: the first iteration with a rejection is the first rejected token
-    one_each = {order: run(pipe, "cspd", num_iter=16, verify_order=order, **kwargs) for order in ("chain", "iteration")}
+    one_each = {order: run(pipe, config.replace(verify_order=order), num_iter=16) for order in ("chain", "iteration")}
     assert torch.equal(one_each["chain"].tokens, one_each["iteration"].tokens)
     # several tokens per iteration: the rejected token's iteration-mates are kept, so rounds commit more
-    chain = run(pipe, "cspd", num_iter=6, verify_order="chain", **kwargs)
-    iteration = run(pipe, "cspd", num_iter=6, verify_order="iteration", **kwargs)
+    chain = run(pipe, config.replace(verify_order="chain"), num_iter=6)
+    iteration = run(pipe, config.replace(verify_order="iteration"), num_iter=6)
     assert iteration.stats.target_calls < chain.stats.target_calls
     assert torch.isfinite(iteration.tokens).all() and iteration.stats.drafted_tokens > 0
     assert iteration.stats.acceptance_rate < 1.0  # a draft that differs: rejections happened
     with pytest.raises(ValueError, match="verify_order must be one of"):
-        run(pipe, "cspd", verify_order="tokens")
+        config.replace(verify_order="tokens")
 
 
 @pytest.mark.parametrize("guided", [False, True])
@@ -404,7 +415,7 @@ def test_token_conditions_are_the_full_forwards_rows(guided):
     """Each token's condition (rows with unequal token counts, tokens out of row order) equals the full
     forward's row at its position: the forward computes only the sampled positions without mixing them up."""
     model = tiny_mar(0)
-    bound = _BoundMAR(model, torch.tensor([0, 1, 2]), guided)
+    bound = BoundMAR(model, torch.tensor([0, 1, 2]), guided)
     gen = torch.Generator().manual_seed(3)
     values = torch.randn(3, 16, 4, generator=gen, dtype=torch.float64)
     orders = torch.stack([torch.randperm(16, generator=gen) for _ in range(3)])

@@ -336,7 +336,8 @@ def test_continuous_on_the_zoo(cache):
     _zoo_or_skip("continuous", continuous_tab.DEFAULT_PATH)
     result = continuous_tab.run_continuous(cache, prompt="a red circle", num_images=1, draft_length=8, num_iter=32)
     summary = result.comparison.summary()
-    assert summary["target_calls"] < summary["base_target_calls"] / 2 and "speculative (cspd)" in result.stats_html
+    # the stored pre-fill (whole target iterations up to a quarter of the tokens), then one target pass per 8
+    assert summary["target_calls"] < summary["base_target_calls"] * 0.6 and "speculative (cspd)" in result.stats_html
 
 
 # ---------------------------------------------------------------------------------------------------- video

@@ -35,6 +35,7 @@ from mmspec import (
     verify_tree,
 )
 from mmspec.continuous import cspd_log_ratio_terms, verify_continuous
+from mmspec.methods.cspd import CSpDConfig
 from mmspec.rules import exact_residual
 from mmspec.sampling import draw_uniforms, greedy_tokens, sample_inverse_cdf
 from mmspec.tree import DraftTree
@@ -354,13 +355,13 @@ def test_the_image_pipeline_refuses_overflowing_settings_before_any_work(monkeyp
 @pytest.mark.parametrize("kwargs,argument", [
     ({"temperature": INF}, "temperature"), ({"temperature": NAN}, "temperature"),
     ({"temperature": 1e-45}, "temperature"), ({"guidance_scale": INF}, "guidance_scale"),
-    ({"density_temperature": INF, "method": "cspd"}, "density_temperature"),
+    ({"method": lambda: CSpDConfig(density_temperature=INF)}, "density_temperature"),
 ])
 def test_the_continuous_pipeline_refuses_overflowing_settings(kwargs, argument):
     from test_continuous_pipeline import make_pipe, run, tiny_mar
 
-    with pytest.raises(ValueError, match=argument):
-        run(make_pipe(tiny_mar(1)), **kwargs)
+    with pytest.raises(ValueError, match=argument):  # a method's config refuses its own settings when built
+        run(make_pipe(tiny_mar(1)), **{k: v() if callable(v) else v for k, v in kwargs.items()})
 
 
 def test_the_continuous_pipeline_never_returns_nan_latents():

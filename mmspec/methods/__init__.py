@@ -33,7 +33,16 @@ from mmspec.methods.base import (
 )
 from mmspec.methods.settings import SETTINGS_FILE, MethodSettings, SpeculationSettings, Variant
 
-set_builtin_modules(("mmspec.methods.eagle", "mmspec.methods.jacobi", "mmspec.methods.mulo"))
+set_builtin_modules((
+    "mmspec.methods.cspd",
+    "mmspec.methods.eagle",
+    "mmspec.methods.jacobi",
+    "mmspec.methods.mulo",
+    "mmspec.methods.scd",
+    "mmspec.methods.vlm_heads",
+    "mmspec.methods.sdvg",
+    "mmspec.methods.relaxed",
+))
 
 __all__ = [
     "PIPELINE_FAMILIES", "SETTINGS_FILE", "BuildRequest", "MethodConfig", "MethodPlan", "MethodSettings",
