@@ -88,8 +88,9 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
                   **conditions)
 
     def run(name: str, generator: Any, progress: Any, output_type: str = "pil") -> Any:
-        def on_step(_pipe: Any, _step: int, state: dict) -> None:
+        def on_step(_pipe: Any, _step: int, _timestep: int, state: dict) -> dict:
             progress(float(state["num_generated"].sum()) / (rows * seq_len))
+            return state
 
         return pipe(method=config if name != "none" else "none", generator=generator, output_type=output_type,
                     callback_on_step_end=on_step, **common)

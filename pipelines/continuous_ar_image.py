@@ -43,6 +43,7 @@ from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call
 from mmspec.methods import BuildRequest, MethodConfig
 from mmspec.models.text import WordTokenizer
+from mmspec.pipelines.callbacks import StepCallback
 from mmspec.pipelines.conditioning import (
     WordVocabularyMixin,
     as_prompt_list,
@@ -57,7 +58,6 @@ from mmspec.stats import SpecStats
 from mmspec.validation import (
     MAX_NOISE_TEMPERATURE,
     NonFiniteValuesError,
-    check_callable,
     check_guidance_scale,
     check_temperature,
 )
@@ -280,6 +280,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
     """
 
     pipeline_family = "continuous"
+    _callback_tensor_inputs = ["num_generated", "latents", "drafted"]
 
     _optional_components = ["draft_transformer"]
 
@@ -331,7 +332,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
 
     def check_inputs(self, prompt: Any, class_labels: Any, method: Any, num_iter: int, num_diffusion_steps: Any,
                      temperature: float, guidance_scale: float, cfg_schedule: str, num_images_per_prompt: int,
-                     output_type: str, generator: Any, callback_on_step_end: Any = None) -> None:
+                     output_type: str, generator: Any) -> None:
         config = self.transformer.config
         self.check_method(method)
         if output_type not in OUTPUT_TYPES:
@@ -355,7 +356,6 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
             raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
-        check_callable(callback_on_step_end, "callback_on_step_end")
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
@@ -364,8 +364,9 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
                  num_diffusion_steps: int | None = None, temperature: float = 1.0, guidance_scale: float = 3.0,
                  cfg_schedule: str = "linear", num_images_per_prompt: int = 1, generator: torch.Generator | None = None,
                  output_type: str = "pil",
-                 callback_on_step_end: Callable[[ContinuousARImagePipeline, int, dict[str, torch.Tensor]], Any] | None = None,
-                 **removed: Any) -> ContinuousARImagePipelineOutput:
+                 callback_on_step_end: Callable[[ContinuousARImagePipeline, int, int, dict[str, torch.Tensor]], dict]
+                 | None = None, callback_on_step_end_tensor_inputs: list[str] | None = None, return_dict: bool = True,
+                 **removed: Any) -> ContinuousARImagePipelineOutput | tuple:
         """Generate images, target-only (``method="none"``) or with a method (``method="cspd"``).
 
         Args:
@@ -385,16 +386,22 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
             generator: one ``torch.Generator`` for every random draw (orders, per-token noise, acceptance,
                 residuals).
             output_type: "pil", "np", "pt" or "latent" (no decoding).
-            callback_on_step_end: ``fn(pipeline, step, {"num_generated": [B]})`` after every target pass.
+            callback_on_step_end: called after every target pass in diffusers' convention, ``fn(pipeline, step,
+                timestep, callback_kwargs) -> dict``; ``timestep`` is the tokens the furthest image has and
+                ``callback_kwargs`` the tensors named in ``callback_on_step_end_tensor_inputs``:
+                ``"num_generated"`` ``[B]``, ``"latents"`` ``[B, L, C]`` (tokens so far, generation order
+                ``orders``), ``"drafted"`` ``[B, L]`` (default: all three). Read-only.
+            return_dict: False returns the tuple ``(images, tokens, stats, drafted)``.
         Returns:
-            :class:`ContinuousARImagePipelineOutput`.
+            :class:`ContinuousARImagePipelineOutput` (or the tuple).
         """
         reject_removed_keywords(self, removed, MOVED_KEYWORDS, method)
         # 1. Check the inputs.
         if num_iter is None:
             num_iter = min(32, self.transformer.config.grid_size ** 2)
         self.check_inputs(prompt, class_labels, method, num_iter, num_diffusion_steps, temperature, guidance_scale,
-                          cfg_schedule, num_images_per_prompt, output_type, generator, callback_on_step_end)
+                          cfg_schedule, num_images_per_prompt, output_type, generator)
+        step_callback = StepCallback(self, callback_on_step_end, callback_on_step_end_tensor_inputs)
         # 2. Encode the condition: one row per image.
         condition = self.encode_condition(prompt, class_labels, num_images_per_prompt)
         # 3. Resolve the method: the stored or given config builds the drafter and (CSpD) its loop.
@@ -402,7 +409,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
         _, plan = self.build_method(method, request)
         # 4. Run the loop on the call's random numbers (generation orders, every token's noise).
         state = self.prepare_state(condition, num_iter, num_diffusion_steps, temperature, guidance_scale, cfg_schedule,
-                                   generator, callback_on_step_end)
+                                   generator, step_callback)
         loop = plan.loop or target_only_loop
         state.progress = self.progress_bar(total=state.values.shape[0] * state.seq_len)
         try:
@@ -411,11 +418,12 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
             state.progress.close()
         state.stats.tokens = state.values.shape[0] * state.seq_len
         # 5. Back to grid space; decode.
-        return self.decode_state(state, output_type)
+        output = self.decode_state(state, output_type)
+        return output if return_dict else (output.images, output.tokens, output.stats, output.drafted)
 
     def prepare_state(self, condition: torch.Tensor, num_iter: int, num_diffusion_steps: int | None,
                       temperature: float, guidance_scale: float, cfg_schedule: str, generator: torch.Generator | None,
-                      callback_on_step_end: Callable | None = None) -> MARState:
+                      step_callback: StepCallback | None = None) -> MARState:
         """A call's :class:`MARState`: the MAR schedule and, from ``generator``, every random number that
         defines the images: generation orders, then each grid position's noise (x_T and one vector per noisy
         denoising step), shared by every chain that samples that token."""
@@ -433,7 +441,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
         noise = torch.randn(batch, seq_len, steps, channels, generator=generator, dtype=dtype,
                             device=gen_device).to(device)                                            # [B, L, T, C]
         return MARState(schedule=schedule, orders=orders, noise=noise, guidance=guidance if guided else None,
-                        temperature=temperature, steps=steps, stats=CSpDStats(), callback=callback_on_step_end,
+                        temperature=temperature, steps=steps, stats=CSpDStats(), callback=step_callback,
                         pipe=self, condition=condition, guided=guided,
                         values=torch.zeros(batch, seq_len, channels, dtype=dtype, device=device),
                         drafted=torch.zeros(batch, seq_len, dtype=torch.bool, device=device),
@@ -525,8 +533,9 @@ class MARState:
         self.stats.emitted += int(gained.sum())
         if self.progress is not None:
             self.progress.update(int(gained.sum()))
-        if self.callback is not None:
-            self.callback(self.pipe, self.target_passes, {"num_generated": self.done.clone()})
+        if self.callback is not None and self.callback.active:
+            self.callback(self.target_passes, int(self.done.max()),
+                          {"num_generated": self.done.clone(), "latents": self.values, "drafted": self.drafted})
         self.target_passes += 1
 
     def target_iterations(self, target: BoundMAR, until: int) -> None:

@@ -175,8 +175,18 @@ def test_stats_and_output_types():
     pil = pipe(class_labels=0, num_iter=4, output_type="pil").images
     assert pil[0].size == (16, 16)
     seen = []
-    run(pipe, "cspd", callback_on_step_end=lambda p, i, info: seen.append(int(info["num_generated"].min())))
-    assert seen[-1] == 16 and seen == sorted(seen)
+
+    def callback(p, step, timestep, info):  # diffusers' convention
+        seen.append((int(info["num_generated"].min()), timestep, sorted(info)))
+        return info
+
+    run(pipe, "cspd", callback_on_step_end=callback)
+    assert seen[-1][0] == 16 and [n for n, _, _ in seen] == sorted(n for n, _, _ in seen)
+    assert seen[-1][1] == 16 and seen[0][2] == ["drafted", "latents", "num_generated"]
+    images, tokens, stats, drafted = pipe(class_labels=[0, 1], num_iter=4, generator=torch.Generator().manual_seed(0),
+                                          output_type="latent", return_dict=False)
+    again = pipe(class_labels=[0, 1], num_iter=4, generator=torch.Generator().manual_seed(0), output_type="latent")
+    assert images is None and torch.equal(tokens, again.tokens) and torch.equal(drafted, again.drafted)
 
 
 # ---------------------------------------------------------------------------------------------------- residual
