@@ -217,10 +217,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
             return cls._from_saved_folder(Path(path), names, **kwargs)
         settings = kwargs.pop("speculation_settings", None)
         pipe = super().from_pretrained(path, **kwargs)
-        if settings is not None:
-            pipe.set_speculation_settings(settings)
-        else:
-            pipe.read_speculation_settings(path, **kwargs)
+        pipe.use_speculation_settings(settings, path, **kwargs)
         return pipe
 
     @classmethod

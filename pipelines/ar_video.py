@@ -236,13 +236,7 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         if not (path / "model_index.json").is_file():
             raise FileNotFoundError(f"{path} is not an ARVideoPipeline folder (no model_index.json); build one with "
                                     "save_pretrained")
-        settings = kwargs.pop("speculation_settings", None)
-        pipe = cls._from_saved_folder(path, ("transformer", "vae", "drafter"), **kwargs)
-        if settings is not None:
-            pipe.set_speculation_settings(settings)
-        else:
-            pipe.read_speculation_settings(path)
-        return pipe
+        return cls._from_saved_folder(path, ("transformer", "vae", "drafter"), **kwargs)
 
     @classmethod
     def _complete_components(cls, components: dict[str, Any], path: Path) -> dict[str, Any]:

@@ -100,10 +100,8 @@ class WordVocabularyMixin:
         components = load_components(cls, path, names, torch_dtype=torch_dtype, extra=("text_tokenizer",), **kwargs)
         pipe = cls(**cls._complete_components(components, path))
         pipe.register_to_config(_name_or_path=str(path))
-        if settings is not None:
-            pipe.set_speculation_settings(settings)
-        elif stores_settings:
-            pipe.read_speculation_settings(path)
+        if stores_settings:
+            pipe.use_speculation_settings(settings, path)
         return pipe
 
     @classmethod

@@ -95,6 +95,15 @@ class MethodSettingsMixin:
         super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
         self.speculation_settings.save(save_directory)
 
+    def use_speculation_settings(self, settings: SpeculationSettings | Mapping[str, Any] | None,
+                                 folder: str | os.PathLike, **hub_kwargs: Any) -> None:
+        """What ``from_pretrained`` does last: the given ``settings`` (its ``speculation_settings=``) win,
+        otherwise the folder's (or hub repository's) ``speculation_config.json`` is read."""
+        if settings is not None:
+            self.set_speculation_settings(settings)
+        else:
+            self.read_speculation_settings(folder, **hub_kwargs)
+
     def read_speculation_settings(self, folder: str | os.PathLike, **hub_kwargs: Any) -> None:
         """Load ``speculation_config.json`` of a pipeline folder (none there: every method at its defaults).
 

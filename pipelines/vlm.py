@@ -194,10 +194,7 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
             pipe.register_to_config(_name_or_path=str(path))
         else:
             pipe = super().from_pretrained(path, **kwargs)
-        if settings is not None:
-            pipe.set_speculation_settings(settings)
-        else:
-            pipe.read_speculation_settings(path, **kwargs)
+        pipe.use_speculation_settings(settings, path, **kwargs)
         return pipe
 
     @property

@@ -94,7 +94,7 @@ def test_a_tree_and_a_confidence_threshold_exclude_each_other():
 
 def test_configs_round_trip_through_plain_values_and_refuse_unknown_fields():
     config = DraftVLMConfig(num_draft_tokens=5, tree=TREE)
-    assert config.to_dict() == {"num_draft_tokens": 5, "tree": {"depth": 3, "top_k": 2, "total_tokens": 6},
+    assert config.to_dict() == {"num_draft_tokens": 5, "tree": {"depth": 3, "top_k": 2, "total_tokens": 6, "adaptive": None},
                                 "draft_confidence_threshold": 0.0}
     assert DraftVLMConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config  # the tree from JSON
     with pytest.raises(ValueError, match="VLMEagleConfig has no field 'lantern_k'"):
