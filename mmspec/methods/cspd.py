@@ -19,11 +19,12 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmspec.continuous import cspd_verify
+from mmspec.continuous import EXHAUSTED_RESIDUALS, LOGDET_TERMS, RESIDUAL_LOOPS, cspd_verify
 from mmspec.methods.base import (
     BuildRequest,
     MethodConfig,
     MethodPlan,
+    check_bool_field,
     check_choice_field,
     check_float_field,
     check_int_field,
@@ -62,8 +63,24 @@ class CSpDConfig(MethodConfig):
         density_temperature: multiplies the last-step standard deviations in the acceptance densities (1:
             CSpD's surrogate as specified; the official code's "inner temperature" is about 42 and accepts
             drafts the target would not make).
-        max_tries: bound on residual proposals per rejected token (then a plain draw from the target's
-            last-step Gaussian, counted in ``stats.residual_fallbacks``).
+        max_tries: bound on residual proposals per rejected token (then ``exhausted_residual``, counted in
+            ``stats.residual_fallbacks``).
+        logdet_term: how the earlier denoising steps enter the ratio: "gaussian_normalisers" (the paper's
+            trajectory densities: sigma_q / sigma_p per step) or "sigma_ratio_product" (the released code:
+            sigma_p / sigma_q, the opposite sign).
+        temper_residual: whether ``density_temperature`` applies to the residual test as well (True) or only
+            to the acceptance test (False: the released code).
+        residual_loop: "first_accepted" (each rejected token keeps its first accepted residual proposal) or
+            "whole_batch_last_accepted" (the released code: every verified token, accepted ones included,
+            runs the residual test until each has passed once; a rejected token keeps its last passed
+            proposal). Both draw from the same residual distribution; the released loop runs longer.
+        exhausted_residual: what a rejected token gets after ``max_tries`` refused proposals:
+            "last_target_draw" (a sample of the target's last-step Gaussian, close to what the target would
+            produce) or "zero" (the released code: a zero latent, which no model produces).
+
+    The released code's verification: ``logdet_term="sigma_ratio_product", density_temperature=42,
+    temper_residual=False, residual_loop="whole_batch_last_accepted", exhausted_residual="zero",
+    max_tries=100`` (docs/official_code.md).
     """
 
     pipelines: ClassVar[tuple[str, ...]] = ("continuous",)
@@ -74,6 +91,10 @@ class CSpDConfig(MethodConfig):
     verify_context: str = "round"
     density_temperature: float = 1.0
     max_tries: int = 64
+    logdet_term: str = "gaussian_normalisers"
+    temper_residual: bool = True
+    residual_loop: str = "first_accepted"
+    exhausted_residual: str = "last_target_draw"
 
     def validate(self) -> None:
         check_int_field(self, "draft_length", 1, 1024)
@@ -82,6 +103,10 @@ class CSpDConfig(MethodConfig):
         check_choice_field(self, "verify_context", VERIFY_CONTEXTS)
         check_float_field(self, "density_temperature", MIN_TEMPERATURE, DENSITY_TEMPERATURE_MAX)
         check_int_field(self, "max_tries", 1, 100_000)
+        check_choice_field(self, "logdet_term", LOGDET_TERMS)
+        check_bool_field(self, "temper_residual")
+        check_choice_field(self, "residual_loop", RESIDUAL_LOOPS)
+        check_choice_field(self, "exhausted_residual", EXHAUSTED_RESIDUALS)
 
     def build(self, pipeline: Any, request: BuildRequest) -> MethodPlan:
         if getattr(pipeline, "draft_transformer", None) is None:
@@ -162,7 +187,9 @@ def cspd_rounds(state: Any, target: Any, draft: Any, config: CSpDConfig, generat
         # 3. Verify in the core: surrogate ratio, acceptance in log space, residual by acceptance-rejection.
         with stats.phase("verify"):
             result = cspd_verify(draft_x0, draft_means, draft_vars, target_means, target_vars, generator,
-                                 config.density_temperature, config.max_tries)
+                                 config.density_temperature, config.max_tries, logdet_term=config.logdet_term,
+                                 temper_residual=config.temper_residual, residual_loop=config.residual_loop,
+                                 exhausted_residual=config.exhausted_residual)
             accepted = result.accepted
             keep = _committed(config.verify_order, accepted, slot_row, local, iter_tok, rows_active.shape[0], gamma)
             verified = keep                                                          # chain: later ones unverified
