@@ -8,6 +8,7 @@ from typing import Any
 from mmspec.demos.common import (
     CPU_NOTE,
     LENGTH_NOTE,
+    STORED,
     DemoError,
     ImageResult,
     PipelineCache,
@@ -15,34 +16,31 @@ from mmspec.demos.common import (
     check_float,
     check_int,
     check_request,
+    given,
     sampling_kwargs,
     tree_config,
     warm_up_and_compare,
 )
+from mmspec.demos.timing import DEFAULT_REPEATS, MAX_REPEATS
 
 METHODS = ("eagle", "lantern", "sjd", "gsd", "mulo")
 LOSSLESS = ("eagle", "sjd")
 DEFAULT_PATH = "mmspec/shapes-t2i"
-EXAMPLE_PROMPTS = ("a red circle", "two blue squares", "a green triangle above a yellow diamond")
+#: prompts the zoo's shapes model knows (the world's evaluation prompts, so lossy methods get a quality figure)
+EXAMPLE_PROMPTS = ("a red circle and a blue square", "a red circle", "two squares", "a triangle above a circle",
+                   "a green triangle and a yellow diamond")
 
 #: the tab's inputs, in the order the page passes them (keyword names of :func:`run_ar_image`)
 INPUTS = ("path", "prompt", "method", "num_images", "seed", "greedy", "temperature", "guidance_scale",
           "num_draft_tokens", "use_tree", "tree_depth", "tree_top_k", "tree_total_tokens", "lantern_k",
           "lantern_delta", "lantern_lam", "argmax_drafts", "sjd_window", "gsd_group_size", "mulo_tau", "mulo_radius",
-          "mulo_resample", "lookup_tail")
+          "mulo_resample", "lookup_tail", "repeats")
 
-#: the page's MuLo resampling choice that keeps the checkpoint's setting
-STORED = "checkpoint"
 
 
 class ARImageResult(ImageResult):
     """What the tab shows: the speculative images with their acceptance maps (one row per image), the
     baseline's images, the statistics panel, and the comparison itself (:class:`ImageResult`'s fields)."""
-
-
-def _given(value: Any) -> Any:
-    """A knob's value, or None when the field is empty (the page's text fields send "")."""
-    return None if value is None or (isinstance(value, str) and not value.strip()) else value
 
 
 def method_config(pipe: Any, method: str, *, greedy: bool, batch_size: int, guidance_scale: float,
@@ -64,7 +62,7 @@ def method_config(pipe: Any, method: str, *, greedy: bool, batch_size: int, guid
     ``resample`` (:data:`STORED`: the checkpoint's)."""
     config = pipe.method_config(method, do_sample=not greedy, batch_size=batch_size, guidance_scale=guidance_scale)
     num_draft_tokens, lookup_tail, lantern_k, lantern_delta, lantern_lam, sjd_window, gsd_group_size, mulo_tau, \
-        mulo_radius = (_given(value) for value in (num_draft_tokens, lookup_tail, lantern_k, lantern_delta,
+        mulo_radius = (given(value) for value in (num_draft_tokens, lookup_tail, lantern_k, lantern_delta,
                                                    lantern_lam, sjd_window, gsd_group_size, mulo_tau, mulo_radius))
     fields: dict[str, Any] = {}
     if method in ("eagle", "lantern"):
@@ -115,11 +113,13 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                  lantern_k: int | None = None, lantern_delta: float | None = None, lantern_lam: float | None = None,
                  argmax_drafts: bool | None = None, sjd_window: int | None = None, gsd_group_size: int | None = None,
                  mulo_tau: float | None = None, mulo_radius: int | None = None, mulo_resample: str | None = None,
-                 lookup_tail: int | None = None, report: Report | None = None) -> ARImageResult:
+                 lookup_tail: int | None = None, repeats: int = DEFAULT_REPEATS,
+                 report: Report | None = None) -> ARImageResult:
     """Generate the prompts (one per line) with ``method`` and target-only with the same seed; return
     the images, their acceptance maps and the statistics. The method runs with the checkpoint's stored
     settings and the page's knobs over them (:func:`method_config`; None: the stored value); the baseline
-    gets the sampling settings only. Bad input raises :class:`DemoError` (or the pipeline's ``ValueError``)
+    gets the sampling settings only. Timing: :func:`~mmspec.demos.timing.compare` with ``repeats`` timed
+    calls per side. Bad input raises :class:`DemoError` (or the pipeline's ``ValueError``)
     with a message for the page."""
     method, prompts, images, seed = check_request(method, METHODS, prompt, num_images, seed,
                                                   per_prompt_name="images per prompt", max_per_prompt=8,
@@ -147,7 +147,8 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                     generator=generator, output_type=output_type, callback_on_step_end=on_step, **sampling)
 
     comparison = warm_up_and_compare(cache, pipe, "ar_image", run, method, seed, warm_output_type="tokens",
-                                     report=report)
+                                     repeats=check_int("timed repeats", repeats, 1, MAX_REPEATS), report=report)
+    comparison.lossless = method in LOSSLESS
     spec, base = comparison.speculative, comparison.baseline
     drafted = float(spec.drafted.float().mean())
     same = bool((spec.tokens == base.tokens).all())
@@ -162,4 +163,5 @@ def run_ar_image(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str 
                                 "runs follow the same distribution but use the random numbers differently.")
     else:
         comparison.notes.append(f"{method} is lossy by design (a relaxed acceptance rule): compare the images.")
-    return ARImageResult.from_comparison(comparison)
+    labels = [prompt for prompt in prompts for _ in range(images)]
+    return ARImageResult.from_comparison(comparison, labels, identical=same)

@@ -89,7 +89,8 @@ def set_field(page: Any, elem_id: str, value: Any, attempts: int = 10) -> None:
 
 
 def run_and_wait(page: Any, elem: str, timeout_s: float = 120.0) -> tuple[str, str]:
-    """Click the tab's Run button and wait for its outcome: ``("ok" | "error", message text)``.
+    """Click the tab's Run button and wait for its outcome: ``("ok" | "warn" | "error", message text)``
+    ("warn": a result whose timing is not trusted).
 
     The outcome is the first final message (ok or error) whose text differs from the message shown before
     the click; progress messages in between are skipped. (Two identical errors in a row are told apart
@@ -103,8 +104,9 @@ def run_and_wait(page: Any, elem: str, timeout_s: float = 120.0) -> tuple[str, s
         """([selector, previous]) => {
             const box = document.querySelector(selector);
             if (!box || box.innerText === previous) return false;
-            return box.classList.contains('mmspec-message-ok') || box.classList.contains('mmspec-message-error');
+            return ['ok', 'warn', 'error'].some((kind) => box.classList.contains('mmspec-message-' + kind));
         }""", arg=[selector, before], timeout=timeout_s * 1000)
     box = page.locator(selector).first
-    kind = "ok" if "mmspec-message-ok" in (box.get_attribute("class") or "") else "error"
+    classes = box.get_attribute("class") or ""
+    kind = next(kind for kind in ("ok", "warn", "error") if f"mmspec-message-{kind}" in classes)
     return kind, box.inner_text().strip()

@@ -11,10 +11,10 @@ from __future__ import annotations
 import html
 import importlib
 import math
+import statistics
 import threading
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,6 +22,7 @@ import numpy as np
 import PIL.Image
 import torch
 
+from mmspec.demos.timing import DEFAULT_REPEATS, Comparison, Report, compare, speed_words
 from mmspec.devices import load_pipeline
 
 #: family -> (module, pipeline class, default zoo id)
@@ -46,14 +47,16 @@ class DemoError(Exception):
 
 def user_message(error: BaseException) -> str:
     """The text the page shows for an error of a run: the message of input errors (``DemoError``, the
-    pipelines' ``ValueError`` / ``FileNotFoundError`` / ``NotImplementedError``), a one-line summary for
-    anything unexpected."""
+    pipelines' ``ValueError`` / ``FileNotFoundError`` / ``NotImplementedError`` / ``KeyError``), as written,
+    without the exception's class name; for anything unexpected a one-line summary (the server logs the
+    traceback)."""
     if isinstance(error, DemoError):
         return str(error)
-    if isinstance(error, (ValueError, FileNotFoundError, NotImplementedError, KeyError)):
-        text = str(error).strip("'\"") if isinstance(error, KeyError) else str(error)
-        return f"{type(error).__name__}: {text}"
-    return f"the run failed ({type(error).__name__}: {error})"
+    if isinstance(error, KeyError):
+        return str(error).strip("'\"")
+    if isinstance(error, (ValueError, FileNotFoundError, NotImplementedError)):
+        return str(error)
+    return f"the run failed unexpectedly ({error}); the server log has the details"
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -135,11 +138,6 @@ def check_batch(num_prompts: int, per_prompt: int, what: str = "images") -> int:
     return rows
 
 
-def seeded(seed: int) -> torch.Generator:
-    """The generator of one run: both runs of a comparison get a fresh one from the same seed."""
-    return torch.Generator().manual_seed(int(seed))
-
-
 class Request(NamedTuple):
     """The inputs every generation tab takes, checked: the method, the prompts (one per line), outputs
     per prompt and the seed (unpacks as ``method, prompts, per_prompt, seed``)."""
@@ -203,7 +201,7 @@ def resolve_checkpoint(family: str, path: Any) -> str:
         try:
             return resolve_pretrained(text)
         except FileNotFoundError as error:
-            raise DemoError(f"FileNotFoundError: {error}") from None
+            raise DemoError(str(error)) from None
     folder = Path(text).expanduser()
     if not folder.exists():
         raise DemoError(f"checkpoint path {text!r} does not exist: give a saved pipeline folder (with "
@@ -224,6 +222,32 @@ def import_pipeline_modules() -> None:
         importlib.import_module(module)
 
 
+#: pipeline class -> the tab that runs it (for a folder given to the wrong tab)
+TAB_NAMES = {"VLMPipeline": "VLM", "ARImagePipeline": "AR image", "ContinuousARImagePipeline": "Continuous AR image",
+             "ARVideoPipeline": "AR video"}
+
+
+def with_article(word: str) -> str:
+    """``word`` after "a" or "an" as it is read aloud ("an ARImagePipeline", "a VLMPipeline")."""
+    spoken_vowel = word[:1].lower() in "aeio" or (word[:2].isupper() and word[:1] in "AEFHILMNORSX")
+    return f"{'an' if spoken_vowel else 'a'} {word}"
+
+
+def check_family(family: str, folder: str) -> None:
+    """A :class:`DemoError` when the pipeline folder ``folder`` holds another family's pipeline, naming the
+    tab that runs it."""
+    import json
+
+    try:
+        held = json.loads((Path(folder) / "model_index.json").read_text()).get("_class_name")
+    except (OSError, ValueError, AttributeError):
+        return  # the loader reports a broken model_index.json with its own message
+    expected = FAMILIES[family][1]
+    if isinstance(held, str) and held != expected:
+        where = f": use it in the {TAB_NAMES[held]} tab" if held in TAB_NAMES else ""
+        raise DemoError(f"{folder} holds {with_article(held)}, not {with_article(expected)}{where}")
+
+
 class PipelineCache:
     """Pipelines loaded once per (family, folder) and kept for the app's lifetime; thread-safe. Each loads on
     ``device`` (None: CUDA when torch sees a GPU, else the CPU) in ``dtype`` (None: the checkpoint's compute
@@ -241,17 +265,19 @@ class PipelineCache:
         self._lock = threading.Lock()
 
     def get(self, family: str, path: Any) -> Any:
+        """The pipeline of ``family`` saved at ``path`` (loaded on first use); a :class:`DemoError` for a path
+        that is not a pipeline folder, a folder of another family, or one that fails to load."""
         folder = resolve_checkpoint(family, path)
         key = (family, folder)
         with self._lock:
             if key not in self._pipes:
                 module, name, _ = FAMILIES[family]
+                check_family(family, folder)
                 cls = getattr(importlib.import_module(module), name)
                 try:
                     pipe = load_pipeline(cls, folder, device=self.device, dtype=self.dtype)
                 except (ValueError, OSError, KeyError, TypeError) as error:
-                    raise DemoError(f"could not load a {name} from {folder}: {type(error).__name__}: {error}"
-                                    ) from None
+                    raise DemoError(f"could not load {with_article(name)} from {folder}: {error}") from None
                 pipe.set_progress_bar_config(disable=True)
                 pipe.set_cpu_gemm(self.cpu_gemm)
                 self._pipes[key] = pipe
@@ -275,78 +301,17 @@ class PipelineCache:
 # ----------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Comparison:
-    """The speculative run and the target-only baseline of one request (same inputs, same seed).
-
-    Attributes:
-        method: the speculative method's name.
-        speculative / baseline: the pipeline outputs (each with ``stats``).
-        spec_seconds / base_seconds: wall time of each call, end to end (decoding included).
-        notes: extra lines for the statistics panel.
-        extra: extra statistics rows ``name -> (speculative value, baseline value)`` (strings).
-    """
-
-    method: str
-    speculative: Any
-    baseline: Any
-    spec_seconds: float
-    base_seconds: float
-    notes: list[str] = field(default_factory=list)
-    extra: dict[str, tuple[str, str]] = field(default_factory=dict)
-
-    @property
-    def speedup(self) -> float:
-        return self.base_seconds / self.spec_seconds if self.spec_seconds > 0 else float("nan")
-
-    def summary(self) -> dict[str, Any]:
-        """The numbers the page shows (also what tests read)."""
-        spec, base = self.speculative.stats, self.baseline.stats
-        return {"method": self.method, "spec_seconds": self.spec_seconds, "base_seconds": self.base_seconds,
-                "speedup": self.speedup, "mean_accepted_length": spec.mean_accepted_length,
-                "base_mean_accepted_length": base.mean_accepted_length, "target_calls": spec.target_calls,
-                "base_target_calls": base.target_calls, "draft_calls": spec.draft_calls}
-
-
-def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
-    """``(fn(), seconds)``."""
-    start = time.perf_counter()
-    result = fn()
-    return result, time.perf_counter() - start
-
-
-Report = Callable[[float, str], None]
-
-
-def compare(run: Callable[[str, torch.Generator, Callable[[float], None]], Any], method: str, seed: int, *,
-            report: Report | None = None) -> Comparison:
-    """Run ``method`` then the baseline ``"none"`` through ``run(method, generator, progress)`` with a
-    fresh generator from the same ``seed`` each, timing each call.
-
-    ``progress(fraction)`` may be called by ``run`` with the fraction of its work done; ``report(overall
-    fraction, description)`` receives it (the page's progress bar).
-    """
-    report = report or (lambda fraction, text: None)
-
-    def stage(offset: float, text: str) -> Callable[[float], None]:
-        return lambda fraction: report(offset + 0.5 * min(max(fraction, 0.0), 1.0), text)
-
-    report(0.0, f"speculative run ({method})")
-    spec, spec_seconds = timed(lambda: run(method, seeded(seed), stage(0.0, f"speculative run ({method})")))
-    report(0.5, "baseline run (target only)")
-    base, base_seconds = timed(lambda: run("none", seeded(seed), stage(0.5, "baseline run (target only)")))
-    report(1.0, "done")
-    return Comparison(method, spec, base, spec_seconds, base_seconds)
-
-
 def warm_up_and_compare(cache: PipelineCache, pipe: Any, family: str, run: Callable[..., Any], method: str,
-                        seed: int, *, warm_output_type: str, report: Report | None = None) -> Comparison:
-    """:func:`compare` after one untimed call of ``method`` and of ``"none"`` per pipeline (``run(name, None,
-    no progress, warm_output_type)``, see :meth:`PipelineCache.warm_up`), so one-off costs stay out of the
-    timed runs. ``warm_output_type`` should skip decoding ("tokens", "latent")."""
+                        seed: int, *, warm_output_type: str, repeats: int = DEFAULT_REPEATS,
+                        report: Report | None = None) -> Comparison:
+    """:func:`~mmspec.demos.timing.compare` (the CLI's protocol: a warm-up call each, then ``repeats``
+    alternating timed calls) after a one-off call of ``method`` and of ``"none"`` the first time this
+    pipeline runs them in this process (``run(name, None, no progress, warm_output_type)``, see
+    :meth:`PipelineCache.warm_up`): lazy initialisation stays out of the protocol's own warm-up.
+    ``warm_output_type`` should skip decoding ("tokens", "latent")."""
     for name in (method, "none"):
         cache.warm_up(pipe, (family, name), lambda name=name: run(name, None, lambda fraction: None, warm_output_type))
-    return compare(run, method, seed, report=report)
+    return compare(run, method, seed, repeats=repeats, report=report)
 
 
 def _fmt(value: Any, digits: int = 2) -> str:
@@ -356,11 +321,18 @@ def _fmt(value: Any, digits: int = 2) -> str:
 
 
 def stats_html(comparison: Comparison, *, show_accepted_length: bool = True, unit: str = "tokens") -> str:
-    """The statistics panel: wall time, speedup, mean accepted length and calls of both runs."""
+    """The statistics panel: median wall time and its range, speedup, mean accepted length and calls of both
+    sides."""
     spec, base = comparison.speculative.stats, comparison.baseline.stats
+    low, high = comparison.speedup_range
+
+    def seconds(times: list[float]) -> str:
+        return f"{statistics.median(times):.3f} ({min(times):.3f}-{max(times):.3f})"
+
     rows: list[tuple[str, str, str]] = [
-        ("wall time (s)", f"{comparison.spec_seconds:.3f}", f"{comparison.base_seconds:.3f}"),
-        ("speedup", f"{_fmt(comparison.speedup)}x", "1.00x"),
+        (f"wall time, s (median of {comparison.repeats}; range)", seconds(comparison.spec_times),
+         seconds(comparison.base_times)),
+        ("speedup (range over the passes)", f"{_fmt(comparison.speedup)}x ({_fmt(low)}-{_fmt(high)}x)", "1.00x"),
     ]
     if show_accepted_length:
         rows.append(("mean accepted length", _fmt(spec.mean_accepted_length), _fmt(base.mean_accepted_length)))
@@ -376,9 +348,47 @@ def stats_html(comparison: Comparison, *, show_accepted_length: bool = True, uni
             f"<ul class='mmspec-notes'>{notes}</ul></div>")
 
 
-CPU_NOTE = ("Both runs are in this process, one after the other, same inputs and seed, after a warm-up. On a "
-            "CPU at the zoo's sizes a forward costs about the same for 1 or 8 new tokens, as in a memory-bound "
-            "GPU decode, so speedups are meaningful; absolute times are not GPU times.")
+def headline_html(comparison: Comparison, *, identical: bool | None = None) -> str:
+    """The result card: the speedup in words with its range, the target calls of both sides, and what the
+    output is worth: "identical to the baseline" (``identical``) or the lossless note for a lossless method,
+    the quality figure (:attr:`Comparison.quality`) for a lossy one. A speedup the call counts contradict
+    (:attr:`Comparison.warning`) makes a warning card, never a green one."""
+    spec, base = comparison.speculative.stats, comparison.baseline.stats
+    low, high = comparison.speedup_range
+    words = speed_words(comparison.speedup)
+    name = comparison.method
+    lines = [f"range {_fmt(low)}-{_fmt(high)}x over {comparison.repeats} alternating timed runs per side, after a "
+             f"warm-up; median {comparison.spec_seconds:.2f} s against {comparison.base_seconds:.2f} s",
+             f"target calls: {spec.target_calls} against {base.target_calls}"]
+    if comparison.lossless:
+        if identical:
+            lines.append("output identical to the baseline (lossless)")
+        else:
+            lines.append("lossless: the same distribution as the baseline (sampled runs use the random numbers "
+                         "differently, so the outputs differ)")
+    elif comparison.quality is not None:
+        what, ours, theirs = comparison.quality
+        lines.append(f"lossy: {what} {ours} against the baseline's {theirs}")
+    else:
+        lines.append("lossy: no quality figure for these inputs; compare the outputs below")
+    if comparison.noisy:
+        lines.append("the passes disagree by more than 25%: the machine was busy; the median is shown")
+    warning = comparison.warning
+    if warning is not None:
+        kind, title = "warn", f"{name}: timing not trusted"
+        lines.insert(0, warning)
+    else:
+        kind = "ok" if comparison.speedup >= 1 else "slow"
+        title = f"{name}: {words} the baseline"
+    items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
+    return (f"<div class='mmspec-card mmspec-card-{kind}'><div class='mmspec-card-title'>{html.escape(title)}</div>"
+            f"<ul>{items}</ul></div>")
+
+
+CPU_NOTE = ("Timing: one warm-up call per side, then alternating timed calls (baseline, method, ...), same inputs "
+            "and seed, one run at a time in the whole app; the speedup is the ratio of the medians. On a CPU at "
+            "the zoo's sizes a forward costs about the same for 1 or 8 new tokens, as in a memory-bound GPU "
+            "decode, so speedups are meaningful; absolute times are not GPU times.")
 LENGTH_NOTE = "Mean accepted length: tokens gained per target verification call, the bonus token included."
 
 
@@ -396,32 +406,37 @@ def to_pil_list(images: Any) -> list[PIL.Image.Image]:
     return [im.convert("RGB") for im in images]
 
 
-def upscale(image: PIL.Image.Image, size: int = 256) -> PIL.Image.Image:
-    """Nearest-neighbour upscale so the longer side is at least ``size`` pixels (integer factor)."""
-    factor = max(1, size // max(image.size))
-    return image.resize((image.width * factor, image.height * factor), PIL.Image.NEAREST) if factor > 1 else image
+def upscale(image: PIL.Image.Image, size: int = 384) -> PIL.Image.Image:
+    """``image`` with its longer side at ``size`` pixels: nearest neighbour when that is an integer factor
+    (the zoo's tiny images stay crisp), else Lanczos."""
+    longest = max(image.size)
+    if longest == size:
+        return image
+    scale = size / longest
+    target = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    exact = size % longest == 0
+    return image.resize(target, PIL.Image.NEAREST if exact else PIL.Image.LANCZOS)
 
 
-def acceptance_overlay(image: PIL.Image.Image, drafted: torch.Tensor | np.ndarray, size: int = 256,
-                       alpha: float = 0.45) -> PIL.Image.Image:
-    """The per-token acceptance map over an image: tokens that were drafted and accepted tinted
-    :data:`DRAFT_COLOR`, tokens the target produced tinted :data:`TARGET_COLOR`, thin grid lines between
-    tokens. ``drafted`` is bool ``[h, w]`` (one entry per token of the image's grid)."""
+def acceptance_overlay(image: PIL.Image.Image, drafted: torch.Tensor | np.ndarray, size: int = 384) -> PIL.Image.Image:
+    """The per-token acceptance map of an image, as large as the image shown beside it: each token's cell
+    in exactly the legend's colour (:data:`DRAFT_COLOR`: drafted and accepted, :data:`TARGET_COLOR`: produced
+    by the target), with thin darker lines between cells. ``drafted`` is bool ``[h, w]`` (one entry per token
+    of the image's grid)."""
     mask = np.asarray(drafted.cpu() if isinstance(drafted, torch.Tensor) else drafted, dtype=bool)
     if mask.ndim != 2:
         raise ValueError(f"drafted must be [h, w], got shape {mask.shape}")
-    big = upscale(image.convert("RGB"), size)
-    width, height = big.size
-    grid_h, grid_w = mask.shape
-    cell_h, cell_w = height // grid_h, width // grid_w
-    full = mask.repeat(cell_h, 0).repeat(cell_w, 1)
-    pixels = np.asarray(big.resize((cell_w * grid_w, cell_h * grid_h), PIL.Image.NEAREST), dtype=np.float32)
-    tint = np.where(full[..., None], np.asarray(DRAFT_COLOR, np.float32), np.asarray(TARGET_COLOR, np.float32))
-    mixed = (1 - alpha) * pixels + alpha * tint
-    if cell_h >= 6 and cell_w >= 6:  # grid lines between tokens
-        mixed[::cell_h, :, :] *= 0.6
-        mixed[:, ::cell_w, :] *= 0.6
-    return PIL.Image.fromarray(np.clip(mixed, 0, 255).astype(np.uint8))
+    width, height = upscale(image, size).size
+    rows = np.minimum(np.arange(height) * mask.shape[0] // height, mask.shape[0] - 1)
+    cols = np.minimum(np.arange(width) * mask.shape[1] // width, mask.shape[1] - 1)
+    full = mask[rows][:, cols]
+    pixels = np.where(full[..., None], np.asarray(DRAFT_COLOR, np.uint8), np.asarray(TARGET_COLOR, np.uint8))
+    if height // mask.shape[0] >= 6 and width // mask.shape[1] >= 6:  # lines between tokens
+        edges_y = np.flatnonzero(np.diff(rows)) + 1
+        edges_x = np.flatnonzero(np.diff(cols)) + 1
+        pixels[edges_y] = (pixels[edges_y] * 0.7).astype(np.uint8)
+        pixels[:, edges_x] = (pixels[:, edges_x] * 0.7).astype(np.uint8)
+    return PIL.Image.fromarray(pixels)
 
 
 def legend_html(items: Sequence[tuple[tuple[int, int, int], str]]) -> str:
@@ -432,41 +447,113 @@ def legend_html(items: Sequence[tuple[tuple[int, int, int], str]]) -> str:
 
 
 MAP_LEGEND = ((DRAFT_COLOR, "drafted and accepted"), (TARGET_COLOR, "produced by the target"))
+LABEL_SIZE = 18  # font size of the labels drawn into pictures (pixels)
 
 
-def panel(rows: Sequence[Sequence[PIL.Image.Image]], gap: int = 8) -> PIL.Image.Image:
-    """Tiles of equal size in rows (white gaps between them): one picture for the page."""
+def label_band(text: str, width: int, size: int = LABEL_SIZE) -> PIL.Image.Image:
+    """A white band ``width`` pixels wide with ``text`` in dark grey (cut with "..." when too long)."""
+    from PIL import ImageDraw, ImageFont
+
+    font = ImageFont.load_default(size=size)
+    band = PIL.Image.new("RGB", (width, size + 10), (255, 255, 255))
+    draw = ImageDraw.Draw(band)
+    while text and draw.textlength(text, font=font) > width - 8:
+        text = text[:-4] + "..." if len(text) > 4 else ""
+    draw.text((4, 4), text, fill=(39, 39, 42), font=font)
+    return band
+
+
+def panel(rows: Sequence[Sequence[PIL.Image.Image]], gap: int = 8, labels: Sequence[str] | None = None,
+          headers: Sequence[str] | None = None) -> PIL.Image.Image:
+    """Tiles of equal size in rows (white gaps between them): one picture for the page. ``labels``: a line
+    of text above each row (e.g. its prompt); ``headers``: a line above each column, once at the top."""
     height, width = rows[0][0].height, rows[0][0].width
     columns = max(len(row) for row in rows)
-    canvas = PIL.Image.new("RGB", (columns * width + (columns - 1) * gap, len(rows) * height + (len(rows) - 1) * gap),
-                           (255, 255, 255))
+    full_width = columns * width + (columns - 1) * gap
+    blocks: list[list[PIL.Image.Image]] = []  # white gaps go between blocks
+    if headers:
+        head = PIL.Image.new("RGB", (full_width, LABEL_SIZE + 10), (255, 255, 255))
+        for c, text in enumerate(headers):
+            head.paste(label_band(text, width), (c * (width + gap), 0))
+        blocks.append([head])
     for r, row in enumerate(rows):
+        line = PIL.Image.new("RGB", (full_width, height), (255, 255, 255))
         for c, tile in enumerate(row):
-            canvas.paste(tile.convert("RGB").resize((width, height), PIL.Image.NEAREST), (c * (width + gap), r * (height + gap)))
+            line.paste(tile.convert("RGB").resize((width, height), PIL.Image.NEAREST), (c * (width + gap), 0))
+        blocks.append([label_band(labels[r], full_width), line] if labels else [line])
+    if headers and labels:  # the first row's label sits right under the headers
+        blocks[:2] = [blocks[0] + blocks[1]]
+    heights = [sum(part.height for part in block) for block in blocks]
+    canvas = PIL.Image.new("RGB", (full_width, sum(heights) + gap * (len(blocks) - 1)), (255, 255, 255))
+    top = 0
+    for block in blocks:
+        for part in block:
+            canvas.paste(part, (0, top))
+            top += part.height
+        top += gap
     return canvas
 
 
-def image_panels(comparison: Comparison, size: int = 192) -> tuple[PIL.Image.Image, PIL.Image.Image]:
-    """The pictures of an image comparison: speculative images with their acceptance maps beside them
-    (one row per image), and the baseline's images (one per row, aligned with the speculative rows)."""
+def image_panel(comparison: Comparison, labels: Sequence[str] | None = None, size: int = 384) -> PIL.Image.Image:
+    """The picture of an image comparison: one row per image (speculative image, its acceptance map, the
+    baseline's image of the same row and seed), its prompt above it, column headers on top."""
     spec = comparison.speculative
     spec_images, base_images = to_pil_list(spec.images), to_pil_list(comparison.baseline.images)
-    rows = [[upscale(image, size), acceptance_overlay(image, spec.drafted[i], size)] for i, image in enumerate(spec_images)]
-    return panel(rows), panel([[upscale(image, size)] for image in base_images])
+    rows = [[upscale(image, size), acceptance_overlay(image, spec.drafted[i], size), upscale(base_images[i], size)]
+            for i, image in enumerate(spec_images)]
+    labels = list(labels) if labels is not None else [f"image {i}" for i in range(len(rows))]
+    return panel(rows, labels=labels, headers=(f"speculative ({comparison.method})", "acceptance map",
+                                               "baseline (target only)"))
+
+
+def world_prompt(text: str) -> Any:
+    """The shapes world's evaluation prompt whose text is ``text`` (casing and a final "." ignored), or None
+    when the world's evaluator does not know it."""
+    from mmspec.world.prompts import CATEGORIES, enumerate_prompts
+
+    global _WORLD_PROMPTS
+    if _WORLD_PROMPTS is None:
+        _WORLD_PROMPTS = {p.text: p for category in CATEGORIES for p in enumerate_prompts(category)}
+    return _WORLD_PROMPTS.get(text.strip().rstrip(".").strip().lower())
+
+
+_WORLD_PROMPTS: dict[str, Any] | None = None
+
+
+def prompt_match_quality(spec_images: Sequence[PIL.Image.Image], base_images: Sequence[PIL.Image.Image],
+                         prompts: Sequence[str]) -> tuple[str, str, str] | None:
+    """The quality figure of a lossy image method: how many images of each side show what their prompt asks
+    for, by the shapes world's exact evaluator (``(what, speculative "k of n", baseline "k of n")``), or
+    None when a prompt is not one of the world's (the evaluator cannot judge it)."""
+    from mmspec.world.evaluator import score_image
+
+    specs = [world_prompt(text) for text in prompts]
+    if not specs or any(spec is None for spec in specs):
+        return None
+    ours = sum(score_image(np.asarray(image), spec) for image, spec in zip(spec_images, specs))
+    theirs = sum(score_image(np.asarray(image), spec) for image, spec in zip(base_images, specs))
+    return "images showing their prompt (the shapes world's exact check)", f"{ours} of {len(specs)}", \
+        f"{theirs} of {len(specs)}"
 
 
 @dataclass
 class ImageResult:
-    """What an image tab shows: the speculative images with their acceptance maps (one row per image),
-    the baseline's images, the statistics panel, and the comparison itself."""
+    """What an image tab shows: one picture with a row per image (speculative image, acceptance map,
+    baseline image, the prompt above), the result card, the statistics panel, and the comparison itself."""
 
     gallery: PIL.Image.Image
-    baseline: PIL.Image.Image
+    card_html: str
     stats_html: str
     comparison: Comparison
 
     @classmethod
-    def from_comparison(cls, comparison: Comparison) -> ImageResult:
-        """The panels (:func:`image_panels`) and statistics (:func:`stats_html`) of ``comparison``."""
-        gallery, baseline = image_panels(comparison)
-        return cls(gallery, baseline, stats_html(comparison), comparison)
+    def from_comparison(cls, comparison: Comparison, labels: Sequence[str] | None = None,
+                        identical: bool | None = None) -> ImageResult:
+        """The picture (:func:`image_panel`, rows labelled with ``labels``: each image's prompt), the card
+        (:func:`headline_html`; a lossy comparison without a quality figure gets the prompt check of
+        :func:`prompt_match_quality` when ``labels`` are the world's prompts) and statistics."""
+        if labels is not None and not comparison.lossless and comparison.quality is None:
+            comparison.quality = prompt_match_quality(to_pil_list(comparison.speculative.images),
+                                                      to_pil_list(comparison.baseline.images), labels)
+        return cls(image_panel(comparison, labels), headline_html(comparison, identical=identical),
+                   stats_html(comparison), comparison)

@@ -21,13 +21,14 @@ from mmspec.demos.common import (
     given,
     warm_up_and_compare,
 )
+from mmspec.demos.timing import DEFAULT_REPEATS, MAX_REPEATS
 from mmspec.methods.cspd import VERIFY_CONTEXTS, VERIFY_ORDERS
 
 METHODS = ("cspd",)
 DEFAULT_PATH = "mmspec/shapes-t2i-continuous"
 
 INPUTS = ("path", "prompt", "method", "num_images", "seed", "draft_length", "num_iter", "temperature",
-          "guidance_scale", "verify_order", "verify_context")
+          "guidance_scale", "verify_order", "verify_context", "repeats")
 
 
 class ContinuousResult(ImageResult):
@@ -38,6 +39,9 @@ class ContinuousResult(ImageResult):
 def _conditions(pipe: Any, prompts: list[str]) -> dict[str, Any]:
     """Prompt lines as the pipeline's condition: text, or class ids for class-conditioned models."""
     if pipe.transformer.config.condition_type == "text":
+        if any(p.strip().lstrip("-").isdigit() for p in prompts):
+            raise DemoError("this checkpoint is text-conditioned: describe the image in words (e.g. 'a red "
+                            "circle'); class ids are for class-conditioned checkpoints")
         return {"prompt": prompts}
     try:
         labels = [int(p) for p in prompts]
@@ -67,7 +71,7 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
                    method: str = "cspd", num_images: int = 2, seed: int = 0, draft_length: Any = None,
                    num_iter: int | None = None, temperature: float = 1.0, guidance_scale: float = 1.0,
                    verify_order: str | None = STORED, verify_context: str | None = STORED,
-                   report: Report | None = None) -> ContinuousResult:
+                   repeats: int = DEFAULT_REPEATS, report: Report | None = None) -> ContinuousResult:
     """Generate with CSpD (draft MAR, gamma draft iterations per target pass) and target-only with the
     same seed; return the images, their acceptance maps and the statistics. CSpD runs with the checkpoint's
     stored settings and the page's knobs over them (:func:`method_config`; empty: the stored value)."""
@@ -96,7 +100,7 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
                     callback_on_step_end=on_step, **common)
 
     comparison = warm_up_and_compare(cache, pipe, "continuous", run, method, seed, warm_output_type="latent",
-                                     report=report)
+                                     repeats=check_int("timed repeats", repeats, 1, MAX_REPEATS), report=report)
     spec = comparison.speculative
     comparison.extra["acceptance rate (alpha)"] = (f"{spec.stats.acceptance_rate:.2f}", "-")
     comparison.extra["drafted / accepted tokens"] = (f"{spec.stats.drafted_tokens} / {spec.stats.accepted_tokens}",
@@ -110,4 +114,4 @@ def run_continuous(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: st
         "CSpD accepts with the paper's surrogate density ratio, so it is not exactly lossless; both runs share "
         "every token's noise (trajectory alignment), so accepted drafts land close to the baseline's tokens.",
         CPU_NOTE]
-    return ContinuousResult.from_comparison(comparison)
+    return ContinuousResult.from_comparison(comparison, [p for p in prompts for _ in range(batch)])

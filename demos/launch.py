@@ -66,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"--threads must be a positive integer, got {args.threads}", file=sys.stderr)
             return 2
         torch.set_num_threads(args.threads)
+    print("mmspec demo: starting (importing gradio and the pipelines, then loading models; 10-40 s) ...", flush=True)
     from mmspec.demos.app import launch
     from mmspec.demos.common import PipelineCache
 

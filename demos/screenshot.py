@@ -4,7 +4,8 @@
     python -m mmspec.demos.screenshot --tab vlm --tiny /tmp/tiny --out vlm.png   # tiny random pipelines
 
 Serves the app on 127.0.0.1 (a free port), opens it in headless Chromium (:mod:`mmspec.demos.browser`),
-runs the chosen tab with its default inputs (AR image: one two-object prompt, EAGLE, K=8) and saves the page.
+runs the chosen tab with its default inputs (the checkpoint's stored method settings) and saves what a
+1400x1000 window shows: Run and the result card in view.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", default=None, help="prompt(s) to type, lines separated by \\n (default: the tab's)")
     parser.add_argument("--greedy", action="store_true", help="tick the tab's greedy box (VLM and AR image tabs)")
     parser.add_argument("--width", type=int, default=1400)
+    parser.add_argument("--height", type=int, default=1000)
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args(argv)
 
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = {**build_tiny_pipelines(args.tiny, tuple(f for f in TABS if f not in paths)), **paths}
     app, url = launch(paths, port=free_port(), block=False, quiet=True)
     try:
-        with open_browser(width=args.width, height=900) as page:
+        with open_browser(width=args.width, height=args.height) as page:
             page.goto(url)
             elem = open_tab(page, args.tab)
             if args.prompt is not None:
@@ -60,12 +62,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.greedy:
                 page.locator(f"#{elem}-greedy input").check()
             kind, message = run_and_wait(page, elem, timeout_s=600)
-            if kind != "ok":
+            if kind == "error":
                 print(f"the run failed: {message}", file=sys.stderr)
                 return 1
             page.wait_for_timeout(500)  # images finish loading
             args.out.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(args.out), full_page=True)
+            page.evaluate("window.scrollTo(0, 0)")
+            page.screenshot(path=str(args.out))
     finally:
         app.close()
     print(f"wrote {args.out} ({message})")

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import PIL.Image
+import torch
 
 from mmspec.demos.common import (
     CPU_NOTE,
@@ -35,12 +36,15 @@ from mmspec.demos.common import (
     check_float,
     check_int,
     check_request,
+    headline_html,
+    label_band,
     legend_html,
     panel,
     stats_html,
     to_pil_list,
     warm_up_and_compare,
 )
+from mmspec.demos.timing import DEFAULT_REPEATS, MAX_REPEATS
 
 METHODS = ("sdvg", "draft")
 REWARDS = ("shapes", "imagereward", "clip")  # "shapes" needs no weights; the others read local files
@@ -52,10 +56,12 @@ STORED = "checkpoint"
 #: the first-block rule's page choices besides :data:`STORED`
 FIRST_BLOCK = {"yes": True, "no": False}
 DEFAULT_PATH = "mmspec/shapes-video"
-EXAMPLE_PROMPTS = ("a red circle moving right", "a blue square moving up and a green diamond moving down")
+EXAMPLE_PROMPTS = ("a red circle moving right", "a blue square moving up and a green diamond moving down",
+                   "a yellow triangle moving left")
 
 INPUTS = ("path", "prompt", "method", "num_videos", "seed", "tau", "reward", "reward_weights", "aggregate",
-          "force_reject_first", "refine_rejected_from", "num_blocks", "num_inference_steps", "guidance_scale")
+          "force_reject_first", "refine_rejected_from", "num_blocks", "num_inference_steps", "guidance_scale",
+          "repeats")
 
 STRIP_LEGEND = ((DRAFT_COLOR, "drafted block, accepted"), (REJECT_COLOR, "drafted block rejected: target's block"),
                 (TARGET_COLOR, "target's block (not drafted)"))
@@ -64,19 +70,23 @@ STRIP_LEGEND = ((DRAFT_COLOR, "drafted block, accepted"), (REJECT_COLOR, "drafte
 #: frames per second of the animations (a block of the zoo's 2 frames lasts half a second)
 ANIMATION_FPS = 4
 #: side of a frame in the animations (pixels; nearest-neighbour upscaling, like the film strips)
-ANIMATION_SIZE = 128
+ANIMATION_SIZE = 192
+#: side of a frame in the film strips (pixels): 8 frames fill the page's width
+STRIP_SIZE = 128
 
 
 @dataclass
 class VideoResult:
     """Animations (the path of a looping GIF per run, every video in it: :func:`animation_frames`), film
-    strips (one image per run, a row per video), the block strip, the statistics."""
+    strips (one image per run, a row per video under its prompt), the block strip, the result card, the
+    statistics."""
 
     spec_animation: str
     spec_strip: PIL.Image.Image
     base_animation: str
     base_strip: PIL.Image.Image
     blocks_html: str
+    card_html: str
     stats_html: str
     comparison: Comparison
 
@@ -111,8 +121,9 @@ def block_decisions(stats: Any) -> list[list[dict[str, Any]]]:
 KIND_COLORS = {"accepted": DRAFT_COLOR, "draft": DRAFT_COLOR, "rejected": REJECT_COLOR, "target": TARGET_COLOR}
 
 
-def block_strip_html(stats: Any, tau: float, prompts: list[str]) -> str:
-    """One row of blocks per video: decision and reward of each block, coloured like the film strip."""
+def block_strip_html(stats: Any, tau: float, prompts: list[str], method: str = "sdvg") -> str:
+    """One row of blocks per video: decision and reward of each block, coloured like the film strip, under
+    a line saying how ``method`` chose the blocks (SDVG's routing with ``tau``, or the drafter alone)."""
     rows = []
     for b, blocks in enumerate(block_decisions(stats)):
         cells = []
@@ -123,8 +134,12 @@ def block_strip_html(stats: Any, tau: float, prompts: list[str]) -> str:
                          f"<b>block {block['block']}</b><br>{html.escape(block['decision'])}<br>reward {reward}</td>")
         label = html.escape(prompts[b] if b < len(prompts) else f"video {b}")
         rows.append(f"<tr><th>video {b}: {label}</th>{''.join(cells)}</tr>")
-    return (f"<div class='mmspec-blocks'><p>SDVG routing, tau = {tau:g} (a drafted block is accepted when its "
-            f"reward >= tau)</p><table>{''.join(rows)}</table>{legend_html(STRIP_LEGEND)}</div>")
+    if method == "sdvg":
+        rule = f"SDVG routing, tau = {tau:g} (a drafted block is accepted when its reward >= tau)"
+    else:
+        rule = "drafter only: every block comes from the drafter, nothing is scored or routed"
+    return (f"<div class='mmspec-blocks'><p>{html.escape(rule)}</p><table>{''.join(rows)}</table>"
+            f"{legend_html(STRIP_LEGEND)}</div>")
 
 
 GAP, BAR = 6, 8  # pixels: white gap between blocks / videos, height of the "who made it" bar
@@ -155,15 +170,19 @@ def _stack(parts: list[np.ndarray], axis: int) -> np.ndarray:
 
 
 def film_strip(videos: list[list[PIL.Image.Image]], kinds: list[list[str]] | None, frames_per_block: int,
-               size: int = 96) -> PIL.Image.Image:
-    """The frames of every video in a row (one row per video), blocks separated by a gap, each block
-    underlined in its colour (:data:`KIND_COLORS`; all target-coloured when ``kinds`` is None)."""
+               size: int = STRIP_SIZE, labels: list[str] | None = None) -> PIL.Image.Image:
+    """The frames of every video in a row (one row per video, ``labels[v]`` written above it), blocks
+    separated by a gap, each block underlined in its colour (:data:`KIND_COLORS`; all target-coloured when
+    ``kinds`` is None)."""
     rows = []
     for v, frames in enumerate(videos):
         blocks = [np.concatenate([frame_tile(frames[f], _block_color(kinds, v, f, frames_per_block), size)
                                   for f in range(start, min(start + frames_per_block, len(frames)))], 1)
                   for start in range(0, len(frames), frames_per_block)]
-        rows.append(_stack(blocks, 1))
+        row = _stack(blocks, 1)
+        if labels is not None:
+            row = np.concatenate([np.asarray(label_band(labels[v], row.shape[1])), row], 0)
+        rows.append(row)
     return PIL.Image.fromarray(_stack(rows, 0))
 
 
@@ -316,13 +335,15 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
               method: str = "sdvg", num_videos: int = 1, seed: int = 0, tau: Any = None, reward: str | None = None,
               reward_weights: str | None = None, aggregate: str | None = None, force_reject_first: Any = None,
               refine_rejected_from: Any = None, num_blocks: int | None = None, num_inference_steps: int = 4,
-              guidance_scale: float = 3.0, report: Report | None = None) -> VideoResult:
+              guidance_scale: float = 3.0, repeats: int = DEFAULT_REPEATS, report: Report | None = None) -> VideoResult:
     """Generate with SDVG (or drafter only) and target-only with the same seed; return the animations (GIF
     paths in :data:`ANIMATIONS`' folder), the film strips, the per-block decisions with rewards, and the
     statistics. The method runs with the checkpoint's stored settings and the page's knobs over them
     (:func:`sdvg_config`; None or empty: the stored value; "draft" takes none). ``refine_rejected_from``: 0,
     the target redraws a rejected block from noise (SDVG's rule); one of the target's timesteps below 1000, it
-    refines the rejected draft from there."""
+    refines the rejected draft from there. Timing: :func:`~mmspec.demos.timing.compare` with ``repeats``
+    timed calls per side. SDVG and the drafter are lossy: the card shows the world's per-frame score of both
+    sides (:func:`frame_score_quality`); SDVG with tau = +inf is exactly the baseline."""
     method, prompts, videos, seed = check_request(method, METHODS, prompt, num_videos, seed,
                                                   per_prompt_name="videos per prompt", max_per_prompt=4,
                                                   what="videos")
@@ -344,7 +365,7 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
                     callback_on_step_end=lambda _p, n, _t, state: progress((n + 1) / blocks) or state, **common)
 
     comparison = warm_up_and_compare(cache, pipe, "video", run, method, seed, warm_output_type="latent",
-                                     report=report)
+                                     repeats=check_int("timed repeats", repeats, 1, MAX_REPEATS), report=report)
     spec, base = comparison.speculative, comparison.baseline
     stats = spec.stats
     rows_prompts = [p for p in prompts for _ in range(videos)]
@@ -365,9 +386,38 @@ def run_video(cache: PipelineCache, *, path: str = DEFAULT_PATH, prompt: str = E
     kinds = [[block["kind"] for block in row] for row in block_decisions(stats)]
     spec_videos, base_videos = [to_pil_list(v) for v in spec.frames], [to_pil_list(v) for v in base.frames]
     fpb = pipe.frames_per_block
+    tau_value = getattr(config, "tau", math.inf)
+    identical = bool(torch.equal(spec.latents, base.latents))
+    comparison.lossless = method == "sdvg" and tau_value == math.inf
+    comparison.quality = frame_score_quality(spec_videos, base_videos, rows_prompts)
     spec_animation = ANIMATIONS.write(animation_frames(spec_videos, kinds, fpb, videos), "speculative")
     base_animation = ANIMATIONS.write(animation_frames(base_videos, None, fpb, videos), "baseline")
-    blocks_html = block_strip_html(stats, getattr(config, "tau", math.inf), rows_prompts)
-    return VideoResult(spec_animation, film_strip(spec_videos, kinds, fpb), base_animation,
-                       film_strip(base_videos, None, fpb), blocks_html,
+    blocks_html = block_strip_html(stats, tau_value, rows_prompts, method)
+    labels = [f"video {v}: {text}" for v, text in enumerate(rows_prompts)]
+    return VideoResult(spec_animation, film_strip(spec_videos, kinds, fpb, labels=labels), base_animation,
+                       film_strip(base_videos, None, fpb, labels=labels), blocks_html,
+                       headline_html(comparison, identical=identical),
                        stats_html(comparison, show_accepted_length=False, unit="frames"), comparison)
+
+
+def frame_score_quality(spec_videos: list[list[PIL.Image.Image]], base_videos: list[list[PIL.Image.Image]],
+                        prompts: list[str]) -> tuple[str, str, str] | None:
+    """The quality figure of a video run: the shapes world's per-frame score (the share of the prompted
+    objects found in a frame, :class:`~mmspec.models.rewards.ShapesFrameReward`) averaged over every frame,
+    for both sides; None when a prompt is not in the world's format (the score cannot judge it)."""
+    from mmspec.models.rewards import ShapesFrameReward, parse_video_prompt
+
+    try:
+        for text in prompts:
+            parse_video_prompt(text)
+    except ValueError:
+        return None
+    reward = ShapesFrameReward()
+
+    def mean_score(videos: list[list[PIL.Image.Image]]) -> float:
+        scores = [score for frames, text in zip(videos, prompts)
+                  for score in reward(np.stack([np.asarray(frame) for frame in frames]), text)]
+        return float(np.mean(scores))
+
+    return ("prompted objects found per frame (the shapes world's score)", f"{mean_score(spec_videos):.2f}",
+            f"{mean_score(base_videos):.2f}")

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import statistics
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,7 +24,7 @@ import PIL.Image
 import pytest
 import torch
 
-from mmspec.demos import ar_image_tab, common, continuous_tab, video_tab, vlm_tab
+from mmspec.demos import ar_image_tab, common, continuous_tab, timing, video_tab, vlm_tab
 from mmspec.demos.common import DemoError, PipelineCache
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -63,7 +65,14 @@ def test_input_checks_name_the_field():
         common.check_batch(3, 6)
 
 
-def test_compare_runs_both_with_the_same_seed_and_reports_progress():
+def _fake_output(target_calls: int, tokens: int = 64) -> SimpleNamespace:
+    return SimpleNamespace(stats=SimpleNamespace(mean_accepted_length=tokens / target_calls, target_calls=target_calls,
+                                                 draft_calls=0, tokens=tokens))
+
+
+def test_compare_is_the_cli_protocol_with_the_same_seed_and_reports_progress():
+    """Warm-up of each side, then alternating timed calls (baseline first, as the CLI's run_benchmark), each
+    with a fresh generator from the same seed; the speedup is the ratio of the medians, its range paired."""
     calls, reports = [], []
 
     def run(method, generator, progress):
@@ -73,29 +82,92 @@ def test_compare_runs_both_with_the_same_seed_and_reports_progress():
         return SimpleNamespace(stats=SimpleNamespace(mean_accepted_length=2.0, target_calls=1, draft_calls=0,
                                                      tokens=3), draw=draw)
 
-    comparison = common.compare(run, "eagle", 7, report=lambda f, text: reports.append(f))
-    assert [c[0] for c in calls] == ["eagle", "none"]
-    assert torch.equal(calls[0][1], calls[1][1])  # fresh generator from the same seed for each run
-    assert torch.equal(calls[0][1], torch.rand(3, generator=torch.Generator().manual_seed(7)))
-    assert reports == sorted(reports) and reports[-1] == 1.0 and 0.25 in reports and 0.75 in reports
-    assert comparison.speedup == pytest.approx(comparison.base_seconds / comparison.spec_seconds)
+    comparison = timing.compare(run, "eagle", 7, repeats=2, report=lambda f, text: reports.append(f))
+    assert [c[0] for c in calls] == ["none", "eagle"] * 3  # warm-up pair, then two timed pairs
+    assert all(torch.equal(c[1], torch.rand(3, generator=torch.Generator().manual_seed(7))) for c in calls)
+    assert reports == sorted(reports) and reports[-1] == 1.0 and len(comparison.spec_times) == 2
+    assert comparison.speedup == pytest.approx(statistics.median(comparison.base_times)
+                                               / statistics.median(comparison.spec_times))
+    low, high = comparison.speedup_range
+    assert low <= high and comparison.repeats == 2
     html = common.stats_html(comparison)
-    for text in ("wall time", "speedup", "mean accepted length", "target calls", "baseline (target only)"):
+    for text in ("wall time", "median of 2", "speedup", "mean accepted length", "target calls", "baseline (target only)"):
         assert text in html
+    with pytest.raises(ValueError, match=r"timed repeats must be an integer in \[1, 10\]"):
+        timing.compare(run, "eagle", 7, repeats=0)
 
 
-def test_acceptance_overlay_follows_the_drafted_mask():
+def test_a_speedup_the_call_counts_contradict_is_flagged_never_green():
+    """21x with 2 against 2 target calls (the same tokens) cannot be real: the card warns instead of
+    showing a green result; a speedup the counts explain is green, a slowdown is worded as one."""
+    impossible = timing.Comparison("eagle", _fake_output(2), _fake_output(2), [0.1, 0.1, 0.1], [2.1, 2.2, 2.0])
+    assert impossible.ideal_speedup == 1.0 and "not trusted" in impossible.warning
+    card = common.headline_html(impossible)
+    assert "mmspec-card-warn" in card and "mmspec-card-ok" not in card and "2 against 2" in card
+    fine = timing.Comparison("eagle", _fake_output(16), _fake_output(64), [0.30, 0.32, 0.31], [0.9, 0.95, 0.93],
+                             lossless=True)
+    assert fine.warning is None and not fine.noisy
+    card = common.headline_html(fine, identical=True)
+    assert "mmspec-card-ok" in card and "faster than the baseline" in card and "identical to the baseline" in card
+    assert "range 2.97-3.00x over 3 alternating timed runs" in card and "target calls: 16 against 64" in card
+    slow = timing.Comparison("gsd", _fake_output(60), _fake_output(64), [1.0, 1.0, 1.0], [0.34, 0.34, 0.34],
+                             quality=("images showing their prompt", "1 of 2", "2 of 2"))
+    card = common.headline_html(slow)
+    assert "2.94x slower than the baseline" in card and "0.34x" not in card.split("range")[0]
+    assert "mmspec-card-slow" in card and "images showing their prompt 1 of 2 against the baseline&#x27;s 2 of 2" in card
+    assert timing.speed_words(1.0) == "as fast as" and timing.speed_words(2.5) == "2.50x faster than"
+    noisy = timing.Comparison("eagle", _fake_output(16), _fake_output(64), [0.3, 0.3], [0.6, 0.9])
+    assert noisy.noisy and "disagree by more than 25%" in common.headline_html(noisy)
+
+
+def test_one_run_at_a_time_and_the_slot_says_who_holds_it():
+    slot, order = timing.RunSlot(), []
+    assert slot.holder() is None
+
+    def second():
+        with slot.hold("VLM"):
+            order.append("second")
+
+    with slot.hold("AR image"):
+        assert slot.holder() == "AR image"
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join(0.2)
+        assert thread.is_alive() and order == []  # waits for the first run
+        order.append("first")
+    thread.join(5)
+    assert order == ["first", "second"] and slot.holder() is None
+
+
+def test_messages_name_no_exception_class_and_use_the_right_article(tiny, cache):
+    assert common.user_message(ValueError("words outside the model's vocabulary: ['zebra']")) == \
+        "words outside the model's vocabulary: ['zebra']"
+    assert common.user_message(KeyError("no such method")) == "no such method"
+    assert "RuntimeError" not in common.user_message(RuntimeError("boom"))
+    assert [common.with_article(w) for w in ("ARImagePipeline", "VLMPipeline", "ARVideoPipeline")] == [
+        "an ARImagePipeline", "a VLMPipeline", "an ARVideoPipeline"]
+    with pytest.raises(DemoError, match="holds an ARImagePipeline, not a VLMPipeline: use it in the AR image tab"):
+        cache.get("vlm", tiny["ar_image"])
+
+
+def test_acceptance_map_follows_the_drafted_mask_in_the_legend_colours():
     image = PIL.Image.new("RGB", (32, 32), (0, 0, 0))
     drafted = torch.zeros(8, 8, dtype=torch.bool)
     drafted[0, 0] = drafted[7, 3] = True
-    overlay = np.asarray(common.acceptance_overlay(image, drafted, size=256))
-    assert overlay.shape == (256, 256, 3)
-    cell = 32  # 256 / 8 pixels per token
-    draft_pixel, target_pixel = overlay[cell // 2, cell // 2], overlay[cell // 2, cell + cell // 2]
-    assert draft_pixel[0] > draft_pixel[2] and target_pixel[2] > target_pixel[0]  # magenta vs blue tint
-    assert np.array_equal(overlay[7 * cell + 5, 3 * cell + 5], draft_pixel)
+    overlay = np.asarray(common.acceptance_overlay(image, drafted, size=384))
+    assert overlay.shape == (384, 384, 3)
+    cell = 48  # 384 / 8 pixels per token
+    assert tuple(overlay[cell // 2, cell // 2]) == common.DRAFT_COLOR  # exactly the legend's swatch
+    assert tuple(overlay[cell // 2, cell + cell // 2]) == common.TARGET_COLOR
+    assert tuple(overlay[7 * cell + 5, 3 * cell + 5]) == common.DRAFT_COLOR
+    assert dict((text, color) for color, text in common.MAP_LEGEND) == {
+        "drafted and accepted": common.DRAFT_COLOR, "produced by the target": common.TARGET_COLOR}
     with pytest.raises(ValueError, match=r"\[h, w\]"):
         common.acceptance_overlay(image, torch.zeros(8, dtype=torch.bool))
+    # a labelled picture: the label band is drawn above the row (dark pixels in it), the tiles keep their size
+    picture = common.panel([[image, image]], labels=["a red circle"])
+    assert picture.size == (2 * 32 + 8, 32 + common.LABEL_SIZE + 10)
+    assert np.asarray(picture)[: common.LABEL_SIZE + 10].min() < 100
 
 
 def test_checkpoint_paths(tiny, tmp_path, monkeypatch, cache):
@@ -112,11 +184,8 @@ def test_checkpoint_paths(tiny, tmp_path, monkeypatch, cache):
 
     (tmp_path / "zoo" / "shapes-video").mkdir(parents=True)
     monkeypatch.setattr(hub, "zoo_dir", lambda: tmp_path / "zoo")
-    with pytest.raises(DemoError, match="FileNotFoundError: the zoo entry 'mmspec/shapes-video' is not built yet"):
+    with pytest.raises(DemoError, match="^the zoo entry 'mmspec/shapes-video' is not built yet"):
         cache.get("video", "mmspec/shapes-video")
-    # a folder of another family
-    with pytest.raises(DemoError, match="holds a ARImagePipeline, not a VLMPipeline"):
-        cache.get("vlm", tiny["ar_image"])
     assert cache.get("ar_image", tiny["ar_image"]) is cache.get("ar_image", tiny["ar_image"] + "/")
 
 
@@ -135,10 +204,13 @@ def test_ar_image_greedy_eagle_reproduces_the_baseline(tiny, cache):
     summary = comparison.summary()
     assert summary["mean_accepted_length"] == spec.stats.mean_accepted_length >= 1.0
     assert summary["target_calls"] == spec.stats.target_calls and summary["speedup"] > 0
-    # two rows (image | acceptance map) beside two baseline images, 192-pixel tiles, 8-pixel gaps
-    assert result.gallery.size == (2 * 192 + 8, 2 * 192 + 8) and result.baseline.size == (192, 2 * 192 + 8)
+    # one picture: two rows (image | acceptance map | baseline image), 384-pixel tiles, 8-pixel gaps, each row
+    # under its prompt, column headers on top
+    band = common.LABEL_SIZE + 10
+    assert result.gallery.size == (3 * 384 + 2 * 8, 3 * band + 2 * 384 + 8)
     for text in ("speculative (eagle)", "mean accepted length", "target calls", "drafted-and-accepted"):
         assert text in result.stats_html
+    assert "identical to the baseline" in result.card_html and comparison.lossless
 
 
 @pytest.mark.parametrize("method", ["lantern", "sjd", "gsd", "mulo"])
@@ -270,6 +342,10 @@ def test_vlm_pieces_mark_exactly_the_drafted_tokens(tiny, cache):
     pieces.add(ids[3:], drafted[3:])
     assert "".join(p for p, _ in pieces.pieces) == "a red circle above a blue square"
     assert [label == vlm_tab.DRAFT_LABEL for _, label in pieces.pieces] == drafted
+    # the page's answer: flowing text, adjacent drafted pieces in one highlighted span
+    html = vlm_tab.answer_html([("a", None), (" red", vlm_tab.DRAFT_LABEL), (" circle", vlm_tab.DRAFT_LABEL),
+                                (" <b>", None)])
+    assert html == "<div class='mmspec-answer'>a<mark class='mmspec-draft'> red circle</mark> &lt;b&gt;</div>"
 
 
 def test_vlm_video_frames_and_uploads(tiny, cache, tmp_path):
@@ -288,8 +364,9 @@ def test_vlm_bad_input(tiny, cache, tmp_path):
     with pytest.raises(DemoError, match="no image"):
         list(vlm_tab.run_vlm(cache, path=tiny["vlm"], files=None, example=vlm_tab.NO_EXAMPLE))
     (tmp_path / "broken.png").write_bytes(b"not an image at all")
-    with pytest.raises(DemoError, match="could not read 'broken.png' as an image"):
+    with pytest.raises(DemoError, match="could not read 'broken.png' as an image") as error:
         list(vlm_tab.run_vlm(cache, path=tiny["vlm"], files=[str(tmp_path / "broken.png")]))
+    assert str(tmp_path) not in str(error.value) and "Error" not in str(error.value)  # no temp path, no class
     with pytest.raises(DemoError, match="max new tokens"):
         list(vlm_tab.run_vlm(cache, path=tiny["vlm"], max_new_tokens=0))
     with pytest.raises(DemoError, match="method must be one of"):
@@ -317,7 +394,8 @@ def test_continuous_cspd_against_the_baseline(tiny, cache):
     spec, base = comparison.speculative, comparison.baseline
     assert spec.drafted.shape == (4, 8, 8) and not base.drafted.any()
     assert spec.stats.drafted_tokens > 0 and base.stats.mean_accepted_length == pytest.approx(64 / 16)
-    assert result.gallery.size == (2 * 192 + 8, 4 * 192 + 3 * 8)
+    band = common.LABEL_SIZE + 10
+    assert result.gallery.size == (3 * 384 + 2 * 8, 5 * band + 4 * 384 + 3 * 8)  # headers, 4 labelled rows
     assert "acceptance rate (alpha)" in result.stats_html and "speculative (cspd)" in result.stats_html
 
 
@@ -326,6 +404,7 @@ def test_continuous_cspd_against_the_baseline(tiny, cache):
     ({"num_iter": 65}, r"MAR iterations must be an integer in \[1, 64\]"),
     ({"verify_order": "random"}, "verification order"),
     ({"prompt": "a purple zebra"}, "prompt 0"),
+    ({"prompt": "3"}, "this checkpoint is text-conditioned: describe the image in words"),
 ])
 def test_continuous_bad_input(tiny, cache, kwargs, message):
     with pytest.raises((DemoError, ValueError), match=message):
@@ -387,6 +466,9 @@ def test_video_sdvg_block_strip_and_exact_limits(tiny, cache):
             video_tab.run_video(cache, path=tiny["video"], refine_rejected_from=bad)
     draft = video_tab.run_video(cache, path=tiny["video"], method="draft", num_blocks=2, num_videos=2)
     assert [d["kind"] for d in video_tab.block_decisions(draft.comparison.speculative.stats)[0]] == ["draft"] * 2
+    assert "drafter only" in draft.blocks_html and "SDVG routing" not in draft.blocks_html
+    what, ours, theirs = draft.comparison.quality  # a lossy run's card carries the world's per-frame score
+    assert "per frame" in what and f"{what} {ours} against" in draft.card_html.replace("&#x27;", "'")
     _assert_animations(draft, per_row=2)  # the two videos of the prompt side by side, 2 blocks' frames
 
 
@@ -472,14 +554,14 @@ def test_page_builds_and_handlers_turn_errors_into_messages(tiny, cache):
     assert "press Run" in app.checkpoint_status("video", tiny["video"])
 
     def show(result):
-        return [result.gallery, result.baseline, result.stats_html, "ok"]
+        return [result.gallery, result.card_html, result.stats_html, "ok"]
 
     handle = app._handler(ar_image_tab.run_ar_image, ar_image_tab.INPUTS, cache, show, 4)
     values = dict(path="/no/such/folder", prompt="a red circle", method="eagle", num_images=1, seed=0, greedy=True,
                   temperature=1.0, guidance_scale=3.0, num_draft_tokens=4, use_tree=False, tree_depth=5, tree_top_k=8,
                   tree_total_tokens=48, lantern_k=64, lantern_delta=0.2, lantern_lam=3.0, argmax_drafts=True,
                   sjd_window=16, gsd_group_size=10, mulo_tau=0.3, mulo_radius=1, mulo_resample="reverify",
-                  lookup_tail=8)
+                  lookup_tail=8, repeats=1)
     outputs = handle(*[values[name] for name in ar_image_tab.INPUTS], progress=lambda *a, **k: None)
     assert outputs[:3] == [None, None, None] and "does not exist" in outputs[3] and "error" in outputs[3]
     values["path"] = tiny["ar_image"]
