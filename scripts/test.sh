@@ -24,12 +24,12 @@ case "${1:-}" in
     --slow) selection=(-m slow); shift ;;
     --all) selection=(); shift ;;
 esac
-# One pytest-xdist worker per core (at most 4), each test file on one worker (its module fixtures built once),
+# One pytest-xdist worker per core (at most 4; work stealing keeps them busy to the end),
 # each worker with one torch thread; MMSPEC_TEST_WORKERS=0 runs in this process instead.
 workers="${MMSPEC_TEST_WORKERS:-$(python3 -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}"
 parallel=()
 if [ "$workers" -gt 1 ]; then
-    parallel=(-n "$workers" --dist loadfile)
+    parallel=(-n "$workers" --dist worksteal)
     export OMP_NUM_THREADS=1
 fi
 exec "$VENV/bin/python" -m pytest "${parallel[@]}" "${selection[@]}" "$@"
