@@ -24,9 +24,9 @@ case "${1:-}" in
     --slow) selection=(-m slow); shift ;;
     --all) selection=(); shift ;;
 esac
-# One pytest-xdist worker per core (at most 4; work stealing keeps them busy to the end),
-# each worker with one torch thread; MMSPEC_TEST_WORKERS=0 runs in this process instead.
-workers="${MMSPEC_TEST_WORKERS:-$(python3 -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')}"
+# MMSPEC_TEST_WORKERS=N runs N pytest-xdist workers (work stealing, one torch thread each). The default is
+# one process: a parallel run of the whole suite stalled near its end on 2026-11-29 and is not yet trusted.
+workers="${MMSPEC_TEST_WORKERS:-1}"
 parallel=()
 if [ "$workers" -gt 1 ]; then
     parallel=(-n "$workers" --dist worksteal)
