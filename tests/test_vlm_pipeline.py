@@ -175,10 +175,10 @@ def test_transformers_streamer(pipe):
     """As with transformers' generate: the streamer sees the prompt first (skip_prompt drops it), then the answer."""
     from transformers import TextIteratorStreamer
 
-    streamer = TextIteratorStreamer(pipe.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    streamer = TextIteratorStreamer(pipe.tokenizer, skip_prompt=True, skip_special_tokens=True, timeout=120)
     out = pipe(_images(1)[0], "w9", "eagle", max_new_tokens=10, streamer=streamer)
     assert "".join(streamer).strip() == out.text[0].strip()
-    with_prompt = TextIteratorStreamer(pipe.tokenizer, skip_special_tokens=True)
+    with_prompt = TextIteratorStreamer(pipe.tokenizer, skip_special_tokens=True, timeout=120)
     pipe(_images(1)[0], "w9", "eagle", max_new_tokens=10, streamer=with_prompt)
     assert "".join(with_prompt).strip().endswith(out.text[0].strip()) and "w9" in "".join(with_prompt)
 
