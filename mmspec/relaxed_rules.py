@@ -19,9 +19,9 @@ draw from r) gives the output distribution q a + (1 - sum q a) r, whose TV dista
 r = norm(max(0, p - q a)) (:func:`tv_optimal_residual`). For every rule whose acceptance is at least the
 exact min(1, p/q), as here, that is norm(max(0, p - q)): the exact residual, which both rules use.
 
-Positions. The rules' interface is :class:`~mmspec.rules.AcceptanceRule`'s plus :meth:`DepthAwareRule.masses_at`,
-which also receives each token's depth in the round's draft (1: the token right after the pending one);
-verification passes it (:func:`mmspec.verify.rule_masses`). A depth becomes an image position through an
+Positions. The rules' interface is :class:`~mmspec.rules.AcceptanceRule`'s; they set ``uses_depths``, so
+verification calls their :meth:`~mmspec.rules.AcceptanceRule.masses_at` with each token's depth in the
+round's draft (1: the token right after the pending one). A depth becomes an image position through an
 :class:`ImagePositions` counter that :func:`positioned_generate` advances after every round.
 """
 
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -98,6 +98,8 @@ class ImagePositions:
 class DepthAwareRule(AcceptanceRule):
     """A rule whose acceptance depends on where each draft lands: verification calls :meth:`masses_at` with
     each token's depth in the round's draft instead of :meth:`masses`."""
+
+    uses_depths: ClassVar[bool] = True
 
     def masses_at(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tokens: torch.Tensor,
                   depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

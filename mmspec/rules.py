@@ -30,6 +30,7 @@ the residual it leaves is NaN, which the draw refuses (:mod:`mmspec.sampling`).
 from __future__ import annotations
 
 from dataclasses import InitVar, dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -92,11 +93,20 @@ class AcceptanceRule:
     #: first leaf in node order), which only differs for relaxed greedy rules that accept several
     #: siblings. Sampling rules always try siblings in order.
     tree_path: str = "first_accepted"
+    #: Whether acceptance depends on where each draft lands: verification then calls :meth:`masses_at` with
+    #: each token's depth in the round's draft (building the depths only for such rules).
+    uses_depths: ClassVar[bool] = False
 
     def masses(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
                tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(target_mass, draft_mass)`` of ``tokens [...]`` under ``[..., V]`` distributions."""
         raise NotImplementedError
+
+    def masses_at(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None, tokens: torch.Tensor,
+                  depths: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`masses` of tokens at ``depths`` (broadcastable to ``tokens``; 1: the token right after the
+        round's pending one; None where :attr:`uses_depths` is False). Position-free rules ignore them."""
+        return self.masses(target_probs, draft_probs, tokens)
 
     def residual(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
                  tokens: torch.Tensor) -> torch.Tensor:

@@ -37,7 +37,6 @@ from mmspec.validation import (
     check_token_ids,
     value_checks,
 )
-from mmspec.verify import rule_masses
 
 #: How errors name the distributions of a tree.
 TARGET_NAME, DRAFT_NAME = "target distribution (target_probs)", "draft distribution (tree.draft_probs)"
@@ -496,7 +495,8 @@ def _walk(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule, acc
             safe = child.clamp_min(0)
             token = tree.tokens[rows, safe]
             q = None if tree.draft_probs is None else tree.draft_probs[rows, safe]
-            target_mass, draft_mass = rule_masses(rule, current, q, token, torch.tensor(depth + 1))
+            depths = torch.tensor(depth + 1) if rule.uses_depths else None
+            target_mass, draft_mass = rule.masses_at(current, q, token, depths)
             accept = trying & (accept_u[rows, safe] * draft_mass < target_mass)
             reject = trying & ~accept
             if bool(reject.any()):  # the residual over the vocabulary only when some row needs it
@@ -526,7 +526,8 @@ def _longest_path(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceR
     device = tree.tokens.device
     rows = torch.arange(batch, device=device)
     at_parent = target_probs[rows.unsqueeze(1), tree.parents + 1]  # [B, N, V]
-    target_mass, draft_mass = rule_masses(rule, at_parent, tree.draft_probs, tree.tokens, tree.depths())
+    depths = tree.depths() if rule.uses_depths else None
+    target_mass, draft_mass = rule.masses_at(at_parent, tree.draft_probs, tree.tokens, depths)
     accepted = accept_u * draft_mass < target_mass  # [B, N]
     lineage = tree_attention_mask(tree.parents, include_root=False)  # [B, N, N]: ancestor-or-self
     reached = ~(lineage & ~accepted.unsqueeze(1)).any(-1)  # the node and all its ancestors accepted

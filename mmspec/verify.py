@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import torch
 
 from mmspec import kernels
-from mmspec.relaxed_rules import DepthAwareRule
 from mmspec.rules import AcceptanceRule, ExactRule, GreedyRule
 from mmspec.sampling import draw, draw_uniforms, top_token
 from mmspec.validation import (
@@ -174,8 +173,8 @@ def _verify_greedy_chain(draft_tokens: torch.Tensor, target_probs: torch.Tensor)
 def _verify_chain_torch(draft_tokens, draft_probs, target_probs, rule, accept_u, sample_u):
     """Reference path for any rule: ``(num_accepted [B], next_tokens [B])``."""
     batch, num_draft = draft_tokens.shape
-    depths = torch.arange(1, num_draft + 1, device=draft_tokens.device)
-    target_mass, draft_mass = rule_masses(rule, target_probs[:, :num_draft], draft_probs, draft_tokens, depths)  # [B, K]
+    depths = torch.arange(1, num_draft + 1, device=draft_tokens.device) if rule.uses_depths else None
+    target_mass, draft_mass = rule.masses_at(target_probs[:, :num_draft], draft_probs, draft_tokens, depths)  # [B, K]
     accepted = accept_u * draft_mass < target_mass
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # leading run of acceptances
 
@@ -190,16 +189,6 @@ def _verify_chain_torch(draft_tokens, draft_probs, target_probs, rule, accept_u,
     except NonFiniteProbabilitiesError as error:  # name the distribution the bad residual came from
         raise blame_inputs(error, (TARGET_NAME, target_probs), (DRAFT_NAME, draft_probs)) from None
     return num_accepted, next_tokens
-
-
-def rule_masses(rule: AcceptanceRule, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
-                tokens: torch.Tensor, depths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``rule.masses(...)``; a :class:`~mmspec.relaxed_rules.DepthAwareRule` also gets each token's depth in the
-    round's draft (``depths`` broadcastable to ``tokens``, 1: the token after the pending one), which places it
-    in the image. Every other rule is called exactly as before."""
-    if isinstance(rule, DepthAwareRule):
-        return rule.masses_at(target_probs, draft_probs, tokens, depths)
-    return rule.masses(target_probs, draft_probs, tokens)
 
 
 def assemble_tokens(draft_tokens: torch.Tensor, num_accepted: torch.Tensor,
