@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
+from test_video_pipeline import tiny
 
 from mmspec import methods
 from mmspec.methods import BuildRequest, MethodConfig, MethodPlan, SpeculationSettings
@@ -19,7 +20,6 @@ from mmspec.methods.eagle import EagleConfig
 from mmspec.methods.sdvg import DraftConfig, SDVGConfig
 from mmspec.models.text import WordTokenizer
 from mmspec.models.tokenizers import load_zoo_tokenizer
-from mmspec.models.video import BlockCausalVideoTransformer
 from mmspec.pipelines.ar_video import ARVideoPipeline
 from mmspec.video_blocks import VideoDrafter
 from mmspec.world import make_video_prompt_set, vocabulary
@@ -33,15 +33,6 @@ STORED = {"sdvg": {"settings": {"tau": 0.3, "reward": "shapes", "reward_kwargs":
                                 "aggregate": "mean", "draft_num_inference_steps": 2, "refine_rejected_from": 750.0,
                                 "lazy_target_cache": False}},
           "draft": {"settings": {"draft_num_inference_steps": 1, "draft_guidance_scale": 2.0}}}
-
-
-def tiny(layers: int, seed: int, dim: int = 32) -> BlockCausalVideoTransformer:
-    torch.manual_seed(seed)
-    model = BlockCausalVideoTransformer(num_layers=layers, dim=dim, num_heads=4, num_frames=8, text_length=20)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.05)
-    return model.to(torch.float64).eval()
 
 
 @pytest.fixture(scope="module")
