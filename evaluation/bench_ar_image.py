@@ -54,6 +54,8 @@ from .bench_cli import (
     machine_line,
     method_kwargs,
     new_parser,
+    reference_of,
+    resolve_case_method,
     write_report,
 )
 from .bench_images import (
@@ -259,37 +261,26 @@ def pipeline_variant(pipe: Any, dtype: str | None = None, cpu_gemm: str | None =
 
 def case_method(pipe: Any, case: str, spec: dict[str, Any], mode: dict, batch_size: int
                 ) -> tuple[str | MethodConfig, dict[str, Any]]:
-    """The ``method=`` of a case for one mode and batch size, and its other keywords: the method's name when
-    the case sets no config field (the checkpoint's stored settings), else the stored (or, with
-    ``"reference"``, :func:`reference_config`'s) config with the case's fields replaced. A key that is
-    neither a field of the method's config nor in :data:`CASE_KEYS` is a command-line error naming it."""
+    """The ``method=`` of a case for one mode and batch size (:func:`~.bench_cli.resolve_case_method`: the stored
+    settings, or with ``"reference"`` :func:`reference_config`'s config, with the case's fields replaced) and
+    the case's other keywords (:data:`CASE_KEYS`)."""
     spec = dict(spec)
     method, reference = spec.pop("method", case), spec.pop("reference", False)
     extra = {key: spec.pop(key) for key in CASE_KEYS if key in spec}
     greedy = not mode.get("do_sample", True)
-    if method != "none" and method not in pipe.methods():
-        raise SystemExit(f"--method-kwargs: case {case!r} names method {method!r}; methods: {pipe.methods()}")
-    if method == "none" or not (spec or reference):
-        if spec:
-            raise SystemExit(f"--method-kwargs: case {case!r} runs target-only decoding, which has no "
-                             f"settings; got {sorted(spec)}")
-        return method, extra
-    if reference and method not in REFERENCE_CONFIGS:
-        raise SystemExit(f"case {case!r}: no reference settings for {method!r} (REFERENCE_CONFIGS has "
-                         f"{list(REFERENCE_CONFIGS)})")
-    base = reference_config(method, greedy, batch_size) if reference else pipe.method_config(
-        method, do_sample=not greedy, batch_size=batch_size, guidance_scale=extra.get("guidance_scale", 3.0))
-    unknown = [key for key in spec if key not in base.field_names()]
-    if unknown:
-        moved = MOVED_KEYWORDS.get(unknown[0])
-        hint = f" ({unknown[0]} is now the config field {moved[0]!r})" if moved else ""
-        raise SystemExit(f"--method-kwargs: case {case!r} sets {unknown[0]!r}, which is neither a field of "
-                         f"{type(base).__name__} ({', '.join(base.field_names())}) nor a case key "
-                         f"({', '.join(CASE_KEYS)}){hint}")
-    try:
-        return type(base).from_dict({**base.to_dict(), **spec}, source=f"case {case!r}"), extra
-    except ValueError as error:
-        raise SystemExit(f"--method-kwargs: {error}") from None
+
+    def base() -> MethodConfig:
+        if reference:
+            reference_of(REFERENCE_CONFIGS, case, method)
+            return reference_config(method, greedy, batch_size)
+        return pipe.method_config(method, do_sample=not greedy, batch_size=batch_size,
+                                  guidance_scale=extra.get("guidance_scale", 3.0))
+
+    def hint(key: str) -> str:
+        moved = MOVED_KEYWORDS.get(key)
+        return f" ({key} is now the config field {moved[0]!r})" if moved else ""
+
+    return resolve_case_method(pipe, case, method, spec, base, reference=reference, keys=CASE_KEYS, hint=hint), extra
 
 
 def generate(pipe: Any, prompts: Sequence[str], case: str, kwargs: dict, mode: dict, batch: int, seed: int,

@@ -10,7 +10,7 @@ import json
 import platform
 import shlex
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +151,41 @@ def write_report(out: Path | None, table: str, payload: Any) -> None:
         return
     write_text_atomic(out, table)
     write_json_atomic(out.with_suffix(".json"), payload, indent=1, default=str)
+
+
+def resolve_case_method(pipe: Any, case: str, method: str, fields: Mapping[str, Any], base: Callable[[], Any], *,
+                reference: bool = False, option: str = "--method-kwargs", keys: Sequence[str] = (),
+                hint: Callable[[str], str] | None = None) -> Any:
+    """The ``method=`` a benchmark case runs, resolved as a user's call would be: the method's name when the
+    case sets no config field and is not a reference row (the checkpoint's stored settings), else ``base()``
+    (the stored config for the case's mode and batch, or a reference config) with ``fields`` replaced.
+
+    Command-line errors exit naming ``option``: a method the pipeline lacks, config fields on target-only
+    decoding, a key that is neither a field of the config nor one of ``keys`` (``hint(key)``: extra advice),
+    a value the config refuses."""
+    if method != "none" and method not in pipe.methods():
+        raise SystemExit(f"{option}: case {case!r} names method {method!r}; methods: {pipe.methods()}")
+    if method == "none" or not (fields or reference):
+        if fields:
+            raise SystemExit(f"{option}: case {case!r} runs target-only decoding, which has no settings; got "
+                             f"{sorted(fields)}")
+        return method
+    config = base()
+    unknown = [key for key in fields if key not in config.field_names()]
+    if unknown:
+        raise SystemExit(f"{option}: case {case!r} sets {unknown[0]!r}, which is neither a field of "
+                         f"{type(config).__name__} ({', '.join(config.field_names())}) nor a case key "
+                         f"({', '.join(keys)}){hint(unknown[0]) if hint else ''}")
+    try:
+        return type(config).from_dict({**config.to_dict(), **fields}, source=f"case {case!r}")
+    except ValueError as error:
+        raise SystemExit(f"{option}: {error}") from None
+
+
+def reference_of(table: Mapping[str, Any], case: str, method: str) -> Any:
+    """``table[method]`` (a benchmark's reference settings), exiting with a clear message when it has none."""
+    if method not in table:
+        raise SystemExit(f"case {case!r}: no reference settings for {method!r} (the benchmark has them for "
+                         f"{list(table)})")
+    return table[method]
+

@@ -41,6 +41,7 @@ from .bench_cli import (
     load_quiet_pipeline,
     machine_line,
     new_parser,
+    resolve_case_method,
     write_report,
 )
 from .bench_images import (
@@ -99,22 +100,12 @@ def call_kwargs(pipe: Any, name: str, spec: dict[str, Any], shared: dict[str, An
     method, reference = spec.pop("method", "none"), spec.pop("reference", False)
     spec.pop("batches", None)
     call = {**shared, **{key: spec.pop(key) for key in CALL_KEYS if key in spec}}
-    if method != "none" and method not in pipe.methods():
-        raise SystemExit(f"--configs: {name!r} names method {method!r}; methods: {pipe.methods()}")
-    if method == "none" or not (spec or reference):
-        if spec:
-            raise SystemExit(f"--configs: {name!r} runs target-only decoding, which has no settings; got {sorted(spec)}")
-        return {**call, "method": method}
-    base: MethodConfig = REFERENCE_CONFIG if reference else pipe.method_config(
-        method, batch_size=batch, guidance_scale=call.get("guidance_scale", 3.0))
-    unknown = [key for key in spec if key not in base.field_names()]
-    if unknown:
-        raise SystemExit(f"--configs: {name!r} sets {unknown[0]!r}, which is neither a field of {type(base).__name__} "
-                         f"({', '.join(base.field_names())}) nor a key of {', '.join((*CASE_KEYS, *CALL_KEYS))}")
-    try:
-        return {**call, "method": type(base).from_dict({**base.to_dict(), **spec}, source=f"--configs {name!r}")}
-    except ValueError as error:
-        raise SystemExit(f"--configs: {error}") from None
+    def base() -> MethodConfig:
+        return REFERENCE_CONFIG if reference else pipe.method_config(
+            method, batch_size=batch, guidance_scale=call.get("guidance_scale", 3.0))
+
+    return {**call, "method": resolve_case_method(pipe, name, method, spec, base, reference=reference,
+                                                  option="--configs", keys=(*CASE_KEYS, *CALL_KEYS))}
 
 
 def settings_line(pipe: Any, configs: dict[str, dict], shared: dict[str, Any], batch: int) -> dict[str, Any]:

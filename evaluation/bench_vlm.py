@@ -41,6 +41,8 @@ from .bench_cli import (
     load_quiet_pipeline,
     machine_line,
     method_kwargs,
+    reference_of,
+    resolve_case_method,
     write_report,
 )
 from .speed import RunResult, run_benchmark
@@ -89,33 +91,17 @@ def _chunks(items: list, size: int) -> list[list]:
 
 
 def case_method(pipe: Any, case: str, spec: dict[str, Any], mode: dict, batch_size: int) -> str | MethodConfig:
-    """The ``method=`` of a case for one mode and batch size: the method's name when the case sets no config
-    field (the checkpoint's stored settings), else the stored (or, with ``"reference"``,
-    :data:`REFERENCE_CONFIGS`'s) config with the case's fields replaced. A key that is neither a field of
-    the method's config nor in :data:`CASE_KEYS` is a command-line error naming it."""
+    """The ``method=`` of a case for one mode and batch size (:func:`~.bench_cli.resolve_case_method`): the stored
+    settings, or with ``"reference"`` :data:`REFERENCE_CONFIGS`'s config, with the case's fields replaced."""
     fields = {key: value for key, value in spec.items() if key not in CASE_KEYS}
     method, reference = spec.get("method", case), spec.get("reference", False)
-    if method != "none" and method not in pipe.methods():
-        raise SystemExit(f"--method-kwargs: case {case!r} names method {method!r}; methods: {pipe.methods()}")
-    if method == "none" or not (fields or reference):
-        if fields:
-            raise SystemExit(f"--method-kwargs: case {case!r} runs target-only decoding, which has no settings; "
-                             f"got {sorted(fields)}")
-        return method
-    if reference and method not in REFERENCE_CONFIGS:
-        raise SystemExit(f"case {case!r}: no reference settings for {method!r} (REFERENCE_CONFIGS has "
-                         f"{list(REFERENCE_CONFIGS)})")
-    base = REFERENCE_CONFIGS[method] if reference else pipe.method_config(
-        method, do_sample=mode.get("do_sample", False), batch_size=batch_size)
-    unknown = [key for key in fields if key not in base.field_names()]
-    if unknown:
-        raise SystemExit(f"--method-kwargs: case {case!r} sets {unknown[0]!r}, which is neither a field of "
-                         f"{type(base).__name__} ({', '.join(base.field_names())}) nor a case key "
-                         f"({', '.join(CASE_KEYS)})")
-    try:
-        return type(base).from_dict({**base.to_dict(), **fields}, source=f"case {case!r}")
-    except ValueError as error:
-        raise SystemExit(f"--method-kwargs: {error}") from None
+
+    def base() -> MethodConfig:
+        if reference:
+            return reference_of(REFERENCE_CONFIGS, case, method)
+        return pipe.method_config(method, do_sample=mode.get("do_sample", False), batch_size=batch_size)
+
+    return resolve_case_method(pipe, case, method, fields, base, reference=reference, keys=CASE_KEYS)
 
 
 def pipeline_case(pipe: Any, examples: list[dict], method: str | MethodConfig, mode: dict, batch: int,
