@@ -101,7 +101,7 @@ def speculative_custom_generate(model: Any, input_ids: torch.LongTensor, logits_
 def _target_and_drafter(model: Any, draft_model: Any, draft_config: Any, sampling: SamplingConfig,
                         batch_size: int) -> tuple[Any, Any]:
     """The target runner over ``model`` and the drafter of ``draft_model`` (heads are bound to ``model``)."""
-    from mmspec.methods.vlm_heads import DraftVLMConfig, VLMDraftConfig
+    from mmspec.methods.vlm_heads import DraftVLMConfig, VLMDraftConfig, bind_head, model_drafter
     from mmspec.models.vlm_targets import VLMRunner, vlm_family
 
     is_head = hasattr(draft_model, "bind_target")
@@ -117,7 +117,7 @@ def _target_and_drafter(model: Any, draft_model: Any, draft_config: Any, samplin
         is_vlm = False
     request = BuildRequest(sampling, batch_size=batch_size)
     if is_head:
-        _bind_head(draft_model, model)
+        bind_head(draft_model, model)
         drafter = draft_config.drafter(draft_model, request)
     else:
         draft_vocab = draft_model.get_output_embeddings().weight.shape[0]
@@ -125,29 +125,12 @@ def _target_and_drafter(model: Any, draft_model: Any, draft_config: Any, samplin
         if draft_vocab != vocab:
             raise ValueError(f"draft_model predicts {draft_vocab} tokens, the target {vocab}: they must share a "
                              "tokenizer")
-        runner = VLMRunner(draft_model) if is_vlm else CausalLMRunner(draft_model)
-        drafter = _model_drafter(runner, draft_config, request)
+        drafter = model_drafter(draft_config, draft_model, request)
     hidden = drafter.needs_target_hidden
     if is_vlm:
         penultimate = bool(getattr(draft_config, "needs_penultimate", False))
         return VLMRunner(model, return_hidden=hidden, return_penultimate=penultimate), drafter
     return CausalLMRunner(model, return_hidden=hidden), drafter
-
-
-def _model_drafter(runner: Any, config: Any, request: BuildRequest) -> Any:
-    from mmspec.drafters import ModelDrafter
-
-    return ModelDrafter(runner, config.num_draft_tokens, sampling=request.sampling, tree=config.tree,
-                        confidence_threshold=config.draft_confidence_threshold)
-
-
-def _bind_head(head: Any, target: Any) -> None:
-    """Bind a draft head to the target's embedding and LM head (a VLM head takes the model, an EAGLE head the
-    two modules), with the head's own size checks."""
-    try:
-        head.bind_target(target)
-    except (TypeError, AttributeError):
-        head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
 
 
 def _check_supported(kind: str, items: Any, supported: tuple[str, ...]) -> None:

@@ -54,7 +54,7 @@ from diffusers.utils import BaseOutput
 from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call
 from mmspec.methods import BuildRequest, MethodConfig
-from mmspec.methods.vlm_heads import draft_component
+from mmspec.methods.vlm_heads import bind_head, draft_component
 from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner, vlm_family
 from mmspec.pipelines.callbacks import StepCallback
@@ -174,7 +174,7 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
         for name in ("eagle_head", "flash_head", "vispec_head", "specvlm_head"):
             head = getattr(self, name)
             if head is not None:
-                _bind(head, target)
+                bind_head(head, target)
 
     # -- loading --------------------------------------------------------------------------------------
     @classmethod
@@ -490,14 +490,6 @@ def _max_positions(model: Any) -> int | None:
     value = config.get("max_position_embeddings") if isinstance(config, dict) else \
         getattr(config, "max_position_embeddings", None)
     return int(value) if value is not None else None
-
-
-def _bind(head: Any, target: Any) -> None:
-    """Bind a draft head to the target (its embedding and LM head), with the head's own checks."""
-    try:
-        head.bind_target(target)
-    except (TypeError, AttributeError):
-        head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
 
 
 def _per_prompt(visual: Any, num_prompts: int, name: str) -> list[list[Any]]:

@@ -147,10 +147,31 @@ class DraftVLMConfig(VLMDraftConfig):
     reads_whole_image: ClassVar[bool] = True
 
     def drafter(self, model: Any, request: BuildRequest) -> Any:
-        from mmspec.drafters import ModelDrafter
-        from mmspec.models.vlm_targets import VLMRunner
+        return model_drafter(self, model, request)
 
-        return ModelDrafter(VLMRunner(model), self.num_draft_tokens, **self._drafter_options(request))
+
+def model_drafter(config: VLMDraftConfig, model: Any, request: BuildRequest) -> Any:
+    """A standalone draft model (a transformers VLM, or a causal LM for a text-only target) drafting with
+    ``config``'s chain length, tree and confidence cut-off."""
+    from mmspec.drafters import ModelDrafter
+    from mmspec.models.vlm_targets import VLMRunner, vlm_family
+    from mmspec.runner import CausalLMRunner
+
+    try:
+        vlm_family(model)
+        runner: Any = VLMRunner(model)
+    except ValueError:
+        runner = CausalLMRunner(model)
+    return ModelDrafter(runner, config.num_draft_tokens, **config._drafter_options(request))
+
+
+def bind_head(head: Any, target: Any) -> None:
+    """Bind a draft head to the target's embedding and LM head (a VLM head takes the model, an EAGLE head the
+    two modules), with the head's own size checks."""
+    try:
+        head.bind_target(target)
+    except (TypeError, AttributeError):
+        head.bind_target(target.get_input_embeddings(), target.get_output_embeddings())
 
 
 def draft_component(method: str | MethodConfig | None) -> str | None:
