@@ -75,7 +75,7 @@ def vlm_zoo_ab(examples: int, repeats: int, pipeline: str = "mmspec/shapes-vlm")
     cases = task_examples("image", examples, 0)
     rows = []
     for method in ("none", "eagle"):
-        call = pipeline_case(pipe, cases, method, {}, {"do_sample": False}, 1, 256, 0)
+        call = pipeline_case(pipe, cases, method, {"do_sample": False}, 1, 256, 0)
         seconds: dict[str, list[float]] = {"in_place": [], "concatenate": []}
         texts = {}
         for repeat in range(repeats + 1):
