@@ -10,38 +10,26 @@ dependency (triton, open_clip, gradio, ...).
 from importlib import import_module
 from typing import Any
 
-from mmspec.cache import KVCache, SlotState, crop_cache, select_cache_slots
-from mmspec.continuous import ContinuousVerification, cspd_log_ratio, cspd_log_ratio_terms, verify_continuous
-from mmspec.local2d import LocalVerification, local_resample_sets
-from mmspec.reward import RewardRouter, RouteDecision
-from mmspec.rules import (
-    AcceptanceRule,
-    ExactRule,
-    GreedyRule,
-    GroupedRule,
-    LanternRule,
-    PoolingThresholdRule,
-)
-from mmspec.sampling import SamplingConfig, apply_guidance, logits_to_probs, sample
-from mmspec.stats import SpecStats
-from mmspec.tree import (
-    DraftTree,
-    TreeVerification,
-    expand_dynamic_tree,
-    static_tree_from_choices,
-    tree_attention_mask,
-    verify_tree,
-)
-from mmspec.verify import Verification, verify_tokens
-
 __version__ = "0.1.0"
 
-# Pipelines are exported lazily so `import mmspec` stays light (no diffusers import until used).
+# Every public name is imported on first use, so `import mmspec` (and `mmspec --version`) costs nothing: torch
+# and the modules below load only when a name from them is asked for.
 _LAZY = {
-    "VLMPipeline": "mmspec.pipelines",
-    "ARImagePipeline": "mmspec.pipelines",
-    "ContinuousARImagePipeline": "mmspec.pipelines",
-    "ARVideoPipeline": "mmspec.pipelines",
+    **dict.fromkeys(("KVCache", "SlotState", "crop_cache", "select_cache_slots"), "mmspec.cache"),
+    **dict.fromkeys(("ContinuousVerification", "cspd_log_ratio", "cspd_log_ratio_terms", "verify_continuous"),
+                    "mmspec.continuous"),
+    **dict.fromkeys(("LocalVerification", "local_resample_sets"), "mmspec.local2d"),
+    **dict.fromkeys(("RewardRouter", "RouteDecision"), "mmspec.reward"),
+    **dict.fromkeys(("AcceptanceRule", "ExactRule", "GreedyRule", "GroupedRule", "LanternRule",
+                     "PoolingThresholdRule"), "mmspec.rules"),
+    **dict.fromkeys(("SamplingConfig", "apply_guidance", "logits_to_probs", "sample"), "mmspec.sampling"),
+    "SpecStats": "mmspec.stats",
+    **dict.fromkeys(("DraftTree", "TreeVerification", "expand_dynamic_tree", "static_tree_from_choices",
+                     "tree_attention_mask", "verify_tree"), "mmspec.tree"),
+    **dict.fromkeys(("Verification", "verify_tokens"), "mmspec.verify"),
+    # Pipelines: no diffusers import until one is used.
+    **dict.fromkeys(("VLMPipeline", "ARImagePipeline", "ContinuousARImagePipeline", "ARVideoPipeline"),
+                    "mmspec.pipelines"),
     "speculative_generate": "mmspec.speculate",
     "local_speculative_generate": "mmspec.local_speculate",
     "RowBlockDrafter": "mmspec.local_speculate",
@@ -60,6 +48,10 @@ def __getattr__(name: str) -> Any:
             raise AttributeError(f"mmspec.{name} is not available in this version ({_LAZY[name]} does not define it)")
         return getattr(module, name)
     raise AttributeError(f"module 'mmspec' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
 
 
 __all__ = [

@@ -42,29 +42,36 @@ def _demo(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
+# name -> (help, module whose ``add_arguments(parser)`` declares the command's options, or None). A command's
+# module is imported only when that command runs, so `mmspec --version` and `mmspec info` never import the
+# pipelines, diffusers or gradio.
+COMMANDS = {
+    "info": ("show versions, kernel backend and available pipelines", None),
+    "generate": ("generate images from prompts (discrete AR image pipeline)", "mmspec.pipelines.generate_cli"),
+    "demo": ("serve the Gradio demo on 127.0.0.1 (every pipeline, speculative vs target-only)", "mmspec.demos.launch"),
+}
+RUNNERS = {"info": _info, "generate": _generate, "demo": _demo}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``mmspec`` parser; only ``command``'s options are declared (the others are listed by name)."""
     from mmspec import __version__
 
     parser = argparse.ArgumentParser(prog="mmspec", description="Speculative decoding for multimodal models.")
     parser.add_argument("--version", action="version", version=f"mmspec {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("info", help="show versions, kernel backend and available pipelines").set_defaults(run=_info)
-    generate = commands.add_parser("generate", help="generate images from prompts (discrete AR image pipeline)")
-    from mmspec.pipelines.generate_cli import add_arguments  # the pipelines package defines its own options
-
-    add_arguments(generate)
-    generate.set_defaults(run=_generate)
-    demo = commands.add_parser("demo", help="serve the Gradio demo on 127.0.0.1 (every pipeline, speculative vs "
-                                            "target-only)")
-    from mmspec.demos.launch import add_arguments as add_demo_arguments  # no gradio import here
-
-    add_demo_arguments(demo)
-    demo.set_defaults(run=_demo)
+    for name, (help_text, module) in COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text)
+        if name == command and module is not None:
+            importlib.import_module(module).add_arguments(sub)
+        sub.set_defaults(run=RUNNERS[name])
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((arg for arg in argv if not arg.startswith("-")), None)
+    args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     return args.run(args)
 
 

@@ -73,6 +73,7 @@ def test_rebuilding_an_assembled_folder_keeps_every_part(zoo_folder, tmp_path):
         assert "_name_or_path" not in json.loads(config.read_text()), config
 
 
+@pytest.mark.slow
 def test_benchmark_table(zoo_folder, tmp_path):
     from mmspec.evaluation import bench_vlm
 

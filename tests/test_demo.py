@@ -573,7 +573,7 @@ def test_demo_command(tiny, monkeypatch, capsys):
     from mmspec.cli import build_parser
     from mmspec.demos import launch
 
-    args = build_parser().parse_args(["demo", "--vlm", tiny["vlm"], "--port", "8001"])
+    args = build_parser("demo").parse_args(["demo", "--vlm", tiny["vlm"], "--port", "8001"])
     assert (args.host, args.port, args.vlm, args.ar_image) == ("127.0.0.1", 8001, tiny["vlm"], None)
     assert launch.paths_from_args(args) == {"vlm": tiny["vlm"]}
     monkeypatch.setattr(launch.importlib.util, "find_spec", lambda name: None)

@@ -26,7 +26,7 @@ from mmspec.demos import browser  # noqa: E402
 from mmspec.demos.common import DemoError, resolve_checkpoint  # noqa: E402
 
 REASON = browser.unavailable_reason()
-pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.skipif(REASON is not None, reason=f"no browser to drive: {REASON}")]
 
 

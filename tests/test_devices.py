@@ -44,9 +44,9 @@ def test_cuda_without_a_gpu_is_a_clear_command_line_error(capsys):
 
 @pytest.mark.parametrize("command", [["generate", "a red circle"], ["demo"]])
 def test_commands_take_device_and_dtype(command):
-    args = build_parser().parse_args([*command, "--device", "cpu", "--dtype", "bfloat16"])
+    args = build_parser(command[0]).parse_args([*command, "--device", "cpu", "--dtype", "bfloat16"])
     assert args.device == torch.device("cpu") and args.dtype is torch.bfloat16
-    defaults = build_parser().parse_args(command)
+    defaults = build_parser(command[0]).parse_args(command)
     assert defaults.device is None and defaults.dtype is torch.float32  # None: the machine's default device
     assert defaults.cpu_gemm == "plain"  # packed CPU GEMMs are opt-in, as on a pipeline
 

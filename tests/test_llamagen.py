@@ -398,6 +398,7 @@ def test_vq_codebook_neighbors_small_matches_brute_force():
         vq.codebook_neighbors(64)
 
 
+@pytest.mark.slow
 def test_vq_codebook_neighbors_full_size_codebook():
     vq = LlamaGenVQModel(encoder_ch_mult=[1], decoder_ch_mult=[1], z_channels=32, ch=32, num_res_blocks=1)
     assert vq.quantize.embedding.weight.shape == (16384, 8)  # LlamaGen's default codebook

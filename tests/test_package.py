@@ -62,11 +62,25 @@ def test_package_data_ships_every_zoo_file():
 
 
 def test_version_flag_prints_the_package_version():
+    """``mmspec --version`` answers without importing torch or the pipelines (it runs in well under a second)."""
     import mmspec
 
-    out = subprocess.run([sys.executable, "-m", "mmspec.cli", "--version"], capture_output=True, text=True, timeout=120)
+    script = ("import sys; from mmspec.cli import main\n"
+              "try:\n    main(['--version'])\nexcept SystemExit as exit:\n    assert exit.code == 0\n"
+              "heavy = sorted(m for m in ('torch', 'diffusers', 'transformers', 'mmspec.pipelines') if m in sys.modules)\n"
+              "print('imported:', heavy)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == f"mmspec {mmspec.__version__}"
+    assert out.stdout.splitlines() == [f"mmspec {mmspec.__version__}", "imported: []"]
+
+
+def test_core_names_load_on_first_use():
+    """`import mmspec` is free; every name in ``mmspec.__all__`` still resolves (from its own module)."""
+    script = ("import sys, mmspec\nassert 'torch' not in sys.modules, 'import mmspec imported torch'\n"
+              "missing = [n for n in mmspec.__all__ if getattr(mmspec, n, None) is None]\nprint(missing)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_release_files_exist_and_are_packaged():

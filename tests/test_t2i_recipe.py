@@ -43,6 +43,7 @@ def test_init_rejects_another_architecture_and_a_missing_folder(tmp_path):
                         "--work", str(tmp_path / "wc")])
 
 
+@pytest.mark.slow
 def test_eagle_self_distillation_adds_the_targets_own_samples(tmp_path):
     """``train_eagle --self-distill N``: N extra rows whose tokens are the target's own guided samples for
     the first N training captions (cached in the work folder), and the head trains on them."""
@@ -76,6 +77,7 @@ def test_eagle_self_distillation_adds_the_targets_own_samples(tmp_path):
         train_eagle.main([*common, "--self-distill", "41", "--out", str(tmp_path / "h2"), "--work", str(tmp_path / "w2")])
 
 
+@pytest.mark.slow
 def test_eagle_init_starts_a_later_stage_from_a_trained_head(tmp_path):
     """``train_eagle --init HEAD``: stage 2 of the head starts from stage 1's weights (a zero learning rate
     keeps them); a missing folder is a clear error."""
@@ -115,6 +117,7 @@ def test_eagle_init_starts_a_later_stage_from_a_trained_head(tmp_path):
             train_eagle.main(gpu_run)
 
 
+@pytest.mark.slow
 def test_eagle_guided_features_train_on_the_guided_combination(tmp_path):
     """``train_eagle --guided-features S``: the head's features are h_u + S (h_c - h_u) of the two passes (their
     LM-head logits are the guided logits), the saved config records S, and the flag needs --uncond-prob 0."""
@@ -184,6 +187,7 @@ def test_generate_tokens_guides_with_the_conditional_rows_first_on_the_condition
     assert seen["condition_drop"].device.type == "meta" and seen["condition_ids"].device.type == "meta"
 
 
+@pytest.mark.slow
 def test_eagle_block_head_grows_from_a_plain_head_and_can_train_its_readout_alone(tmp_path):
     """``train_eagle --num-future K --init PLAIN``: the plain head's layers are copied and the readout starts as
     the identity; ``--freeze-head`` trains only futures 2..K, so the head's own prediction stays the plain one."""
