@@ -31,11 +31,9 @@ Classifier-free guidance runs the target on a doubled batch ``[cond; uncond]`` t
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,22 +44,23 @@ from diffusers.utils import BaseOutput
 
 from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call, outside_inference_mode
-from mmspec.methods import BuildRequest, MethodConfig
+from mmspec.methods import SETTINGS_FILE, BuildRequest, MethodConfig
 from mmspec.models.llamagen_text import caption_features, check_text_encoder
 from mmspec.models.mulo import check_mulo_pair
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines.callbacks import StepCallback
 from mmspec.pipelines.conditioning import (
+    LEGACY_TEXT_VOCAB_FILE,
     WordVocabularyMixin,
     as_prompt_list,
     check_class_labels,
     check_condition,
+    condition_rows,
     images_for_output_type,
-    load_text_vocabulary,
 )
-from mmspec.pipelines.generators import concat_outputs, split_generators
-from mmspec.pipelines.hub import resolve_pretrained
+from mmspec.pipelines.generators import concat_outputs, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
+from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.rules import AcceptanceRule
 from mmspec.runner import CausalLMRunner, GuidedRunner
 from mmspec.sampling import SamplingConfig
@@ -133,7 +132,8 @@ def _as_numpy(images: Any) -> np.ndarray:
     return np.stack([np.asarray(image.convert("RGB"), dtype=np.float32) / 255.0 for image in images])
 
 
-class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline):
+class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipelineMixin, PackedCPUGemmMixin,
+                      DiffusionPipeline):
     r"""Text- or class-conditioned discrete AR image generation, speculative or not, on one core loop.
 
     Args:
@@ -149,7 +149,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
             interface, ``block_size`` = the target's / r^2) and its
             :class:`~mmspec.models.mulo.TokenUpsampler` (None: "mulo" is unavailable).
         text_tokenizer: word vocabulary of a t2i model with ``text_vocab_size`` (a
-            :class:`~mmspec.models.text.WordTokenizer`); saved as ``transformer/text_vocab.json``.
+            :class:`~mmspec.models.text.WordTokenizer`, saved as the ``text_tokenizer/`` component).
         text_encoder / tokenizer: a t2i model that reads caption features (LlamaGen's official t2i
             checkpoints: ``text_vocab_size=None``) gets them from this transformers encoder (T5) and its
             tokenizer, in LlamaGen's layout (:mod:`mmspec.models.llamagen_text`).
@@ -166,6 +166,11 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
     :attr:`speculation_settings`, read from ``speculation_config.json`` by ``from_pretrained`` and written by
     ``save_pretrained``), a starting point for ``.replace(...)``.
 
+    Loading: ``from_pretrained`` takes a folder, a zoo id or a hub id and diffusers' loading keywords
+    (:class:`~mmspec.pipelines.pretrained.PretrainedPipelineMixin`); ``diffusers.DiffusionPipeline.from_pretrained``
+    loads a saved folder too. ``enable_model_cpu_offload()`` (diffusers, needs an accelerator) offloads the
+    text encoder, transformer and tokenizer in turn; the draft models stay on the accelerator.
+
     Example::
 
         >>> pipe = ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
@@ -177,9 +182,14 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
 
     pipeline_family = "ar_image"
     _callback_tensor_inputs = ["new_tokens", "drafted", "num_generated"]
+    _callback_tensor_fill = {"new_tokens": -1, "drafted": False, "num_generated": 0}  # other rows, per-image calls
 
     _optional_components = ["eagle_head", "mulo_drafter", "mulo_upsampler", "text_encoder", "tokenizer",
-                            "eagle_block_head"]
+                            "eagle_block_head", "text_tokenizer"]
+    # the target runs every step, the drafters between its steps: they stay on the accelerator under offload
+    model_cpu_offload_seq = "text_encoder->transformer->vqvae"
+    _exclude_from_cpu_offload = ["eagle_head", "eagle_block_head", "mulo_drafter", "mulo_upsampler"]
+    extra_pipeline_files = (SETTINGS_FILE, LEGACY_TEXT_VOCAB_FILE)
 
     def __init__(self, transformer: Any, vqvae: Any, eagle_head: Any = None, text_tokenizer: WordTokenizer | None = None,
                  mulo_drafter: Any = None, mulo_upsampler: Any = None, text_encoder: Any = None,
@@ -201,33 +211,6 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
                 head.bind_target(transformer.get_input_embeddings(), transformer.get_output_embeddings())
         self._set_text_tokenizer(text_tokenizer, getattr(transformer.config, "text_vocab_size", None))
         self._neighbors: torch.Tensor | None = None  # cached codebook_neighbors table [V, k_max]
-
-    # -- loading and saving ---------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> ARImagePipeline:
-        """Load a saved pipeline folder, a zoo id (``mmspec/shapes-t2i``, offline, see :func:`resolve_pretrained`)
-        or a hub repository; the word vocabulary is read from ``transformer/text_vocab.json`` and the methods'
-        recommended settings from ``speculation_config.json`` (``speculation_settings=``, a
-        :class:`~mmspec.methods.SpeculationSettings` or its JSON mapping, replaces them)."""
-        path = resolve_pretrained(pretrained_model_name_or_path)
-        load_text_vocabulary(path, kwargs)
-        if (Path(path) / "model_index.json").is_file():
-            names = ("transformer", "vqvae", "eagle_head", "mulo_drafter", "mulo_upsampler", "text_encoder",
-                     "tokenizer", "eagle_block_head")
-            return cls._from_saved_folder(Path(path), names, **kwargs)
-        settings = kwargs.pop("speculation_settings", None)
-        pipe = super().from_pretrained(path, **kwargs)
-        pipe.use_speculation_settings(settings, path, **kwargs)
-        return pipe
-
-    @classmethod
-    def _complete_components(cls, components: dict[str, Any], path: Path) -> dict[str, Any]:
-        """Without a word vocabulary file, the text tokenizer comes from the transformer's
-        ``load_text_tokenizer`` hook when it has one (Janus: an HF tokenizer)."""
-        hook = getattr(components["transformer"], "load_text_tokenizer", None)
-        if components.get("text_tokenizer") is None and callable(hook):
-            components["text_tokenizer"] = hook(path / "transformer")
-        return components
 
     # -- helpers --------------------------------------------------------------------------------------
     @property
@@ -336,7 +319,8 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
             num_images_per_prompt: images per prompt (rows ``prompt0 x n, prompt1 x n, ...``).
             generator: one ``torch.Generator`` for every random draw (drafts, acceptance, resampling), or a
                 list, one per image: each image is then decoded alone with its own generator, so it equals a
-                call for that image alone (:mod:`.generators`; slower than one batched loop).
+                call for that image alone (:mod:`.generators`; slower than one batched loop; the callback sees
+                each image's own rounds, the other rows padded).
             output_type: "pil", "np", "pt" or "tokens" (no decoding).
             rule: an :class:`~mmspec.rules.AcceptanceRule` replacing the method's (e.g. ``GroupedRule`` on
                 EAGLE drafts); its ``greedy`` flag must equal ``not do_sample``.
@@ -355,14 +339,14 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         self.check_inputs(prompt, class_labels, method, do_sample, top_k, guidance_scale, num_images_per_prompt,
                           output_type, rule, generator)
         step_callback = StepCallback(self, callback_on_step_end, callback_on_step_end_tensor_inputs)
-        rows = self._condition_rows(prompt, class_labels, num_images_per_prompt)
+        rows = condition_rows(prompt, class_labels, num_images_per_prompt)
         generators = split_generators(generator, len(rows), "images")
         if generators is not None:  # each image alone with its own random stream
+            callbacks = row_callbacks(step_callback, len(rows), self._callback_tensor_fill)
             parts = [self(**row, method=method, do_sample=do_sample, temperature=temperature, top_k=top_k,
                           top_p=top_p, guidance_scale=guidance_scale, generator=g, output_type=output_type,
-                          rule=rule, callback_on_step_end=callback_on_step_end,
-                          callback_on_step_end_tensor_inputs=callback_on_step_end_tensor_inputs)
-                     for row, g in zip(rows, generators)]
+                          rule=rule, callback_on_step_end=callback)
+                     for row, g, callback in zip(rows, generators, callbacks)]
             output = ARImagePipelineOutput(images=concat_outputs([p.images for p in parts]),
                                            tokens=torch.cat([p.tokens for p in parts]),
                                            stats=SpecStats.merge(p.stats for p in parts),
@@ -382,16 +366,8 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
                        callback=on_round, **inputs)
         # 5. Decode the token grids.
         output = self.decode_tokens(out, output_type)
+        self.maybe_free_model_hooks()  # model CPU offload: every model back to the CPU
         return output if return_dict else (output.images, output.tokens, output.stats, output.drafted)
-
-    @staticmethod
-    def _condition_rows(prompt: Any, class_labels: Any, num_images_per_prompt: int) -> list[dict[str, Any]]:
-        """The call's images as single-image conditions (``prompt0 x n, prompt1 x n, ...``)."""
-        if prompt is not None:
-            items = [prompt] if isinstance(prompt, str) else list(prompt)
-            return [{"prompt": text} for text in items for _ in range(num_images_per_prompt)]
-        labels = torch.as_tensor(class_labels).reshape(-1).tolist()
-        return [{"class_labels": [label]} for label in labels for _ in range(num_images_per_prompt)]
 
     def encode_condition(self, prompt: Any, class_labels: Any, num_images_per_prompt: int, guidance_scale: float
                          ) -> tuple[dict[str, torch.Tensor], torch.Tensor, int]:

@@ -31,7 +31,6 @@ target of a block share it), so ``SDVGConfig(tau=inf)`` gives exactly ``method="
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -48,14 +47,15 @@ from diffusers.utils import BaseOutput
 from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.files import atomic_path, save_image_atomic
 from mmspec.inference_mode import inference_call, outside_inference_mode
-from mmspec.methods import BuildRequest, MethodConfig
+from mmspec.methods import SETTINGS_FILE, BuildRequest, MethodConfig
 from mmspec.methods.sdvg import REWARDS, resolve_reward
 from mmspec.models.text import WordTokenizer
 from mmspec.models.video import check_timesteps
 from mmspec.pipelines.callbacks import StepCallback
-from mmspec.pipelines.conditioning import WordVocabularyMixin, as_prompt_list
-from mmspec.pipelines.hub import resolve_pretrained
+from mmspec.pipelines.conditioning import LEGACY_TEXT_VOCAB_FILE, WordVocabularyMixin, as_prompt_list
+from mmspec.pipelines.generators import concat_outputs, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
+from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
 from mmspec.validation import check_guidance_scale
@@ -170,7 +170,8 @@ def export_video(frames: Any, path: str | os.PathLike, fps: int = 4, scale: int 
 # ----------------------------------------------------------------------------------------------------
 
 
-class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline):
+class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipelineMixin, PackedCPUGemmMixin,
+                      DiffusionPipeline):
     r"""Text-to-video with a block-causal AR video diffusion target, draft-only, or SDVG speculation.
 
     Args:
@@ -179,13 +180,19 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         vae: frame decoder: ``decode(latents [N, h, w, C]) -> images [N, 3, H, W]`` in [0, 1] (the zoo's
             :class:`~mmspec.models.tokenizers.ContinuousTokenizer`).
         drafter: a cheaper model with the same latent format and blocks (None: only "none" works).
-        text_tokenizer: :class:`~mmspec.models.text.WordTokenizer` for the models' word prompts (saved as
-            ``transformer/text_vocab.json``).
+        text_tokenizer: :class:`~mmspec.models.text.WordTokenizer` for the models' word prompts (saved as the
+            ``text_tokenizer/`` component).
 
     Methods: ``pipe.methods()`` lists the names ``__call__`` takes; ``pipe.method_config("sdvg")`` is the
     config a call with ``method="sdvg"`` uses (the checkpoint's stored settings, :attr:`speculation_settings`,
     read from ``speculation_config.json`` by ``from_pretrained`` and written by ``save_pretrained``), a
     starting point for ``.replace(...)``.
+
+    Loading: ``from_pretrained`` takes a folder, a zoo id or a hub id and diffusers' loading keywords
+    (:class:`~mmspec.pipelines.pretrained.PretrainedPipelineMixin`); ``diffusers.DiffusionPipeline.from_pretrained``
+    loads a saved folder too. ``enable_model_cpu_offload()`` (diffusers, needs an accelerator) offloads the
+    transformer and the frame decoder in turn (SDVG decodes every drafted block for its reward, so the
+    target moves once per block); the drafter stays on the accelerator.
 
     Example::
 
@@ -200,8 +207,13 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
 
     pipeline_family = "video"
     _callback_tensor_inputs = ["latents", "accepted", "target_cache", "draft_cache"]
+    _callback_tensor_fill = {"latents": 0.0, "accepted": False}  # the other rows of per-video calls
 
-    _optional_components = ["drafter"]
+    _optional_components = ["drafter", "text_tokenizer"]
+    # the target denoises every block, the drafter between its blocks: it stays on the accelerator under offload
+    model_cpu_offload_seq = "transformer->vae"
+    _exclude_from_cpu_offload = ["drafter"]
+    extra_pipeline_files = (SETTINGS_FILE, LEGACY_TEXT_VOCAB_FILE)
 
     def __init__(self, transformer: Any, vae: Any, drafter: Any = None,
                  text_tokenizer: WordTokenizer | None = None, draft_num_inference_steps: int | None = None,
@@ -224,25 +236,6 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         self.register_modules(transformer=transformer, vae=vae, drafter=drafter)
         self._set_text_tokenizer(text_tokenizer, transformer.config.text_vocab_size)
         self._reward_cache: dict[Any, Callable] = {}
-
-    # -- loading and saving ---------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> ARVideoPipeline:
-        """Load a ``save_pretrained`` folder or a zoo id (``mmspec/shapes-video``, offline); ``torch_dtype=``
-        casts every model, components can be passed as objects (``drafter=None`` drops the drafter). The
-        methods' recommended settings come from ``speculation_config.json`` (``speculation_settings=``, a
-        :class:`~mmspec.methods.SpeculationSettings` or its JSON mapping, replaces them)."""
-        path = Path(resolve_pretrained(pretrained_model_name_or_path))
-        if not (path / "model_index.json").is_file():
-            raise FileNotFoundError(f"{path} is not an ARVideoPipeline folder (no model_index.json); build one with "
-                                    "save_pretrained")
-        return cls._from_saved_folder(path, ("transformer", "vae", "drafter"), **kwargs)
-
-    @classmethod
-    def _complete_components(cls, components: dict[str, Any], path: Path) -> dict[str, Any]:
-        """The drafter's sampling defaults saved in ``model_index.json`` (folders saved before them have none)."""
-        index = json.loads((path / "model_index.json").read_text())
-        return {**{name: index.get(name) for name in DRAFT_SETTINGS}, **components}
 
     # -- helpers --------------------------------------------------------------------------------------
     def draft_settings(self, num_inference_steps: int | None = None, guidance_scale: float | None = None
@@ -301,8 +294,9 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         if isinstance(num_videos_per_prompt, bool) or not isinstance(num_videos_per_prompt, int) \
                 or num_videos_per_prompt < 1:
             raise ValueError(f"num_videos_per_prompt must be a positive integer, got {num_videos_per_prompt!r}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
+        if generator is not None and not isinstance(generator, (torch.Generator, list, tuple)):
+            raise ValueError(f"generator must be a torch.Generator or a list of them (one per video), got "
+                             f"{type(generator).__name__}")
         return prompts
 
     def _encode_context(self, frames: Any, batch: int, num_prompts: int, num_blocks: int) -> torch.Tensor:
@@ -357,7 +351,10 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
             guidance_scale: classifier-free guidance of the target, and of the drafter unless its config says
                 otherwise (1.0: none, the default; Self-Forcing-style few-step models run without).
             num_videos_per_prompt: videos per prompt (rows ``prompt0 x n, prompt1 x n, ...``).
-            generator: one ``torch.Generator`` for all noise (per block, shared by drafter and target).
+            generator: one ``torch.Generator`` for all noise (per block, shared by drafter and target), or a list,
+                one per video: each video is then generated alone with its own generator, so it equals a call
+                for that video alone (:mod:`.generators`; slower than one batched loop; the callback sees each
+                video's own blocks, the other rows padded).
             output_type: "pil", "np", "pt" or "latent" (no decoding).
             context_frames: video extension: float frames ``[B or len(prompts), K, 3, H, W]`` in [0, 1], K a
                 multiple of the block length and fewer than ``num_blocks`` blocks, that the videos start from
@@ -381,6 +378,20 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         prompts = self.check_inputs(prompt, method, num_blocks, guidance_scale, num_videos_per_prompt, output_type,
                                     sampler, generator)
         step_callback = StepCallback(self, callback_on_step_end, callback_on_step_end_tensor_inputs)
+        generators = split_generators(generator, len(prompts) * num_videos_per_prompt, "videos")
+        if generators is not None:  # each video alone with its own random stream
+            videos = [p for p in prompts for _ in range(num_videos_per_prompt)]
+            callbacks = row_callbacks(step_callback, len(videos), self._callback_tensor_fill)
+            parts = [self(video, method, num_blocks=num_blocks, num_inference_steps=num_inference_steps,
+                          denoising_timesteps=denoising_timesteps, sampler=sampler, guidance_scale=guidance_scale,
+                          generator=g, output_type=output_type,
+                          context_frames=_context_of(context_frames, row, len(videos), num_videos_per_prompt),
+                          callback_on_step_end=callbacks[row])
+                     for row, (video, g) in enumerate(zip(videos, generators))]
+            output = ARVideoPipelineOutput(frames=concat_outputs([p.frames for p in parts]),
+                                           latents=torch.cat([p.latents for p in parts]),
+                                           stats=merge_video_stats([p.stats for p in parts]))
+            return output if return_dict else (output.frames, output.latents, output.stats)
         timesteps = check_timesteps(evenly_spaced_timesteps(num_inference_steps, "num_inference_steps")
                                     if denoising_timesteps is None else denoising_timesteps)
         # 2. Encode the prompts (one row per video) and a context.
@@ -400,6 +411,7 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
                        decode=self.decode_latents, prompts=rows_prompts, callback=on_block)
         # 5. Decode the latents to frames.
         output = self.decode_video(out, output_type)
+        self.maybe_free_model_hooks()  # model CPU offload: every model back to the CPU
         return output if return_dict else (output.frames, output.latents, output.stats)
 
     @contextmanager
@@ -431,8 +443,30 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMix
         return ARVideoPipelineOutput(frames=frames, latents=out.latents, stats=out.stats)
 
 
-#: pipeline settings of the drafter's sampling (``model_index.json``; a method config's values override them)
-DRAFT_SETTINGS = ("draft_num_inference_steps", "draft_guidance_scale")
+def _context_of(context_frames: Any, row: int, num_videos: int, num_videos_per_prompt: int) -> Any:
+    """Video ``row``'s share of a call's ``context_frames`` (one row per video or per prompt; None: none); the
+    rest of the tensor's checks are the single-video call's."""
+    if not isinstance(context_frames, torch.Tensor) or context_frames.ndim < 1:
+        return context_frames
+    rows, num_prompts = context_frames.shape[0], num_videos // num_videos_per_prompt
+    if rows == num_videos:
+        return context_frames[row:row + 1]
+    if rows == num_prompts:
+        prompt = row // num_videos_per_prompt
+        return context_frames[prompt:prompt + 1]
+    raise ValueError(f"context_frames has {rows} rows: give one per video ({num_videos}) or per prompt ({num_prompts})")
+
+
+def merge_video_stats(parts: Sequence[VideoSpecStats]) -> VideoSpecStats:
+    """One :class:`VideoSpecStats` for videos generated by separate calls (in order): counters summed, the
+    per-video records (sources, accept/route/score flags, rewards) stacked."""
+    total = VideoSpecStats.merge(parts)
+    total.source = [row for part in parts for row in part.source]
+    total.reward_calls = sum(part.reward_calls for part in parts)
+    for name in ("accepted", "routed", "scored", "block_scores", "frame_rewards"):
+        values = [getattr(part, name) for part in parts]
+        setattr(total, name, None if any(v is None for v in values) else torch.cat(values))
+    return total
 
 
 def _reject_renamed_keywords(pipeline: Any, kwargs: dict[str, Any]) -> None:

@@ -1,19 +1,21 @@
 """What the generation pipelines share about their conditions: word prompts, class labels and the word
-vocabulary file.
+vocabulary.
 
 The image and video pipelines (:mod:`.ar_image`, :mod:`.continuous_ar_image`, :mod:`.ar_video`) condition
-their targets on word prompts (a :class:`~mmspec.models.text.WordTokenizer`, saved next to the target as
-``transformer/text_vocab.json``) or on class ids. The checks and the file handling live here once, so the
-three pipelines accept the same inputs and raise the same errors:
+their targets on word prompts (a :class:`~mmspec.models.text.WordTokenizer`, the pipeline's ``text_tokenizer``
+component, saved in ``text_tokenizer/``) or on class ids. The checks and the vocabulary handling live here
+once, so the three pipelines accept the same inputs and raise the same errors:
 
 * :func:`check_condition`: exactly one of ``prompt`` and ``class_labels``, the one the transformer reads;
 * :func:`as_prompt_list`: a prompt or a non-empty list of prompts -> a list;
+* :func:`condition_rows`: a call's outputs as single-output conditions (for per-output generators);
 * :func:`check_word_prompts`: every prompt encodes with the pipeline's word vocabulary and has words;
 * :func:`check_class_labels`: an int or a non-empty list of ints in ``[0, num_classes)``;
 * :func:`check_text_tokenizer_size`: the vocabulary fits the target's word table;
-* :func:`load_text_vocabulary` / :func:`save_text_vocabulary`: the ``transformer/text_vocab.json`` file;
-* :class:`WordVocabularyMixin`: a pipeline's ``text_tokenizer`` (kept after the size check, prompts
-  checked against it), its ``save_pretrained`` and the loader of a saved folder;
+* :func:`load_legacy_text_tokenizer`: the one place that reads a folder saved before the vocabulary was a
+  component (``transformer/text_vocab.json``);
+* :class:`WordVocabularyMixin`: a pipeline's ``text_tokenizer`` component (kept after the size check, prompts
+  checked against it), and where a folder without one gets it from;
 * :func:`images_for_output_type`: decoded pixels -> the ``output_type`` a caller asked for.
 """
 
@@ -30,84 +32,69 @@ import torch
 from diffusers import DiffusionPipeline
 
 from mmspec.models.text import WordTokenizer
-from mmspec.pipelines.hub import load_components
+from mmspec.pipelines.pretrained import is_saveable_component
 
-TEXT_VOCAB_FILE = "text_vocab.json"  # the word vocabulary, saved in the transformer's folder
-
-
-# -- the word vocabulary file ---------------------------------------------------------------------------------
+LEGACY_TEXT_VOCAB_FILE = "transformer/text_vocab.json"  # where folders saved before the component kept the vocabulary
 
 
-def text_vocabulary_path(folder: str | os.PathLike) -> Path:
-    """Where a pipeline folder keeps its word vocabulary: ``<folder>/transformer/text_vocab.json``."""
-    return Path(folder) / "transformer" / TEXT_VOCAB_FILE
+# -- the word vocabulary --------------------------------------------------------------------------------------
 
 
-def load_text_vocabulary(folder: str | os.PathLike, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``from_pretrained``'s keyword arguments with ``text_tokenizer`` read from the folder's
-    ``transformer/text_vocab.json``, unless the caller passed one or the folder has none (then unchanged).
-    Updates ``kwargs`` in place and returns it."""
-    vocab_file = text_vocabulary_path(folder)
-    if "text_tokenizer" not in kwargs and vocab_file.is_file():
-        kwargs["text_tokenizer"] = WordTokenizer.load(vocab_file)
-    return kwargs
-
-
-def save_text_vocabulary(text_tokenizer: WordTokenizer | None, save_directory: str | os.PathLike) -> None:
-    """Write the word vocabulary (if any) into ``<save_directory>/transformer/text_vocab.json``, next to the
-    target's weights (``save_pretrained`` has written that folder already)."""
-    if text_tokenizer is not None:
-        text_tokenizer.save(text_vocabulary_path(save_directory))
+def load_legacy_text_tokenizer(folder: str | os.PathLike) -> WordTokenizer | None:
+    """The word vocabulary of a pipeline folder saved before it was a component (``transformer/text_vocab.json``,
+    converted to a :class:`~mmspec.models.text.WordTokenizer`); None when the folder has no such file."""
+    vocab_file = Path(folder) / LEGACY_TEXT_VOCAB_FILE
+    return WordTokenizer.load(vocab_file) if vocab_file.is_file() else None
 
 
 class WordVocabularyMixin:
-    """For a :class:`~diffusers.DiffusionPipeline` with a ``text_tokenizer`` attribute (a
-    :class:`~mmspec.models.text.WordTokenizer` or None) that is not a diffusers component: it is saved as
-    ``transformer/text_vocab.json`` next to the target's weights and read back from there. List the mixin
-    before ``DiffusionPipeline`` in the bases."""
+    """For a :class:`~diffusers.DiffusionPipeline` whose optional ``text_tokenizer`` component is its word
+    vocabulary (a :class:`~mmspec.models.text.WordTokenizer`, saved in ``text_tokenizer/`` like any component)
+    or another prompt tokenizer with ``encode``, ``batch`` and ``len`` (e.g. Janus's, which diffusers cannot
+    save: it is saved beside the transformer by its own ``save`` and comes back through the transformer's
+    ``load_text_tokenizer`` hook). List the mixin before ``DiffusionPipeline`` in the bases."""
 
-    text_tokenizer: WordTokenizer | None
+    text_tokenizer: Any
 
-    def _set_text_tokenizer(self, text_tokenizer: WordTokenizer | None, text_vocab_size: int | None) -> None:
-        """Keep ``text_tokenizer`` after checking that it fits the target's word table (``text_vocab_size``
+    def _set_text_tokenizer(self, text_tokenizer: Any, text_vocab_size: int | None) -> None:
+        """Register ``text_tokenizer`` after checking that it fits the target's word table (``text_vocab_size``
         rows; None: the target has none to check against)."""
         check_text_tokenizer_size(text_tokenizer, text_vocab_size)
-        self.text_tokenizer = text_tokenizer
+        self.register_modules(text_tokenizer=text_tokenizer)  # type: ignore[attr-defined]
 
     def _check_word_prompts(self, texts: Sequence[str]) -> None:
         """:func:`check_word_prompts` against this pipeline's word vocabulary."""
         check_word_prompts(texts, self.text_tokenizer)
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
-        """diffusers' folder layout (``model_index.json`` + one folder per component) plus the word
-        vocabulary in ``transformer/text_vocab.json``."""
-        super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
-        save_text_vocabulary(self.text_tokenizer, save_directory)
+        """diffusers' folder layout (``model_index.json`` + one folder per component, the word vocabulary in
+        ``text_tokenizer/``); a prompt tokenizer diffusers cannot save is written by its own ``save`` into the
+        transformer's folder instead."""
+        own = self.text_tokenizer if self.text_tokenizer is not None and not is_saveable_component(
+            self.text_tokenizer) else None
+        if own is None:
+            super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
+            return
+        entry = self.config["text_tokenizer"]  # type: ignore[attr-defined]
+        self.register_to_config(text_tokenizer=(None, None))  # type: ignore[attr-defined]
+        try:
+            super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
+        finally:
+            self.register_to_config(text_tokenizer=tuple(entry))  # type: ignore[attr-defined]
+        own.save(Path(save_directory) / LEGACY_TEXT_VOCAB_FILE)
 
     @classmethod
-    def _from_saved_folder(cls, path: Path, names: Sequence[str], torch_dtype: torch.dtype | None = None,
-                           **kwargs: Any) -> Any:
-        """The pipeline of a ``save_pretrained`` folder: the word vocabulary (unless ``text_tokenizer`` is
-        given), the components ``names`` (:func:`~mmspec.pipelines.hub.load_components`; keyword arguments
-        replace components, ``check_weights=False`` skips the refusal of NaN/inf weights),
-        :meth:`_complete_components`, then ``_name_or_path`` recorded in the config. A pipeline with stored
-        method settings (:class:`~mmspec.pipelines.method_settings.MethodSettingsMixin`) reads the folder's
-        ``speculation_config.json``, unless ``speculation_settings=`` (a ``SpeculationSettings`` or its JSON
-        mapping) is given: those replace the file's."""
-        stores_settings = hasattr(cls, "read_speculation_settings")
-        settings = kwargs.pop("speculation_settings", None) if stores_settings else None
-        load_text_vocabulary(path, kwargs)
-        components = load_components(cls, path, names, torch_dtype=torch_dtype, extra=("text_tokenizer",), **kwargs)
-        pipe = cls(**cls._complete_components(components, path))
-        pipe.register_to_config(_name_or_path=str(path))
-        if stores_settings:
-            pipe.use_speculation_settings(settings, path)
-        return pipe
-
-    @classmethod
-    def _complete_components(cls, components: dict[str, Any], path: Path) -> dict[str, Any]:
-        """Hook between loading and construction (e.g. a text tokenizer that is not a word vocabulary)."""
-        return components
+    def _fallback_component(cls, name: str, folder: Path, components: dict[str, Any]) -> Any:
+        """A folder without a ``text_tokenizer`` component: its ``transformer/text_vocab.json`` (an older folder,
+        converted), else the transformer's ``load_text_tokenizer`` hook (Janus: an HF tokenizer saved beside the
+        model), else None."""
+        if name != "text_tokenizer":
+            return super()._fallback_component(name, folder, components)  # type: ignore[misc]
+        legacy = load_legacy_text_tokenizer(folder)
+        if legacy is not None:
+            return legacy
+        hook = getattr(components.get("transformer"), "load_text_tokenizer", None)
+        return hook(folder / "transformer") if callable(hook) else None
 
 
 def check_text_tokenizer_size(text_tokenizer: Any, text_vocab_size: int | None) -> None:
@@ -144,12 +131,22 @@ def as_prompt_list(prompt: Any, kinds: tuple[type, ...] = (str,),
     return prompts
 
 
-def check_word_prompts(texts: Sequence[str], text_tokenizer: WordTokenizer | None) -> None:
+def condition_rows(prompt: Any, class_labels: Any, num_per_prompt: int) -> list[dict[str, Any]]:
+    """A call's outputs as single-output conditions, in output order (``prompt0 x n, prompt1 x n, ...``):
+    ``{"prompt": text}`` or ``{"class_labels": [label]}`` each (for calls decoded output by output)."""
+    if prompt is not None:
+        items = [prompt] if isinstance(prompt, str) else list(prompt)
+        return [{"prompt": text} for text in items for _ in range(num_per_prompt)]
+    labels = torch.as_tensor(class_labels).reshape(-1).tolist()
+    return [{"class_labels": [label]} for label in labels for _ in range(num_per_prompt)]
+
+
+def check_word_prompts(texts: Sequence[str], text_tokenizer: Any) -> None:
     """Every prompt must encode with the pipeline's word vocabulary and have at least one word; the
     errors name the prompt's index (unknown words, empty prompts, or no vocabulary at all)."""
     if text_tokenizer is None:
-        raise ValueError(f"this pipeline has no word vocabulary (text_tokenizer; saved as "
-                         f"transformer/{TEXT_VOCAB_FILE}), so prompts cannot be encoded")
+        raise ValueError("this pipeline has no word vocabulary (its text_tokenizer component, saved in "
+                         "text_tokenizer/), so prompts cannot be encoded")
     for i, text in enumerate(texts):
         try:
             words = text_tokenizer.encode(text)

@@ -27,10 +27,8 @@ What every method shares, and this module keeps (full account in docs/pipeline_c
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,18 +39,21 @@ from diffusers.utils import BaseOutput
 
 from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call
-from mmspec.methods import BuildRequest, MethodConfig
+from mmspec.methods import SETTINGS_FILE, BuildRequest, MethodConfig
 from mmspec.models.text import WordTokenizer
 from mmspec.pipelines.callbacks import StepCallback
 from mmspec.pipelines.conditioning import (
+    LEGACY_TEXT_VOCAB_FILE,
     WordVocabularyMixin,
     as_prompt_list,
     check_class_labels,
     check_condition,
+    condition_rows,
     images_for_output_type,
 )
-from mmspec.pipelines.hub import resolve_pretrained
+from mmspec.pipelines.generators import concat_outputs, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
+from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.sampling import SamplingConfig
 from mmspec.stats import SpecStats
 from mmspec.validation import (
@@ -254,7 +255,8 @@ class BoundMAR:
 # ----------------------------------------------------------------------------------------------------
 
 
-class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PackedCPUGemmMixin, DiffusionPipeline):
+class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipelineMixin, PackedCPUGemmMixin,
+                                DiffusionPipeline):
     r"""Class- or text-conditioned MAR generation over continuous tokens, target-only or with CSpD.
 
     Args:
@@ -263,12 +265,19 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
             and ``latent_dim == C`` (:class:`~mmspec.models.tokenizers.ContinuousTokenizer`).
         draft_transformer: a smaller MARModel of the same family (same grid, token width and condition
             layout) for ``method="cspd"``; None makes CSpD unavailable.
-        text_tokenizer: word vocabulary of text-conditioned models (saved as ``transformer/text_vocab.json``).
+        text_tokenizer: word vocabulary of text-conditioned models (a :class:`~mmspec.models.text.WordTokenizer`,
+            saved as the ``text_tokenizer/`` component).
 
     Methods: ``pipe.methods()`` lists the names ``__call__`` takes; ``pipe.method_config("cspd")`` is the
     config a call with ``method="cspd"`` uses (the checkpoint's stored settings, :attr:`speculation_settings`,
     read from ``speculation_config.json`` by ``from_pretrained`` and written by ``save_pretrained``), a
     starting point for ``.replace(...)``.
+
+    Loading: ``from_pretrained`` takes a folder, a zoo id or a hub id and diffusers' loading keywords
+    (:class:`~mmspec.pipelines.pretrained.PretrainedPipelineMixin`; models computed in float32 unless ``dtype``
+    says otherwise); ``diffusers.DiffusionPipeline.from_pretrained`` loads a saved folder too.
+    ``enable_model_cpu_offload()`` (diffusers, needs an accelerator) offloads the transformer and the tokenizer
+    in turn; the draft MAR stays on the accelerator.
 
     Example::
 
@@ -281,8 +290,14 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
 
     pipeline_family = "continuous"
     _callback_tensor_inputs = ["num_generated", "latents", "drafted"]
+    _callback_tensor_fill = {"num_generated": 0, "latents": 0.0, "drafted": False}  # other rows, per-image calls
 
-    _optional_components = ["draft_transformer"]
+    _optional_components = ["draft_transformer", "text_tokenizer"]
+    # the target runs every pass, the draft MAR between them: it stays on the accelerator under offload
+    model_cpu_offload_seq = "transformer->vae"
+    _exclude_from_cpu_offload = ["draft_transformer"]
+    default_load_dtype = torch.float32  # exact comparisons and fast CPU kernels, whatever the dtype on disk
+    extra_pipeline_files = (SETTINGS_FILE, LEGACY_TEXT_VOCAB_FILE)
 
     def __init__(self, transformer: Any, vae: Any, draft_transformer: Any = None,
                  text_tokenizer: WordTokenizer | None = None) -> None:
@@ -295,21 +310,6 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
             _check_draft(transformer, draft_transformer)
         self.register_modules(transformer=transformer, vae=vae, draft_transformer=draft_transformer)
         self._set_text_tokenizer(text_tokenizer, config.text_vocab_size if config.condition_type == "text" else None)
-
-    # -- loading and saving ---------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any
-                        ) -> ContinuousARImagePipeline:
-        """Load a ``save_pretrained`` folder or a zoo id (``mmspec/shapes-t2i-continuous``, offline); the word
-        vocabulary comes from ``transformer/text_vocab.json`` and the methods' recommended settings from
-        ``speculation_config.json`` (``speculation_settings=``, a :class:`~mmspec.methods.SpeculationSettings`
-        or its JSON mapping, replaces them). ``torch_dtype`` casts every model (default: float32, whatever the
-        dtype on disk); components can be passed as objects."""
-        path = Path(resolve_pretrained(pretrained_model_name_or_path))
-        if not (path / "model_index.json").is_file():
-            raise FileNotFoundError(f"{path} is not a saved ContinuousARImagePipeline folder (no model_index.json)")
-        kwargs.setdefault("torch_dtype", torch.float32)
-        return cls._from_saved_folder(path, ("transformer", "vae", "draft_transformer"), **kwargs)
 
     # -- inputs ---------------------------------------------------------------------------------------
     @property
@@ -354,8 +354,9 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
             raise ValueError(f"cfg_schedule must be one of {list(CFG_SCHEDULES)}, got {cfg_schedule!r}")
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
             raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError("generator must be one torch.Generator (lists of generators are not supported)")
+        if generator is not None and not isinstance(generator, (torch.Generator, list, tuple)):
+            raise ValueError(f"generator must be a torch.Generator or a list of them (one per image), got "
+                             f"{type(generator).__name__}")
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
@@ -384,7 +385,9 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
             guidance_scale / cfg_schedule: classifier-free guidance and MAR's "linear" ramp (or "constant").
             num_images_per_prompt: images per prompt or class id.
             generator: one ``torch.Generator`` for every random draw (orders, per-token noise, acceptance,
-                residuals).
+                residuals), or a list, one per image: each image is then generated alone with its own
+                generator, so it equals a call for that image alone (:mod:`.generators`; slower than one
+                batched loop; the callback sees each image's own passes, the other rows padded).
             output_type: "pil", "np", "pt" or "latent" (no decoding).
             callback_on_step_end: called after every target pass in diffusers' convention, ``fn(pipeline, step,
                 timestep, callback_kwargs) -> dict``; ``timestep`` is the tokens the furthest image has and
@@ -402,6 +405,19 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
         self.check_inputs(prompt, class_labels, method, num_iter, num_diffusion_steps, temperature, guidance_scale,
                           cfg_schedule, num_images_per_prompt, output_type, generator)
         step_callback = StepCallback(self, callback_on_step_end, callback_on_step_end_tensor_inputs)
+        rows = condition_rows(prompt, class_labels, num_images_per_prompt)
+        generators = split_generators(generator, len(rows), "images")
+        if generators is not None:  # each image alone with its own random stream
+            callbacks = row_callbacks(step_callback, len(rows), self._callback_tensor_fill)
+            parts = [self(**row, method=method, num_iter=num_iter, num_diffusion_steps=num_diffusion_steps,
+                          temperature=temperature, guidance_scale=guidance_scale, cfg_schedule=cfg_schedule,
+                          generator=g, output_type=output_type, callback_on_step_end=callback)
+                     for row, g, callback in zip(rows, generators, callbacks)]
+            output = ContinuousARImagePipelineOutput(images=concat_outputs([p.images for p in parts]),
+                                                     tokens=torch.cat([p.tokens for p in parts]),
+                                                     stats=CSpDStats.merge(p.stats for p in parts),
+                                                     drafted=torch.cat([p.drafted for p in parts]))
+            return output if return_dict else (output.images, output.tokens, output.stats, output.drafted)
         # 2. Encode the condition: one row per image.
         condition = self.encode_condition(prompt, class_labels, num_images_per_prompt)
         # 3. Resolve the method: the stored or given config builds the drafter and (CSpD) its loop.
@@ -419,6 +435,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Packed
         state.stats.tokens = state.values.shape[0] * state.seq_len
         # 5. Back to grid space; decode.
         output = self.decode_state(state, output_type)
+        self.maybe_free_model_hooks()  # model CPU offload: every model back to the CPU
         return output if return_dict else (output.images, output.tokens, output.stats, output.drafted)
 
     def prepare_state(self, condition: torch.Tensor, num_iter: int, num_diffusion_steps: int | None,

@@ -5,12 +5,13 @@ random stream, so one generator cannot make an image independent of its batch-ma
 output its own stream: the pipeline then decodes each output alone with its generator (:func:`split_generators`
 checks the list) and concatenates the results (:func:`concat_outputs`). Output i then equals a call for that
 output alone with ``generators[i]``, whatever else is in the call; one generator keeps the batch in one loop,
-which is faster.
+which is faster. During such a call ``callback_on_step_end`` still sees the whole call's rows
+(:class:`RowCallback`): each output's own steps, its row filled in and the others padded.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -48,3 +49,33 @@ def concat_outputs(parts: Sequence[Any]) -> Any:
     if isinstance(first, list):
         return [item for part in parts for item in part]
     raise TypeError(f"cannot concatenate outputs of type {type(first).__name__}")
+
+
+class RowCallback:
+    """The ``callback_on_step_end`` of output ``row``'s own call inside a call with a list of generators: it
+    spreads that call's one-row tensors over the whole call's ``num_rows`` rows (the other rows filled with
+    ``fill[name]``: e.g. -1 for token ids, False for flags) and hands them to the outer call's
+    :class:`~mmspec.pipelines.callbacks.StepCallback`, which picks the requested tensors and checks the result.
+    Entries that are not one-row tensors (or have no fill value) pass as they are. The step index and
+    ``timestep`` are the row's own (they restart for each output)."""
+
+    def __init__(self, step_callback: Any, row: int, num_rows: int, fill: Mapping[str, Any]) -> None:
+        self.step_callback, self.row, self.num_rows, self.fill = step_callback, row, num_rows, dict(fill)
+
+    def __call__(self, pipeline: Any, step: int, timestep: Any, callback_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return self.step_callback(step, timestep, {name: self._spread(name, value)
+                                                   for name, value in callback_kwargs.items()})
+
+    def _spread(self, name: str, value: Any) -> Any:
+        if name not in self.fill or not isinstance(value, torch.Tensor) or value.ndim == 0 or value.shape[0] != 1:
+            return value
+        full = value.new_full((self.num_rows, *value.shape[1:]), self.fill[name])
+        full[self.row] = value[0]
+        return full
+
+
+def row_callbacks(step_callback: Any, num_rows: int, fill: Mapping[str, Any]) -> list[RowCallback | None]:
+    """One :class:`RowCallback` per output (None for each when the call has no callback)."""
+    if not step_callback.active:
+        return [None] * num_rows
+    return [RowCallback(step_callback, row, num_rows, fill) for row in range(num_rows)]

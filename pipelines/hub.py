@@ -1,9 +1,12 @@
-"""Loading pipeline folders: zoo ids and the components of a ``save_pretrained`` folder.
+"""Finding and loading pipeline folders: zoo ids, local folders, hub snapshots, and their components.
 
 :func:`resolve_pretrained` turns a zoo id ``mmspec/<name>`` into its folder under ``mmspec/models/zoo`` and
-leaves any other path or hub id unchanged, so every pipeline's ``from_pretrained`` accepts all three.
-:func:`load_components` loads a folder's components with errors that name the file and the component: it
-imports only the libraries in :data:`ALLOWED_LIBRARIES` and refuses weights that are not finite.
+leaves any other path or hub id unchanged; :func:`locate_pretrained` turns any of the three into a local
+folder (a hub id through diffusers' ``DiffusionPipeline.download``, so offline it is read from the Hugging Face
+cache). :func:`load_components` loads a folder's components through diffusers' component loader
+(``load_sub_model``) with the options of :class:`LoadOptions` (dtype, variant, device placement, ...), and adds
+what that loader lacks: it imports only the libraries in :data:`ALLOWED_LIBRARIES`, its errors name the file
+and the component, and it refuses weights that are not finite.
 """
 
 from __future__ import annotations
@@ -11,14 +14,26 @@ from __future__ import annotations
 import importlib
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 from diffusers import ModelMixin
+from diffusers.models.modeling_utils import _LOW_CPU_MEM_USAGE_DEFAULT
+from diffusers.pipelines.pipeline_loading_utils import (
+    ALL_IMPORTABLE_CLASSES,
+    _identify_model_variants,
+    load_sub_model,
+)
+from diffusers.pipelines.pipeline_utils import SUPPORTED_DEVICE_MAP
+from huggingface_hub import constants as hf_constants
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError, HFValidationError
+from huggingface_hub.utils import validate_repo_id
 from safetensors import safe_open
-from transformers import PreTrainedModel
 
 # Zoo ids -> the command that builds the entry's weights (the pipeline folder is written by save_pretrained).
 ZOO_RECIPES = {
@@ -80,36 +95,202 @@ class ComponentLoadError(OSError):
     loader's own error."""
 
 
-def load_components(pipeline_class: type, path: Path, names: Sequence[str], *, torch_dtype: torch.dtype | None = None,
-                    check_weights: bool = True, extra: Sequence[str] = (), **overrides: Any) -> dict[str, Any]:
-    """Load the components ``names`` of a ``save_pretrained`` pipeline folder, each with its own class's
-    ``from_pretrained`` (the class named in ``model_index.json``), in eval mode.
+# -- loading options --------------------------------------------------------------------------------------------
 
-    ``overrides`` replace components (or pass the non-loadable arguments listed in ``extra``); a component
-    listed in the class's ``_optional_components`` may be absent (None). ``check_weights`` (default on)
-    refuses a model component with a NaN or infinite weight (:func:`check_finite_weights`).
+
+def _supported_device_maps() -> list[str]:
+    """The ``device_map`` values a pipeline takes: diffusers' whole-pipeline placements on one device."""
+    return sorted(set(SUPPORTED_DEVICE_MAP) - {"balanced"})
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How ``from_pretrained`` finds and loads a pipeline's components: the keywords of diffusers'
+    ``DiffusionPipeline.from_pretrained`` that mmspec's pipelines take, checked once, then handed to
+    diffusers' own machinery (``DiffusionPipeline.download`` for hub ids, ``load_sub_model`` per component).
+
+    Attributes:
+        dtype: the models' dtype (``torch_dtype`` is its older name), or a mapping component -> dtype with an
+            optional ``"default"``; None: each loader's default.
+        variant: load weights files of this variant (``diffusion_pytorch_model.<variant>.safetensors``, as
+            ``save_pretrained(..., variant=...)`` writes them).
+        device_map: None or a device every component is loaded onto ("cpu", or the machine's accelerator);
+            diffusers' "balanced" (components spread over several GPUs) is refused: a speculative loop runs
+            the target and its drafters on one device.
+        low_cpu_mem_usage: build models without initialising their weights first (needs accelerate).
+        use_safetensors: None (prefer safetensors), True (require them) or False (also load pickled weights).
+        check_weights: refuse a model with NaN or infinite weights (:func:`check_finite_weights`).
+        local_files_only / revision / cache_dir / token / force_download: where a hub id is looked up
+            (huggingface_hub's meaning; offline, ``HF_HUB_OFFLINE=1``, only the local cache is read).
+    """
+
+    dtype: torch.dtype | Mapping[str, torch.dtype] | None = None
+    variant: str | None = None
+    device_map: str | None = None
+    low_cpu_mem_usage: bool = _LOW_CPU_MEM_USAGE_DEFAULT
+    use_safetensors: bool | None = None
+    check_weights: bool = True
+    local_files_only: bool | None = None
+    revision: str | None = None
+    cache_dir: str | os.PathLike | None = None
+    token: str | bool | None = None
+    force_download: bool = False
+
+    def __post_init__(self) -> None:
+        dtypes = self.dtype.values() if isinstance(self.dtype, Mapping) else [self.dtype]
+        if not all(d is None or isinstance(d, torch.dtype) for d in dtypes):
+            raise ValueError(f"dtype must be a torch.dtype (e.g. torch.float16), a mapping component -> dtype or None, "
+                             f"got {self.dtype!r}")
+        if self.variant is not None and (not isinstance(self.variant, str) or not self.variant
+                                         or any(c in self.variant for c in "./\\")):
+            raise ValueError(f"variant must be a non-empty name without '.' or '/' (e.g. 'fp16') or None, got "
+                             f"{self.variant!r}")
+        if self.device_map is not None and self.device_map not in _supported_device_maps():
+            raise ValueError(f"device_map={self.device_map!r} is not supported: use None or one of "
+                             f"{_supported_device_maps()} (every component on that device; diffusers' 'balanced' "
+                             "would split the target from its drafters, which every speculative step runs together)")
+        for name in ("low_cpu_mem_usage", "check_weights", "force_download"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("use_safetensors", "local_files_only"):
+            if getattr(self, name) not in (None, True, False):
+                raise ValueError(f"{name} must be True, False or None, got {getattr(self, name)!r}")
+        if self.device_map is not None and not self.low_cpu_mem_usage:
+            raise ValueError(f"device_map={self.device_map!r} needs low_cpu_mem_usage=True (diffusers places the "
+                             "weights while loading them)")
+        if self.revision is not None and not isinstance(self.revision, str):
+            raise ValueError(f"revision must be a branch, tag or commit name (a string) or None, got {self.revision!r}")
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise ValueError(f"cache_dir must be a path or None, got {type(self.cache_dir).__name__}")
+        if self.token is not None and not isinstance(self.token, (str, bool)):
+            raise ValueError(f"token must be a string, a bool or None, got {type(self.token).__name__}")
+
+    #: the ``from_pretrained`` keywords these options take (``torch_dtype``: ``dtype``'s older name)
+    @classmethod
+    def keywords(cls) -> list[str]:
+        return sorted([f.name for f in fields(cls)] + ["torch_dtype"])
+
+    @classmethod
+    def pop_from(cls, kwargs: dict[str, Any], default_dtype: torch.dtype | None = None) -> LoadOptions:
+        """The options among ``from_pretrained``'s keyword arguments (removed from ``kwargs``); ``dtype`` and
+        ``torch_dtype`` are one argument (both given and different: ValueError), ``default_dtype`` applies
+        when neither is given (and as the ``"default"`` of a per-component mapping)."""
+        dtype, torch_dtype = kwargs.pop("dtype", None), kwargs.pop("torch_dtype", None)
+        if dtype is not None and torch_dtype is not None and dtype != torch_dtype:
+            raise ValueError(f"dtype={dtype!r} and torch_dtype={torch_dtype!r} disagree: they are one argument "
+                             "(torch_dtype is its older name); pass only dtype")
+        dtype = dtype if dtype is not None else torch_dtype
+        if dtype is None:
+            dtype = default_dtype
+        elif isinstance(dtype, Mapping) and default_dtype is not None:
+            dtype = {"default": default_dtype, **dtype}
+        values = {f.name: kwargs.pop(f.name) for f in fields(cls) if f.name != "dtype" and f.name in kwargs}
+        return cls(dtype=dtype, **values)
+
+    def dtype_for(self, name: str) -> torch.dtype | None:
+        """The dtype component ``name`` is loaded in (None: its loader's default)."""
+        if isinstance(self.dtype, Mapping):
+            return self.dtype.get(name, self.dtype.get("default"))
+        return self.dtype
+
+    def hub_kwargs(self) -> dict[str, Any]:
+        """The options that say where a hub repository is looked up (for ``huggingface_hub``)."""
+        names = ("local_files_only", "revision", "cache_dir", "token", "force_download")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+# -- where a pipeline folder is -----------------------------------------------------------------------------------
+
+
+def locate_pretrained(pretrained_model_name_or_path: str | os.PathLike, pipeline_class: type,
+                      options: LoadOptions | None = None, extra_files: Sequence[str] = ()) -> Path:
+    """The local folder of a pipeline: a zoo id's bundled folder (:func:`resolve_pretrained`), a local folder,
+    or the snapshot of a hub repository ``owner/name`` in the Hugging Face cache, downloaded by diffusers'
+    ``DiffusionPipeline.download`` unless ``local_files_only`` / ``HF_HUB_OFFLINE`` (then only the cache is
+    read). ``extra_files`` of the repository that diffusers does not download (pipeline-level files such as
+    ``speculation_config.json``) are fetched into the same snapshot when the repository has them.
+
+    Raises:
+        FileNotFoundError: naming the path or id: a folder without ``model_index.json``, a path that does not
+            exist, or a hub id that is neither cached nor downloadable.
+    """
+    options = options or LoadOptions()
+    text = resolve_pretrained(pretrained_model_name_or_path)
+    folder = Path(text)
+    if folder.is_dir():
+        if not (folder / "model_index.json").is_file():
+            raise FileNotFoundError(f"{folder} is not a saved {pipeline_class.__name__} folder: it has no "
+                                    "model_index.json (write one with save_pretrained)")
+        return folder
+    if not _is_repo_id(text):
+        raise FileNotFoundError(f"there is no pipeline folder at {text!r} (nor is it a zoo id mmspec/<name> or a "
+                                "hub repository id owner/name)")
+    hub = options.hub_kwargs()
+    try:
+        snapshot = Path(pipeline_class.download(text, variant=options.variant, use_safetensors=options.use_safetensors,
+                                                **hub))
+    except (OSError, HFValidationError) as error:
+        offline = bool(options.local_files_only) or hf_constants.HF_HUB_OFFLINE
+        where = "in the local Hugging Face cache (offline)" if offline else "on the hub or in the local cache"
+        raise FileNotFoundError(f"cannot load {text!r}: it is not a local folder or a zoo id, and no hub repository "
+                                f"{text!r} was found {where}: {error}") from error
+    for name in extra_files:
+        if not (snapshot / name).is_file():
+            _fetch_repo_file(text, name, hub)
+    return snapshot
+
+
+def _is_repo_id(text: str) -> bool:
+    """Whether ``text`` can name a hub repository (``name`` or ``owner/name``), not a local path."""
+    if os.path.isabs(text) or text.startswith(".") or text.count("/") > 1:
+        return False
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
+
+
+def _fetch_repo_file(repo_id: str, filename: str, hub: dict[str, Any]) -> None:
+    """Download ``filename`` of ``repo_id`` into its cached snapshot; a repository without it is fine."""
+    try:
+        hf_hub_download(repo_id, filename, **{k: v for k, v in hub.items() if k != "force_download"})
+    except (EntryNotFoundError, OSError):  # absent there, or not cached offline: the pipeline does without it
+        return
+
+
+# -- loading the components ---------------------------------------------------------------------------------------
+
+
+def load_components(pipeline_class: type, path: Path, names: Sequence[str], *, options: LoadOptions | None = None,
+                    extra: Sequence[str] = (), **overrides: Any) -> dict[str, Any]:
+    """Load the components ``names`` of a ``save_pretrained`` pipeline folder, each with its own class (the one
+    ``model_index.json`` names) through diffusers' component loader, in eval mode.
+
+    ``overrides`` replace components (or pass the non-component arguments listed in ``extra``); a component
+    listed in the class's ``_optional_components`` may be absent (None). ``options`` (:class:`LoadOptions`)
+    set dtype, variant, device placement and the weights check.
 
     Raises:
         ValueError: unknown keywords, a folder that holds another pipeline class, a missing required
             component, a library outside :data:`ALLOWED_LIBRARIES` (checked before importing it), a class
-            its library does not define, non-finite weights. Each names ``model_index.json`` or the
-            weights file, and the component.
+            its library does not define, a ``variant`` no component has, non-finite weights. Each names
+            ``model_index.json`` or the weights file, and the component.
         FileNotFoundError: a component listed in ``model_index.json`` without its folder.
         ComponentLoadError: a component whose files fail to load (the original error chained).
-
-    Why not diffusers' loader: it looks the loadable base class (``ModelMixin``) up *in the component's own
-    module*, and refuses classes that inherit it through another module (e.g. ``VQTokenizer`` via
-    ``PatchTokenizerMixin``); it also cannot load the project's non-diffusers components by path.
     """
+    options = options or LoadOptions()
     unknown = sorted(set(overrides) - set(names) - set(extra))
     if unknown:
-        raise ValueError(f"unexpected keyword arguments for a local pipeline folder: {unknown} (accepted: "
-                         f"torch_dtype, check_weights and {sorted([*names, *extra])})")
+        raise ValueError(f"unexpected keyword arguments for {pipeline_class.__name__}.from_pretrained: {unknown} "
+                         f"(accepted: the loading options {LoadOptions.keywords()}, speculation_settings, the "
+                         f"components {sorted(names)} and {sorted(extra)})")
     path = Path(path)
     index_path = path / "model_index.json"
     index = read_model_index(index_path)
     if index.get("_class_name") not in (None, pipeline_class.__name__):
         raise ValueError(f"{path} holds a {index['_class_name']}, not a {pipeline_class.__name__}")
+    variants = _model_variants(path, index, options.variant)
     optional = set(getattr(pipeline_class, "_optional_components", ()))
     components: dict[str, Any] = dict(overrides)
     for name in names:
@@ -122,8 +303,22 @@ def load_components(pipeline_class: type, path: Path, names: Sequence[str], *, t
             components[name] = None
             continue
         component_class = import_component_class(index_path, name, *entry)
-        components[name] = load_component(component_class, path / name, name, torch_dtype, check_weights)
+        components[name] = load_component(component_class, path / name, name, options, variants.get(name),
+                                          pipeline_class)
     return components
+
+
+def _model_variants(path: Path, index: dict[str, Any], variant: str | None) -> dict[str, str]:
+    """Component -> ``variant`` for the components whose folder has weights of that variant (diffusers'
+    rule); a variant no component has raises ValueError naming it."""
+    if variant is None:
+        return {}
+    variants = _identify_model_variants(folder=str(path), variant=variant, config=index)
+    if not variants:
+        raise ValueError(f"variant={variant!r}: no component of {path} has weights of that variant (files named "
+                         f"like diffusion_pytorch_model.{variant}.safetensors, written by "
+                         f"save_pretrained(folder, variant={variant!r}))")
+    return variants
 
 
 def read_model_index(index_path: Path) -> dict[str, Any]:
@@ -176,38 +371,65 @@ def import_component_class(index_path: Path, name: str, library: str, class_name
     return component_class
 
 
-def load_component(component_class: type, folder: Path, name: str, torch_dtype: torch.dtype | None = None,
-                   check_weights: bool = True) -> Any:
-    """Component ``name`` from its ``folder``: ``component_class.from_pretrained``, models in eval mode and
-    in ``torch_dtype``, their weights checked to be finite when ``check_weights``. Errors name the
-    component and its file (see :func:`load_components`)."""
+def load_component(component_class: type, folder: Path, name: str, options: LoadOptions | None = None,
+                   variant: str | None = None, pipeline_class: type | None = None) -> Any:
+    """Component ``name`` from its ``folder`` with diffusers' ``load_sub_model`` (which passes dtype, variant,
+    device placement, ``low_cpu_mem_usage`` and ``use_safetensors`` in the form the component's library takes
+    them); models in eval mode, their weights checked to be finite unless ``options.check_weights`` is off.
+    Errors name the component and its file (see :func:`load_components`)."""
+    options = options or LoadOptions()
     if not folder.is_dir():
         raise FileNotFoundError(f"{folder.parent / 'model_index.json'} lists the component {name!r} but its folder "
                                 f"{folder} is missing")
-    is_model = issubclass(component_class, torch.nn.Module)  # tokenizers, processors: no dtype, no eval mode
     try:
-        component = (_load_model(component_class, folder, torch_dtype).eval() if is_model
-                     else component_class.from_pretrained(str(folder)))
+        component = _load_sub_model(component_class, folder, name, options, variant, pipeline_class)
     except Exception as err:
         qualified = f"{component_class.__module__}.{component_class.__qualname__}"
         raise ComponentLoadError(f"cannot load the component {name!r} ({qualified}) from "
                                  f"{_file_to_blame(folder) or folder}: {type(err).__name__}: {err}") from err
-    if is_model and check_weights:
-        check_finite_weights(component, name, folder)
+    if isinstance(component, torch.nn.Module):  # tokenizers and processors: no eval mode, no weights
+        component.eval()
+        if options.check_weights:
+            check_finite_weights(component, name, folder)
     return component
 
 
-def _load_model(component_class: type, folder: Path, torch_dtype: torch.dtype | None) -> Any:
-    """``component_class.from_pretrained(folder)`` in ``torch_dtype``: through the loader's own dtype
-    argument where the class has one (diffusers ``torch_dtype``, transformers ``dtype``; casting with
-    ``.to`` afterwards makes diffusers warn on every load), else by ``.to``."""
-    if torch_dtype is None:
-        return component_class.from_pretrained(str(folder))
-    if issubclass(component_class, ModelMixin):
-        return component_class.from_pretrained(str(folder), torch_dtype=torch_dtype)
-    if issubclass(component_class, PreTrainedModel):
-        return component_class.from_pretrained(str(folder), dtype=torch_dtype)
-    return component_class.from_pretrained(str(folder)).to(torch_dtype)
+def _load_sub_model(component_class: type, folder: Path, name: str, options: LoadOptions, variant: str | None,
+                    pipeline_class: type | None) -> Any:
+    """diffusers' ``load_sub_model`` on a class this module has already resolved and checked.
+
+    diffusers' own lookup would import the library by name and look the loadable base class up in that
+    module; its ``is_pipeline_module`` path instead takes the class from the namespace it is given, the path
+    it uses for classes that ship with a pipeline, which is what a resolved class is here. A diffusers model
+    class whose folder is another library's checkpoint goes to :func:`_load_adapter` instead."""
+    if issubclass(component_class, ModelMixin) and not _written_by_diffusers(folder):
+        return _load_adapter(component_class, folder, name, options, variant)
+    namespace = SimpleNamespace(component=SimpleNamespace(**{component_class.__name__: component_class}))
+    return load_sub_model(
+        library_name="component", class_name=component_class.__name__, importable_classes=ALL_IMPORTABLE_CLASSES,
+        pipelines=namespace, is_pipeline_module=True, pipeline_class=pipeline_class, dtype=options.dtype_for(name),
+        provider=None, sess_options=None, device_map=options.device_map, max_memory=None, offload_folder=None,
+        offload_state_dict=False, model_variants={name: variant} if variant else {}, name=name, variant=variant,
+        low_cpu_mem_usage=options.low_cpu_mem_usage, cached_folder=str(folder.parent),
+        use_safetensors=options.use_safetensors, provider_options=None, disable_mmap=False)
+
+
+def _written_by_diffusers(folder: Path) -> bool:
+    """Whether ``folder`` holds a diffusers model (its ``config.json`` records ``_diffusers_version``); an
+    unreadable config counts as one, so diffusers' loader reports what is wrong with it."""
+    try:
+        return "_diffusers_version" in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return True
+
+
+def _load_adapter(component_class: type, folder: Path, name: str, options: LoadOptions, variant: str | None) -> Any:
+    """A diffusers model class over another library's checkpoint (an adapter, e.g. Janus's, whose
+    ``from_pretrained`` loads a transformers model and would reject diffusers' own loader keywords): its
+    ``from_pretrained`` with only the options the caller set."""
+    kwargs: dict[str, Any] = {"torch_dtype": options.dtype_for(name), "variant": variant,
+                              "device_map": options.device_map, "use_safetensors": options.use_safetensors}
+    return component_class.from_pretrained(str(folder), **{k: v for k, v in kwargs.items() if v is not None})
 
 
 # -- checking loaded weights ----------------------------------------------------------------------------------

@@ -44,11 +44,25 @@ class MethodSettingsMixin:
 
     @property
     def speculation_settings(self) -> SpeculationSettings:
+        """The stored recommended settings: those ``from_pretrained`` read or :meth:`set_speculation_settings`
+        set; otherwise, for a pipeline that diffusers' own ``DiffusionPipeline.from_pretrained`` loaded, the
+        ``speculation_config.json`` of the folder or hub repository it came from (read on first use), else
+        none (every method at its defaults)."""
         settings = self.__dict__.get("_speculation_settings")
         if settings is None:
-            settings = SpeculationSettings(self.pipeline_family)
-            self.__dict__["_speculation_settings"] = settings
+            origin = self._loaded_from()
+            if origin is None:
+                self.__dict__["_speculation_settings"] = SpeculationSettings(self.pipeline_family)
+            else:
+                self.read_speculation_settings(origin)
+            settings = self.__dict__["_speculation_settings"]
         return settings
+
+    def _loaded_from(self) -> str | None:
+        """The folder or hub id diffusers recorded as this pipeline's origin (``_name_or_path``), if any."""
+        config = getattr(self, "config", None)
+        origin = config.get("_name_or_path") if isinstance(config, Mapping) else None
+        return os.fspath(origin) if isinstance(origin, (str, os.PathLike)) and os.fspath(origin) else None
 
     def set_speculation_settings(self, settings: SpeculationSettings | Mapping[str, Any]) -> None:
         """Replace the stored recommended settings (a :class:`SpeculationSettings` or its JSON mapping)."""

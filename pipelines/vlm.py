@@ -36,13 +36,11 @@ same calls made one after another.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -53,13 +51,14 @@ from diffusers.utils import BaseOutput
 
 from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call
-from mmspec.methods import BuildRequest, MethodConfig
+from mmspec.methods import SETTINGS_FILE, BuildRequest, MethodConfig
 from mmspec.methods.vlm_heads import bind_head, draft_component
 from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner, vlm_family
 from mmspec.pipelines.callbacks import StepCallback
-from mmspec.pipelines.hub import load_components, resolve_pretrained
+from mmspec.pipelines.generators import row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
+from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
 from mmspec.speculate import speculative_generate
@@ -119,7 +118,7 @@ class _Batch:
     image_counts: list[int] = field(default_factory=list)
 
 
-class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
+class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMixin, DiffusionPipeline):
     r"""Image/video + text -> text with a transformers VLM, speculative or not, on one core loop.
 
     Args:
@@ -137,6 +136,14 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
     read from ``speculation_config.json`` by ``from_pretrained`` and written by ``save_pretrained``), a
     starting point for ``.replace(...)``.
 
+    Loading: ``from_pretrained`` takes a folder, a zoo id or a hub id and diffusers' loading keywords
+    (:class:`~mmspec.pipelines.pretrained.PretrainedPipelineMixin`; weights stored in fp16, as the zoo's, are
+    computed in float32 unless ``dtype`` says otherwise: exact greedy comparisons, fast on CPU). Loading
+    errors name the file and the component; a model with NaN/inf weights is refused unless
+    ``check_weights=False``. ``diffusers.DiffusionPipeline.from_pretrained`` loads a saved folder too.
+    ``enable_model_cpu_offload()`` (diffusers, needs an accelerator) offloads the target after each call; the
+    draft heads and the draft VLM stay on the accelerator.
+
     Example::
 
         >>> pipe = VLMPipeline.from_pretrained("mmspec/shapes-vlm")
@@ -150,8 +157,14 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
 
     pipeline_family = "vlm"
     _callback_tensor_inputs = ["new_tokens", "drafted"]
+    _callback_tensor_fill = {"new_tokens": -1, "drafted": False}  # the other rows of per-prompt calls
 
     _optional_components = ["eagle_head", "flash_head", "vispec_head", "specvlm_head", "draft_model"]
+    # the target verifies every round, the drafters run between rounds: they stay on the accelerator
+    model_cpu_offload_seq = "target"
+    _exclude_from_cpu_offload = ["eagle_head", "flash_head", "vispec_head", "specvlm_head", "draft_model"]
+    default_load_dtype = torch.float32
+    extra_pipeline_files = (SETTINGS_FILE,)
 
     def __init__(self, target: Any, processor: Any, eagle_head: Any = None, flash_head: Any = None,
                  vispec_head: Any = None, specvlm_head: Any = None, draft_model: Any = None) -> None:
@@ -175,27 +188,6 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
             head = getattr(self, name)
             if head is not None:
                 bind_head(head, target)
-
-    # -- loading --------------------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs: Any) -> VLMPipeline:
-        """Load a saved pipeline folder or a zoo id (``mmspec/shapes-vlm``, offline). Weights stored in fp16
-        (the zoo) are computed in ``torch_dtype`` (default float32: exact greedy comparisons, fast on CPU).
-        Loading errors name the file and the component; a target or head with NaN/inf weights is refused
-        unless ``check_weights=False`` (:func:`~mmspec.pipelines.hub.load_components`). The methods'
-        recommended settings come from ``speculation_config.json`` (``speculation_settings=``, a
-        :class:`~mmspec.methods.SpeculationSettings` or its JSON mapping, replaces them)."""
-        path = resolve_pretrained(pretrained_model_name_or_path)
-        settings = kwargs.pop("speculation_settings", None)
-        if (Path(path) / "model_index.json").is_file():
-            torch_dtype = kwargs.pop("torch_dtype", torch.float32)
-            names = ("target", "processor", *cls._optional_components)
-            pipe = cls(**load_components(cls, Path(path), names, torch_dtype=torch_dtype, **kwargs))
-            pipe.register_to_config(_name_or_path=str(path))
-        else:
-            pipe = super().from_pretrained(path, **kwargs)
-        pipe.use_speculation_settings(settings, path, **kwargs)
-        return pipe
 
     @property
     def tokenizer(self) -> Any:
@@ -308,8 +300,9 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         sampling.check_vocab(self.target.get_output_embeddings().weight.shape[0])  # top_k=0 disables it, as in the core
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise ValueError("generator must be one torch.Generator")
+        if generator is not None and not isinstance(generator, (torch.Generator, list, tuple)):
+            raise ValueError(f"generator must be a torch.Generator or a list of them (one per prompt), got "
+                             f"{type(generator).__name__}")
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
@@ -340,7 +333,10 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
                 video tokens included) plus ``max_new_tokens`` must fit the target's and the drafter's
                 ``max_position_embeddings``; otherwise ValueError before any forward
                 (:meth:`check_context_length`).
-            generator: one ``torch.Generator`` for every random draw.
+            generator: one ``torch.Generator`` for every random draw, or a list, one per prompt: each prompt is
+                then answered alone with its own generator, so its answer equals a call for that prompt alone
+                (:mod:`.generators`; slower than one batched loop; the callback sees each prompt's own rounds,
+                the other rows padded, so :meth:`stream` keeps its rows).
             callback_on_step_end: called after every round in diffusers' convention, ``fn(pipeline, round_index,
                 timestep, callback_kwargs) -> dict``; ``timestep`` is the tokens the longest answer has so far and
                 ``callback_kwargs`` holds the tensors named in ``callback_on_step_end_tensor_inputs``:
@@ -357,6 +353,12 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         self.check_inputs(method, max_new_tokens, sampling, generator)
         step_callback = StepCallback(self, callback_on_step_end, callback_on_step_end_tensor_inputs)
+        if isinstance(generator, (list, tuple)):  # each prompt alone with its own random stream
+            output = self._per_prompt_calls(images, prompt, method, videos, generator, step_callback, streamer,
+                                            dict(do_sample=do_sample, temperature=temperature, top_k=top_k,
+                                                 top_p=top_p, max_new_tokens=max_new_tokens))
+            return output if return_dict else (output.text, output.tokens, output.drafted, output.stats,
+                                               output.draft_visual_tokens)
         # 2. Encode the images and prompts (left-padded).
         batch = self.encode(images, prompt, videos)
         rows = batch.inputs["input_ids"].shape[0]
@@ -380,8 +382,35 @@ class VLMPipeline(MethodSettingsMixin, PackedCPUGemmMixin, DiffusionPipeline):
                 callback=on_round, **inputs)
         # 5. Decode the text.
         output = self.decode_output(out, config, plan.drafter, target)
+        self.maybe_free_model_hooks()  # model CPU offload: every model back to the CPU
         return output if return_dict else (output.text, output.tokens, output.drafted, output.stats,
                                            output.draft_visual_tokens)
+
+    def _per_prompt_calls(self, images: Any, prompt: Any, method: Any, videos: Any, generator: Sequence[Any],
+                          step_callback: StepCallback, streamer: Any, sampling: dict[str, Any]) -> VLMPipelineOutput:
+        """A call with a list of generators: each prompt answered by its own call with its own generator
+        (the answers concatenated in order, the statistics merged)."""
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
+            raise ValueError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}")
+        generators = split_generators(generator, len(prompts), "prompts")
+        if streamer is not None and len(prompts) != 1:
+            raise ValueError(f"streamer= works for one prompt at a time (got {len(prompts)}); use stream() for "
+                             "batches")
+        if images is not None and videos is not None:
+            raise ValueError("pass images or videos, not both (a video is a list of frames)")
+        name = "videos" if videos is not None else "images"
+        visual = _per_prompt(videos if videos is not None else images, len(prompts), name)
+        callbacks = row_callbacks(step_callback, len(prompts), self._callback_tensor_fill)
+        parts = [self(prompt=[text], method=method, generator=g, callback_on_step_end=callback, streamer=streamer,
+                      **{name: [frames]}, **sampling)
+                 for text, frames, g, callback in zip(prompts, visual, generators, callbacks)]
+        visual_tokens = [p.draft_visual_tokens for p in parts]
+        return VLMPipelineOutput(text=[t for p in parts for t in p.text], tokens=[t for p in parts for t in p.tokens],
+                                 drafted=[d for p in parts for d in p.drafted],
+                                 stats=SpecStats.merge(p.stats for p in parts),
+                                 draft_visual_tokens=None if any(v is None for v in visual_tokens)
+                                 else [count for v in visual_tokens for count in v])
 
     @contextmanager
     def _round_callback(self, max_new_tokens: int, step_callback: StepCallback,

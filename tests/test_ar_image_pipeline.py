@@ -451,7 +451,8 @@ def test_save_and_load_round_trip(pipe, tmp_path):
     assert index["transformer"] == ["mmspec.models.llamagen", "LlamaGenTransformer"]
     assert index["eagle_head"] == ["mmspec.models.eagle", "EagleHead"]
     assert index["vqvae"][1] == "VQTokenizer"
-    assert (tmp_path / "pipe" / "transformer" / "text_vocab.json").is_file()
+    assert index["text_tokenizer"] == ["mmspec.models.text", "WordTokenizer"]
+    assert (tmp_path / "pipe" / "text_tokenizer" / "tokenizer.json").is_file()
     loaded = ARImagePipeline.from_pretrained(tmp_path / "pipe")
     loaded.set_progress_bar_config(disable=True)
     assert loaded.text_tokenizer.words == WORDS

@@ -264,7 +264,7 @@ def test_residual_fallback_is_counted():
 def test_save_and_load(tmp_path):
     pipe = make_pipe(tiny_mar(5, depth=1, condition="text"), condition="text")
     pipe.save_pretrained(tmp_path / "pipe")
-    assert (tmp_path / "pipe" / "transformer" / "text_vocab.json").is_file()
+    assert (tmp_path / "pipe" / "text_tokenizer" / "tokenizer.json").is_file()
     loaded = ContinuousARImagePipeline.from_pretrained(tmp_path / "pipe", torch_dtype=torch.float64)
     loaded.set_progress_bar_config(disable=True)
     a = run(pipe, "cspd", prompt="a red circle", class_labels=None)

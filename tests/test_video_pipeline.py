@@ -291,8 +291,8 @@ def test_wrong_reward_output_and_bad_input(pipe):
         pipe(PROMPTS[0], num_inference_steps=0)
     with pytest.raises(ValueError, match="sampler"):
         pipe(PROMPTS[0], sampler="ddpm")
-    with pytest.raises(ValueError, match="generator"):
-        pipe(PROMPTS[0], generator=[gen()])
+    with pytest.raises(ValueError, match="generator is a list of 2 generators, but the call makes 1 videos"):
+        pipe(PROMPTS[0], generator=[gen(), gen()])
     with pytest.raises(ValueError, match="shapes world's video format"):
         pipe("a red circle", SDVGConfig(tau=0.5, reward="shapes"), generator=gen())
     with pytest.raises(ValueError, match="needs local weights"):

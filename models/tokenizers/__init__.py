@@ -6,11 +6,17 @@ Both share one interface (images are float [B, 3, H, W] in [0, 1]; one token per
 safetensors). Trained weights ship in ``mmspec/models/zoo/tokenizers/{vq,continuous}`` (recipe:
 ``python -m mmspec.models.recipes.train_tokenizers --out models/zoo/tokenizers``; the autoencoder's training
 loop is :mod:`mmspec.models.recipes.autoencoder_training`).
+
+This package is the component library a pipeline's ``model_index.json`` names for both tokenizers
+(``["mmspec.models.tokenizers", "VQTokenizer"]``): diffusers' loader looks a component's class *and* the
+loadable base class it derives from (``ModelMixin``) up on the library it names, so the package exports both.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from diffusers import ModelMixin
 
 from .base import PatchTokenizerMixin
 from .continuous import ContinuousTokenizer
@@ -40,6 +46,7 @@ def load_zoo_tokenizer(kind: str) -> VQTokenizer | ContinuousTokenizer:
 
 __all__ = [
     "ContinuousTokenizer",
+    "ModelMixin",
     "PatchTokenizerMixin",
     "VQTokenizer",
     "ZOO_DIR",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 from diffusers.configuration_utils import register_to_config
+from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
 from .base import PatchTokenizerMixin
@@ -66,6 +67,7 @@ class ContinuousTokenizer(PatchTokenizerMixin):
         """Unstandardised latents [..., latent_dim] -> patches [..., D] (unclamped, differentiable)."""
         return (self.decoder(z) + 1.0) * 0.5
 
+    @apply_forward_hook  # a pipeline's model CPU offload moves the tokenizer to the accelerator first
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, 3, H, W] in [0, 1] -> standardised latent tokens [B, H/p, W/p, latent_dim]."""
         x = self.patchify(self.check_images(images))
@@ -83,6 +85,7 @@ class ContinuousTokenizer(PatchTokenizerMixin):
             raise ValueError(f"{name} contains NaN or infinite values")
         return latents.to(device=self.device, dtype=torch.float32)
 
+    @apply_forward_hook
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Standardised latent tokens [B, h, w, latent_dim] -> images [B, 3, h*p, w*p] in [0, 1]."""
         z = self.check_latents(latents) * self.latent_std + self.latent_mean

@@ -16,8 +16,8 @@ ambiguity that real visual AR models show.
 from __future__ import annotations
 
 import torch
-from diffusers import ModelMixin  # noqa: F401  (diffusers' loader looks for ModelMixin in this module)
 from diffusers.configuration_utils import register_to_config
+from diffusers.utils.accelerate_utils import apply_forward_hook
 from torch import nn
 
 from mmspec.neighbors import nearest_neighbors
@@ -133,6 +133,7 @@ class VQTokenizer(PatchTokenizerMixin):
         self.codebook.copy_(kmeans(patches, self.vocab_size, iters=iters, seed=seed, log=log))
         return self
 
+    @apply_forward_hook  # a pipeline's model CPU offload moves the tokenizer to the accelerator first
     @torch.no_grad()
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """images [B, 3, H, W] in [0, 1] -> token grid LongTensor [B, H/p, W/p]."""
@@ -156,6 +157,7 @@ class VQTokenizer(PatchTokenizerMixin):
         """Codebook vectors of a token grid: [B, h, w] -> [B, h, w, D] (pixel-space embeddings)."""
         return self.codebook[self.check_tokens(tokens)]
 
+    @apply_forward_hook
     @torch.no_grad()
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         """token grid [B, h, w] -> images float32 [B, 3, h*p, w*p] in [0, 1]."""

@@ -4,7 +4,13 @@ Each method is a model (``diffusers`` ``ModelMixin`` + ``ConfigMixin``: an EAGLE
 the prompt's image span, saved with ``save_pretrained``) and a drafter for :func:`mmspec.speculative_generate`
 on a :class:`~mmspec.models.vlm_targets.VLMRunner` target. Training (online-logit distillation) lives with the
 recipes: :mod:`mmspec.models.recipes.vlm_drafter_loss`. See docs/models_vlm_drafters.md.
+
+This package is the component library a pipeline's ``model_index.json`` names for the heads
+(``["mmspec.models.vlm_drafters", "FlashHead"]``): diffusers' loader looks a component's class *and* the loadable
+base class it derives from (``ModelMixin``) up on the library it names, so the package exports both.
 """
+
+from diffusers import ModelMixin
 
 from .base import (
     DraftSequence,
@@ -36,6 +42,7 @@ def drafter_for(model: VLMDraftHead, **kwargs) -> VLMHeadDrafter:
 
 __all__ = [
     "DRAFTERS", "DraftSequence", "EagleVLMDrafter", "EagleVLMHead", "FlashDrafter", "FlashHead", "HeadRunner",
+    "ModelMixin",
     "PRIMITIVES", "SpanUnits", "SpecVLMDrafter", "SpecVLMHead", "ViSpecDrafter", "ViSpecHead", "VLMDraftHead",
     "VLMFeatures", "VLMHeadDrafter", "VisualView", "assemble_units", "drafter_for",
 ]
