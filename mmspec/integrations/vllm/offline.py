@@ -1,0 +1,110 @@
+"""Greedy generation with vLLM's offline API, with or without an exported head, as JSON (tests and benchmarks).
+
+Runs in the vLLM environment (``.venv-vllm/bin/python -m mmspec.integrations.vllm.offline REQUEST.json``);
+the main environment drives it through a subprocess, since the two environments pin different transformers.
+
+The request (JSON object): ``target`` (folder), ``head`` (exported folder or null), ``prompts`` (each either a
+list of token ids or ``{"prompt": text, "image": png_path}``), ``max_tokens``, ``num_speculative_tokens``,
+``ignore_eos`` (default true: every prompt decodes ``max_tokens`` tokens) and optionally ``dtype``
+(default float32) and ``max_model_len``. The reply (a stdout line after :data:`REPLY_PREFIX`, read by
+:func:`parse_reply`): ``tokens`` per prompt, ``text`` per
+prompt, ``load_s`` / ``generate_s``, ``spec`` (:func:`spec_metrics`) and ``accepted_per_step`` (per prompt,
+the accepted drafts of each verify step); both null without a head.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPLY_PREFIX = "mmspec-vllm-reply: "
+SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+
+
+def spec_metrics(metrics: list[Any]) -> dict[str, Any] | None:
+    """vLLM's speculative-decoding counters -> ``drafts``, ``draft_tokens``, ``accepted_tokens``,
+    ``accepted_per_position`` and ``mean_acceptance_length`` (1 + accepted / drafts: tokens per target
+    forward, the figure vLLM logs as "Mean acceptance length"). None when vLLM reported no drafts."""
+    out: dict[str, Any] = {}
+    for metric in metrics:
+        if metric.name in SPEC_COUNTERS:
+            out[SPEC_COUNTERS[metric.name]] = int(metric.value)
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            out["accepted_per_position"] = [int(v) for v in metric.values]
+    if not out.get("drafts"):
+        return None
+    out["mean_acceptance_length"] = 1.0 + out.get("accepted_tokens", 0) / out["drafts"]
+    return out
+
+
+def _prompt(item: Any) -> Any:
+    if isinstance(item, list):
+        return {"prompt_token_ids": [int(t) for t in item]}
+    if isinstance(item, dict) and "prompt" in item:
+        prompt: dict[str, Any] = {"prompt": item["prompt"]}
+        if item.get("image"):
+            from PIL import Image
+
+            prompt["multi_modal_data"] = {"image": Image.open(item["image"]).convert("RGB")}
+        return prompt
+    raise ValueError(f"prompts: each prompt is a list of token ids or {{'prompt': text, 'image': path}}, got {item!r}")
+
+
+def run(request: dict[str, Any]) -> dict[str, Any]:
+    """Load vLLM for ``request`` (see the module docstring), generate greedily, return the reply."""
+    from vllm import LLM, SamplingParams
+
+    from .launch import speculative_config
+
+    target, head = request["target"], request.get("head")
+    k = request.get("num_speculative_tokens")
+    kwargs: dict[str, Any] = {}
+    if head:
+        kwargs["speculative_config"] = speculative_config(target, head, k)  # checked before vLLM starts
+        kwargs["per_request_spec_decode_metrics"] = "detailed"  # accepted drafts of every verify step
+    if request.get("max_model_len"):
+        kwargs["max_model_len"] = int(request["max_model_len"])
+    prompts = [_prompt(item) for item in request["prompts"]]
+    start = time.perf_counter()
+    llm = LLM(model=str(target), dtype=request.get("dtype", "float32"), enforce_eager=True, seed=0,
+              disable_log_stats=False, **kwargs)
+    load_s = time.perf_counter() - start
+    params = SamplingParams(temperature=0.0, max_tokens=int(request["max_tokens"]),
+                            ignore_eos=bool(request.get("ignore_eos", True)))
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    generate_s = time.perf_counter() - start
+    return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "text": [o.outputs[0].text for o in outputs],
+            "load_s": load_s, "generate_s": generate_s, "spec": spec_metrics(llm.get_metrics()) if head else None,
+            "accepted_per_step": [_accepted_per_step(o.outputs[0]) for o in outputs] if head else None}
+
+
+def _accepted_per_step(completion: Any) -> list[int] | None:
+    metrics = getattr(completion, "spec_decode_metrics", None)
+    return None if metrics is None else list(metrics.per_step_accepted)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m mmspec.integrations.vllm.offline REQUEST.json", file=sys.stderr)
+        return 2
+    reply = run(json.loads(Path(argv[0]).read_text()))
+    print(REPLY_PREFIX + json.dumps(reply), flush=True)
+    return 0
+
+
+def parse_reply(stdout: str) -> Any:
+    """The reply in the runner's stdout (vLLM logs to stdout too, also after the reply)."""
+    for line in reversed(stdout.splitlines()):
+        if line.startswith(REPLY_PREFIX):
+            return json.loads(line[len(REPLY_PREFIX):])
+    raise ValueError("the vLLM runner printed no reply (see its stderr)")
+
+
+if __name__ == "__main__":  # vLLM starts worker processes: only the main process may run this
+    sys.exit(main())

@@ -1,0 +1,356 @@
+"""mmspec draft heads on vLLM (mmspec.integrations.vllm, docs/vllm.md).
+
+Two parts:
+
+* pre-flight checks, export and conversion: JSON and safetensors only, in the main environment, in the
+  default suite (a second or two);
+* marker ``vllm``: vLLM itself, run in ``.venv-vllm`` (``bash scripts/setup_vllm.sh``) through a subprocess,
+  since vLLM pins a transformers older than mmspec's. Selected only by ``-m vllm`` (.ci/run's last step); skipped
+  with the reason when the environment is missing. Each vLLM start takes 1-2 minutes on 2 shared cores.
+
+What the vLLM tests hold: on the zoo VLM (two image prompts, two text-only prompts) greedy text with the
+exported head == vLLM without speculation == mmspec's pipeline and the target's own greedy decoding, and vLLM
+accepts the exported head's drafts exactly where mmspec's own drafter's are accepted (the same accepted drafts
+in every verify round: the export is exact); on a tiny random Llama with a random head, greedy text with the
+head == transformers' greedy decoding; a bad head fails before any engine starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mmspec.integrations.vllm import (
+    CheckpointError,
+    ExportOptions,
+    check_pair,
+    export_head,
+    speculative_config,
+)
+from mmspec.integrations.vllm.checkpoints import EXPORTED_ARCHITECTURE, tokenizer_fingerprint
+from mmspec.integrations.vllm.convert import convert_llava_for_vllm
+from mmspec.integrations.vllm.export import exported_name
+from mmspec.integrations.vllm.offline import parse_reply
+from mmspec.pipelines.hub import zoo_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+ZOO = zoo_dir() / "shapes-vlm"
+TARGET = ZOO / "target"
+MAX_TOKENS = 24
+K = 4
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> Path:
+    return export_head(ZOO / "eagle_head", TARGET, tmp_path_factory.mktemp("vllm") / "eagle", ExportOptions(dtype="float32"))
+
+
+def _target_copy(tmp_path: Path, **config_changes) -> Path:
+    folder = tmp_path / "target"
+    folder.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(TARGET / name, folder / name)
+    if config_changes:
+        config = json.loads((folder / "config.json").read_text())
+        config["text_config"].update(config_changes)
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Export and pre-flight checks (no vLLM)
+# ------------------------------------------------------------------------------------------------------------
+def test_export_maps_every_core_weight_one_to_one(exported):
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == [EXPORTED_ARCHITECTURE]
+    section = config["mmspec"]
+    assert (section["head_class"], section["input_norm"], section["fc_bias"], section["multimodal_embeddings"]) == \
+        ("EagleVLMHead", True, True, True)
+    assert section["target"]["tokenizer"] == tokenizer_fingerprint(TARGET)
+    head = load_file(str(ZOO / "eagle_head" / "diffusion_pytorch_model.safetensors"))
+    out = load_file(str(exported / "model.safetensors"))
+    assert len(out) == len(head) == 13
+    for name, tensor in head.items():
+        assert torch.equal(out[exported_name(name, "head.")], tensor.float()), name
+    assert {"fc.bias", "fused_norm.weight", "norm.weight", "layers.0.input_layernorm.weight"} <= set(out)
+
+
+def test_check_pair_accepts_the_zoo_pair_and_builds_the_config(exported):
+    assert check_pair(TARGET, exported)["hidden_size"] == 128
+    config = speculative_config(TARGET, exported, 3)
+    assert config == {"method": "eagle", "model": str(exported.resolve()), "num_speculative_tokens": 3}
+    assert speculative_config(TARGET, exported)["num_speculative_tokens"] == 4  # recorded at export
+    with pytest.raises(ValueError, match="num_speculative_tokens must be an int in"):
+        speculative_config(TARGET, exported, 0)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"hidden_size": 256}, "trained for another target: its hidden size is 128"),
+    ({"vocab_size": 98}, "trained for another target: its vocabulary has 97 tokens"),
+])
+def test_a_head_for_another_target_is_refused(exported, tmp_path, change, message):
+    other = _target_copy(tmp_path, **change)
+    with pytest.raises(CheckpointError, match=message):
+        check_pair(other, exported)
+    with pytest.raises(CheckpointError, match=message):
+        export_head(ZOO / "eagle_head", other, tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # refused before writing anything
+
+
+def test_a_tokenizer_with_other_ids_is_a_vocabulary_mismatch(exported, tmp_path):
+    other = _target_copy(tmp_path)
+    data = json.loads((other / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    first, second = sorted(vocab, key=vocab.get)[10:12]
+    vocab[first], vocab[second] = vocab[second], vocab[first]  # same size, two ids swapped
+    (other / "tokenizer.json").write_text(json.dumps(data))
+    with pytest.raises(CheckpointError, match="vocabulary mismatch"):
+        check_pair(other, exported)
+
+
+def test_missing_folders_and_files_are_named(exported, tmp_path):
+    with pytest.raises(CheckpointError, match="head: draft head folder .* does not exist"):
+        export_head(tmp_path / "nope", TARGET, tmp_path / "out")
+    with pytest.raises(CheckpointError, match="target: target model folder .* does not exist"):
+        check_pair(tmp_path / "nope", exported)
+    broken = tmp_path / "broken"
+    shutil.copytree(exported, broken)
+    (broken / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="model.safetensors is missing"):
+        check_pair(TARGET, broken)
+    with pytest.raises(CheckpointError, match="not an exported mmspec head .*export it first"):
+        check_pair(TARGET, ZOO / "eagle_head")
+    with pytest.raises(CheckpointError, match="config.json is missing"):
+        check_pair(tmp_path, exported)
+
+
+def test_heads_vllm_cannot_express_are_refused_with_the_reason(tmp_path):
+    with pytest.raises(CheckpointError, match="FlashHead cannot be exported.*K tokens per forward"):
+        export_head(ZOO / "flash_head", TARGET, tmp_path / "flash")
+    with pytest.raises(CheckpointError, match="vision adaptor .* visual='text'"):
+        export_head(ZOO / "vispec_head", TARGET, tmp_path / "vispec")
+    out = export_head(ZOO / "vispec_head", TARGET, tmp_path / "vispec", ExportOptions(visual="text"))
+    section = json.loads((out / "config.json").read_text())["mmspec"]
+    assert (section["multimodal_embeddings"], section["input_norm"]) == (False, False)
+    assert not any(name.startswith(("adaptor", "img_fc")) for name in load_file(str(out / "model.safetensors")))
+
+
+@pytest.mark.parametrize("kwargs, field", [({"visual": "image"}, "visual"), ({"dtype": "int8"}, "dtype"),
+                                           ({"num_speculative_tokens": 0}, "num_speculative_tokens")])
+def test_export_options_name_the_bad_field(kwargs, field):
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        ExportOptions(**kwargs)
+
+
+def test_command_line_fails_in_seconds_with_one_line(tmp_path, exported):
+    other = _target_copy(tmp_path, hidden_size=256)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "mmspec.integrations.vllm", "serve", "--target", str(other),
+                           "--head", str(exported)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and time.perf_counter() - start < 60
+    assert done.stderr.startswith("error: the head in") and "hidden size is 128" in done.stderr
+
+
+def test_llava_conversion_renames_only_the_vision_tower(tmp_path):
+    out = convert_llava_for_vllm(TARGET, tmp_path / "llava")
+    before, after = load_file(str(TARGET / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert len(before) == len(after)
+    renamed = {name for name in after if name.startswith("vision_tower.vision_model.")}
+    assert renamed and len(renamed) == sum(name.startswith("vision_tower.") for name in before)
+    assert torch.equal(after["language_model.lm_head.weight"], before["language_model.lm_head.weight"])
+    assert tokenizer_fingerprint(out) == tokenizer_fingerprint(TARGET)
+    with pytest.raises(CheckpointError, match="not a LlavaForConditionalGeneration"):
+        convert_llava_for_vllm(_tiny_llama_config(tmp_path), tmp_path / "x")
+
+
+def test_runner_reply_and_vllm_counters_are_read_back():
+    from types import SimpleNamespace as Metric
+
+    from mmspec.integrations.vllm.offline import REPLY_PREFIX, spec_metrics
+
+    stdout = f"INFO starting\n{REPLY_PREFIX}{json.dumps({'tokens': [[5]]})}\nINFO [shutdown] done\n"
+    assert parse_reply(stdout) == {"tokens": [[5]]}
+    with pytest.raises(ValueError, match="printed no reply"):
+        parse_reply("INFO only logs\n")
+    metrics = [Metric(name="vllm:spec_decode_num_drafts", value=10),
+               Metric(name="vllm:spec_decode_num_accepted_tokens", value=25),
+               Metric(name="vllm:spec_decode_num_draft_tokens", value=40),
+               Metric(name="vllm:spec_decode_num_accepted_tokens_per_pos", values=[9, 8, 5, 3]),
+               Metric(name="vllm:prompt_tokens", value=99)]
+    out = spec_metrics(metrics)
+    assert out["mean_acceptance_length"] == 3.5 and out["accepted_per_position"] == [9, 8, 5, 3]
+    assert spec_metrics(metrics[2:]) is None  # no drafts: nothing to report
+
+
+def test_benchmark_statistics_and_table():
+    from mmspec.evaluation.bench_vllm import acceptance, percentile, table
+
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 0.5), percentile(values, 0.99)) == (50.5, pytest.approx(99.01))
+    assert acceptance({}, {"vllm:spec_decode_num_drafts": 4, "vllm:spec_decode_num_accepted_tokens": 6}) == 2.5
+    assert acceptance({"vllm:spec_decode_num_drafts": 4}, {"vllm:spec_decode_num_drafts": 4}) is None
+    row = {"mode": "serve", "concurrency": 8, "requests": 32, "p50_s": 1.0, "p90_s": 2.0, "p99_s": 3.0}
+    text = table([{**row, "head": False, "tokens_per_s": 100.0, "mean_acceptance_length": None},
+                  {**row, "head": True, "tokens_per_s": 250.0, "mean_acceptance_length": 3.2}])
+    assert "| serve | mmspec EagleVLM | 8 | 32 | 250.0 | 2.50 | 3.20 | 1.00 | 2.00 | 3.00 |" in text
+
+
+def _tiny_llama_config(tmp_path: Path) -> Path:
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": 8,
+                                                    "vocab_size": 97}))
+    return folder
+
+
+# ------------------------------------------------------------------------------------------------------------
+# vLLM (marker `vllm`, .venv-vllm through a subprocess)
+# ------------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def vllm_env(request) -> Path:
+    expression = request.config.option.markexpr or ""
+    if "vllm" not in expression or expression.replace(" ", "").startswith("notvllm"):
+        pytest.skip("vLLM tests run with -m vllm (.ci/run's last step)")
+    if not VLLM_PYTHON.is_file():
+        pytest.skip(f"no vLLM environment at {VLLM_PYTHON}: bash scripts/setup_vllm.sh")
+    return VLLM_PYTHON
+
+
+def run_vllm(python: Path, workdir: Path, request: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run the offline runner in the vLLM environment. The working directory is outside the checkout: a
+    mmspec.egg-info there (the main .venv's editable install) would hide the plugin's entry point."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    path = workdir / f"request-{time.monotonic_ns()}.json"
+    path.write_text(json.dumps(request))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    return subprocess.run([str(python), "-m", "mmspec.integrations.vllm.offline", str(path)], cwd=workdir, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def reply(done: subprocess.CompletedProcess) -> dict:
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    return parse_reply(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def zoo_reference(tmp_path_factory) -> dict:
+    """mmspec on the zoo, greedy, MAX_TOKENS tokens, EagleVLM with K drafts recording the accepted drafts of
+    every round: two text-only prompts (mmspec's core loop, and the target's own greedy decoding) and two
+    held-out image prompts (the pipeline, target only and with the head)."""
+    from PIL import Image
+
+    from mmspec.models import shapes_vlm as sv
+    from mmspec.models.vlm_drafters.eagle_vlm import EagleVLMDrafter
+    from mmspec.models.vlm_targets import VLMRunner
+    from mmspec.pipelines import VLMPipeline
+    from mmspec.speculate import speculative_generate
+
+    folder = tmp_path_factory.mktemp("zoo-ref")
+    pipe = VLMPipeline.from_pretrained("mmspec/shapes-vlm", torch_dtype=torch.float32)
+    pipe.set_progress_bar_config(disable=True)
+    config = pipe.method_config("eagle").replace(num_draft_tokens=K)
+    texts = [[1, 50, 60], [1, 9, 28, 17]]
+    ref = {"prompts": list(texts), "tokens": [greedy_tokens(pipe.target, ids, MAX_TOKENS) for ids in texts],
+           "spec_tokens": [], "accepted_per_step": []}
+    head = pipe.eagle_head.bind_target(pipe.target)
+    for ids in texts:  # the pipeline wants an image: text-only prompts go through the core loop itself
+        accepted: list[int] = []
+        out = speculative_generate(VLMRunner(pipe.target, return_hidden=True), EagleVLMDrafter(head, K),
+                                   torch.tensor([ids]), max_new_tokens=MAX_TOKENS,
+                                   callback=lambda new, drafted, accepted=accepted: accepted.append(
+                                       int((new[0] >= 0).sum()) - 1))
+        ref["spec_tokens"].append(out.sequences[0].tolist())
+        ref["accepted_per_step"].append(accepted)
+    for index in range(2):
+        example = sv.image_example("test", 0, index, "describe")
+        image = example["frames"][0]
+        Image.fromarray(image).save(folder / f"image{index}.png")
+        accepted: list[int] = []
+
+        def record(pipeline, step, timestep, tensors, accepted=accepted):  # accepted drafts of each round
+            accepted.append(int((tensors["new_tokens"][0] >= 0).sum()) - 1)
+            return {}
+
+        kwargs = dict(images=[image], prompt=[example["prompt"]], max_new_tokens=MAX_TOKENS)
+        base = pipe(method="none", **kwargs)
+        spec = pipe(method=config, callback_on_step_end=record, callback_on_step_end_tensor_inputs=["new_tokens"],
+                    **kwargs)
+        ref["prompts"].append({"prompt": pipe.format_prompt(example["prompt"], 1), "image": str(folder / f"image{index}.png")})
+        ref["tokens"].append(base.tokens[0].tolist())
+        ref["spec_tokens"].append(spec.tokens[0].tolist())
+        ref["accepted_per_step"].append(accepted)
+    return ref
+
+
+def greedy_tokens(model, ids: list[int], count: int) -> list[int]:
+    """``count`` greedy tokens after ``ids``, EOS included and not stopping (what vLLM's ignore_eos decodes;
+    transformers' ``min_new_tokens`` would instead forbid EOS)."""
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]), use_cache=True)
+        tokens = [int(out.logits[0, -1].argmax())]
+        for _ in range(count - 1):
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+            tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
+
+
+@pytest.mark.vllm
+def test_zoo_vlm_on_vllm_with_the_exported_head(vllm_env, zoo_reference, tmp_path_factory):
+    work = tmp_path_factory.mktemp("zoo-vllm")
+    target = convert_llava_for_vllm(TARGET, work / "target")
+    head = export_head(ZOO / "eagle_head", target, work / "head", ExportOptions(dtype="float32"))
+    request = {"target": str(target), "prompts": zoo_reference["prompts"], "max_tokens": MAX_TOKENS}
+    plain = reply(run_vllm(vllm_env, work, {**request, "head": None}))
+    spec = reply(run_vllm(vllm_env, work, {**request, "head": str(head), "num_speculative_tokens": K}))
+    assert zoo_reference["spec_tokens"] == zoo_reference["tokens"]  # mmspec is lossless
+    assert plain["tokens"] == zoo_reference["tokens"]  # vLLM serves the zoo model, image included
+    assert spec["tokens"] == plain["tokens"]  # and the head keeps it lossless
+    # the trained head is accepted (speculation means something), and exactly as mmspec's own drafter is:
+    # the same accepted drafts in every verify round of every prompt, text-only and image (the last round
+    # may be cut short differently by the token limit)
+    assert spec["spec"]["mean_acceptance_length"] > 1.5, spec["spec"]
+    assert any(0 < n < K for steps in spec["accepted_per_step"] for n in steps)  # partial rounds: a real check
+    for ours, theirs in zip(zoo_reference["accepted_per_step"], spec["accepted_per_step"], strict=True):
+        ours = ours[1:]  # mmspec's first step is the prefill's token (no drafts)
+        assert len(ours) >= 3 and ours[:-1] == theirs[:len(ours) - 1], (ours, theirs)
+
+
+@pytest.mark.vllm
+def test_tiny_llama_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
+    from transformers import LlamaForCausalLM
+
+    from mmspec.integrations.vllm.tiny import build_random_head, build_tiny_llama
+
+    work = tmp_path_factory.mktemp("tiny-vllm")
+    target = build_tiny_llama(work / "llama")
+    head = export_head(build_random_head(target, work / "head-src"), target, work / "head")
+    prompts = [[1, 10, 20, 30, 40], [1, 50, 60, 70], [1, 5]]
+    model = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
+    greedy = [greedy_tokens(model, ids, MAX_TOKENS) for ids in prompts]
+    # one vLLM start (the CI step's budget): vLLM without a head equals its greedy text on the zoo test above
+    request = {"target": str(target), "prompts": prompts, "max_tokens": MAX_TOKENS}
+    spec = reply(run_vllm(vllm_env, work, {**request, "head": str(head), "num_speculative_tokens": K}))
+    assert len(set(map(tuple, greedy))) == 3 and len(set(greedy[0])) > 2  # not a degenerate model
+    assert spec["tokens"] == greedy
+    assert spec["spec"]["drafts"] > 0 and spec["spec"]["draft_tokens"] == K * spec["spec"]["drafts"]
+
+
+@pytest.mark.vllm
+def test_a_bad_head_fails_before_vllm_starts(vllm_env, exported, tmp_path):
+    other = _target_copy(tmp_path, vocab_size=98)
+    start = time.perf_counter()
+    done = run_vllm(vllm_env, tmp_path, {"target": str(other), "head": str(exported), "prompts": [[1, 2]],
+                                         "max_tokens": 2}, timeout=300)
+    assert done.returncode != 0 and "trained for another target: its vocabulary has 97 tokens" in done.stderr
+    assert "Initializing a V1 LLM engine" not in done.stderr  # no engine was started
+    assert time.perf_counter() - start < 120
