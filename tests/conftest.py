@@ -47,3 +47,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(autouse=True)
+def restore_torch_threads():
+    """Every test leaves torch's intra-op thread count as it found it: the benchmark commands set it from
+    ``--threads``, and a count above a pytest-xdist worker's one core leaks into the worker's later tests,
+    where spinning threads on an oversubscribed CPU made a 3-second test take minutes."""
+    previous = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != previous:
+        torch.set_num_threads(previous)
