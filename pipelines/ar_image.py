@@ -58,7 +58,7 @@ from mmspec.pipelines.conditioning import (
     condition_rows,
     images_for_output_type,
 )
-from mmspec.pipelines.generators import concat_outputs, row_callbacks, split_generators
+from mmspec.pipelines.generators import merge_image_outputs, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.rules import AcceptanceRule
@@ -347,10 +347,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
                           top_p=top_p, guidance_scale=guidance_scale, generator=g, output_type=output_type,
                           rule=rule, callback_on_step_end=callback)
                      for row, g, callback in zip(rows, generators, callbacks)]
-            output = ARImagePipelineOutput(images=concat_outputs([p.images for p in parts]),
-                                           tokens=torch.cat([p.tokens for p in parts]),
-                                           stats=SpecStats.merge(p.stats for p in parts),
-                                           drafted=torch.cat([p.drafted for p in parts]))
+            output = merge_image_outputs(ARImagePipelineOutput, parts)
             return output if return_dict else (output.images, output.tokens, output.stats, output.drafted)
         sampling = SamplingConfig(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
         # 2. Encode the condition: one row per image, doubled [cond; uncond] under guidance.

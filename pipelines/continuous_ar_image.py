@@ -51,7 +51,7 @@ from mmspec.pipelines.conditioning import (
     condition_rows,
     images_for_output_type,
 )
-from mmspec.pipelines.generators import concat_outputs, row_callbacks, split_generators
+from mmspec.pipelines.generators import merge_image_outputs, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.sampling import SamplingConfig
@@ -413,10 +413,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
                           temperature=temperature, guidance_scale=guidance_scale, cfg_schedule=cfg_schedule,
                           generator=g, output_type=output_type, callback_on_step_end=callback)
                      for row, g, callback in zip(rows, generators, callbacks)]
-            output = ContinuousARImagePipelineOutput(images=concat_outputs([p.images for p in parts]),
-                                                     tokens=torch.cat([p.tokens for p in parts]),
-                                                     stats=CSpDStats.merge(p.stats for p in parts),
-                                                     drafted=torch.cat([p.drafted for p in parts]))
+            output = merge_image_outputs(ContinuousARImagePipelineOutput, parts)
             return output if return_dict else (output.images, output.tokens, output.stats, output.drafted)
         # 2. Encode the condition: one row per image.
         condition = self.encode_condition(prompt, class_labels, num_images_per_prompt)

@@ -51,6 +51,14 @@ def concat_outputs(parts: Sequence[Any]) -> Any:
     raise TypeError(f"cannot concatenate outputs of type {type(first).__name__}")
 
 
+def merge_image_outputs(output_class: type, parts: Sequence[Any]) -> Any:
+    """One image-pipeline output (``images``, ``tokens``, ``stats``, ``drafted``) from the outputs of each image's
+    own call: images and tensors concatenated along the batch, statistics merged by their class's ``merge``."""
+    stats = type(parts[0].stats).merge(p.stats for p in parts)
+    return output_class(images=concat_outputs([p.images for p in parts]), tokens=torch.cat([p.tokens for p in parts]),
+                        stats=stats, drafted=torch.cat([p.drafted for p in parts]))
+
+
 class RowCallback:
     """The ``callback_on_step_end`` of output ``row``'s own call inside a call with a list of generators: it
     spreads that call's one-row tensors over the whole call's ``num_rows`` rows (the other rows filled with
