@@ -154,8 +154,8 @@ def write_report(out: Path | None, table: str, payload: Any) -> None:
 
 
 def resolve_case_method(pipe: Any, case: str, method: str, fields: Mapping[str, Any], base: Callable[[], Any], *,
-                reference: bool = False, option: str = "--method-kwargs", keys: Sequence[str] = (),
-                hint: Callable[[str], str] | None = None) -> Any:
+                        reference: bool = False, option: str = "--method-kwargs", keys: Sequence[str] = (),
+                        hint: Callable[[str], str] | None = None) -> Any:
     """The ``method=`` a benchmark case runs, resolved as a user's call would be: the method's name when the
     case sets no config field and is not a reference row (the checkpoint's stored settings), else ``base()``
     (the stored config for the case's mode and batch, or a reference config) with ``fields`` replaced.
@@ -188,4 +188,3 @@ def reference_of(table: Mapping[str, Any], case: str, method: str) -> Any:
         raise SystemExit(f"case {case!r}: no reference settings for {method!r} (the benchmark has them for "
                          f"{list(table)})")
     return table[method]
-

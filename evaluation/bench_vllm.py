@@ -36,6 +36,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from mmspec.integrations.vllm.offline import REPLY_PREFIX, parse_reply
 
 DEFAULT_CONCURRENCY = (1, 8, 32)
@@ -77,14 +79,12 @@ def text_requests(count: int) -> list[dict[str, Any]]:
     return [{"text": words[i % len(words)], "prompt": words[i % len(words)], "png": None} for i in range(count)]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    position = (len(ordered) - 1) * q
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+def latency_percentiles(latencies: list[float]) -> dict[str, float]:
+    """p50 / p90 / p99 of the requests' latencies in seconds (NaN without requests)."""
+    if not latencies:
+        return {"p50_s": float("nan"), "p90_s": float("nan"), "p99_s": float("nan")}
+    p50, p90, p99 = np.percentile(latencies, [50, 90, 99])
+    return {"p50_s": float(p50), "p90_s": float(p90), "p99_s": float(p99)}
 
 
 def acceptance(before: dict[str, float], after: dict[str, float]) -> float | None:
@@ -248,8 +248,7 @@ def run_serve(args: argparse.Namespace, target: Path, head: Path | None, templat
             rows.append({"mode": "serve", "head": head is not None, "concurrency": c, "requests": len(requests),
                          "output_tokens": tokens, "tokens_per_s": tokens / wall,
                          "mean_acceptance_length": acceptance(before, _scrape(args.port)),
-                         "p50_s": percentile(latencies, 0.5), "p90_s": percentile(latencies, 0.9),
-                         "p99_s": percentile(latencies, 0.99)})
+                         **latency_percentiles(latencies)})
         return rows
     finally:
         _stop(server)

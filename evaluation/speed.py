@@ -260,7 +260,7 @@ def _proc_status_kib(key: str) -> int | None:
     return None
 
 
-class _MemoryProbe:
+class MemoryProbe:
     """Peak memory of one call: CUDA allocator peak, else the RSS high-water mark, else ru_maxrss."""
 
     def __init__(self, device: str):
@@ -368,7 +368,7 @@ def run_benchmark(
         raise ValueError(f"need warmup >= 0 and repeats >= 1, got warmup={warmup}, repeats={repeats}")
     device = device or ("cuda" if _cuda_active() else "cpu")
     device = "cpu" if device == "cpu" else "cuda"
-    probe = _MemoryProbe(device)
+    probe = MemoryProbe(device)
     # Baseline first, then the others in the given order.
     names = [baseline] + [n for n in cases if n != baseline]
 

@@ -26,9 +26,8 @@ from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
 from mmspec.files import write_text_atomic
+from mmspec.world.captions import WORD_PATTERN
 
-#: What a word is: a run of lower-case letters, or one punctuation mark (``mmspec.world.split_words``'s rule).
-WORD_PATTERN = r"[a-z]+|[,.?]"
 #: Characters that are never part of a word; the normalizer turns each run of them into a space.
 _NOT_WORD = r"[^a-z,.?]+"
 #: WordLevel's name for unknown words; it is not in the vocabulary (unknown words are refused by ``encode``).

@@ -58,7 +58,7 @@ from mmspec.pipelines.conditioning import (
     condition_rows,
     images_for_output_type,
 )
-from mmspec.pipelines.generators import merge_image_outputs, row_callbacks, split_generators
+from mmspec.pipelines.generators import check_generator, merge_image_outputs, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.rules import AcceptanceRule
@@ -289,9 +289,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
             if rule.greedy == do_sample:
                 raise ValueError(f"rule.greedy={rule.greedy} contradicts do_sample={do_sample}: build the rule with "
                                  f"greedy={not do_sample}")
-        if generator is not None and not isinstance(generator, (torch.Generator, list, tuple)):
-            raise ValueError(f"generator must be a torch.Generator or a list of them (one per image), got "
-                             f"{type(generator).__name__}")
+        check_generator(generator, "image")
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
@@ -354,7 +352,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
         inputs, mask, batch = self.encode_condition(prompt, class_labels, num_images_per_prompt, guidance_scale)
         # 3. Resolve the method: the stored or given config builds the drafter, the rule and (MuLo-SD) the loop.
         _, plan = self.build_method(method, BuildRequest(sampling, generator, guidance_scale, batch))
-        target = self._target_runner(plan.drafter, guidance_scale)
+        target = self.target_runner(plan.drafter, guidance_scale)
         # 4. Run the loop: block_size tokens per row; every accept/reject happens in the core.
         loop = plan.loop or speculative_generate
         with self._round_callback(batch, step_callback) as on_round:
@@ -387,7 +385,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
         inputs = {name: torch.cat([values, values]), "condition_drop": GuidedRunner.condition_drop(batch, device)}
         return inputs, torch.cat([mask, mask]), batch  # unconditional rows keep their prompt's layout, as LlamaGen's
 
-    def _target_runner(self, drafter: Any, guidance_scale: float) -> Any:
+    def target_runner(self, drafter: Any, guidance_scale: float) -> Any:
         """The transformer as the loop's target: with its hidden states when the drafter reads them, guided
         on the doubled batch under guidance."""
         reads_features = drafter is not None and drafter.needs_target_hidden

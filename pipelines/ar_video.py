@@ -53,7 +53,7 @@ from mmspec.models.text import WordTokenizer
 from mmspec.models.video import check_timesteps
 from mmspec.pipelines.callbacks import StepCallback
 from mmspec.pipelines.conditioning import LEGACY_TEXT_VOCAB_FILE, WordVocabularyMixin, as_prompt_list
-from mmspec.pipelines.generators import concat_outputs, row_callbacks, split_generators
+from mmspec.pipelines.generators import check_generator, concat_outputs, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.sampling import SamplingConfig
@@ -294,9 +294,7 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
         if isinstance(num_videos_per_prompt, bool) or not isinstance(num_videos_per_prompt, int) \
                 or num_videos_per_prompt < 1:
             raise ValueError(f"num_videos_per_prompt must be a positive integer, got {num_videos_per_prompt!r}")
-        if generator is not None and not isinstance(generator, (torch.Generator, list, tuple)):
-            raise ValueError(f"generator must be a torch.Generator or a list of them (one per video), got "
-                             f"{type(generator).__name__}")
+        check_generator(generator, "video")
         return prompts
 
     def _encode_context(self, frames: Any, batch: int, num_prompts: int, num_blocks: int) -> torch.Tensor:

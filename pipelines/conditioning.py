@@ -70,9 +70,8 @@ class WordVocabularyMixin:
         """diffusers' folder layout (``model_index.json`` + one folder per component, the word vocabulary in
         ``text_tokenizer/``); a prompt tokenizer diffusers cannot save is written by its own ``save`` into the
         transformer's folder instead."""
-        own = self.text_tokenizer if self.text_tokenizer is not None and not is_saveable_component(
-            self.text_tokenizer) else None
-        if own is None:
+        tokenizer = self.text_tokenizer
+        if tokenizer is None or is_saveable_component(tokenizer):
             super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
             return
         entry = self.config["text_tokenizer"]  # type: ignore[attr-defined]
@@ -81,7 +80,7 @@ class WordVocabularyMixin:
             super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
         finally:
             self.register_to_config(text_tokenizer=tuple(entry))  # type: ignore[attr-defined]
-        own.save(Path(save_directory) / LEGACY_TEXT_VOCAB_FILE)
+        tokenizer.save(Path(save_directory) / LEGACY_TEXT_VOCAB_FILE)
 
     @classmethod
     def _fallback_component(cls, name: str, folder: Path, components: dict[str, Any]) -> Any:

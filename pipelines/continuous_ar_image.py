@@ -51,7 +51,7 @@ from mmspec.pipelines.conditioning import (
     condition_rows,
     images_for_output_type,
 )
-from mmspec.pipelines.generators import merge_image_outputs, row_callbacks, split_generators
+from mmspec.pipelines.generators import check_generator, merge_image_outputs, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.sampling import SamplingConfig
@@ -354,9 +354,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
             raise ValueError(f"cfg_schedule must be one of {list(CFG_SCHEDULES)}, got {cfg_schedule!r}")
         if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
             raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")
-        if generator is not None and not isinstance(generator, (torch.Generator, list, tuple)):
-            raise ValueError(f"generator must be a torch.Generator or a list of them (one per image), got "
-                             f"{type(generator).__name__}")
+        check_generator(generator, "image")
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call

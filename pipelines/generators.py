@@ -18,6 +18,15 @@ import numpy as np
 import torch
 
 
+def check_generator(generator: Any, unit: str) -> None:
+    """``generator`` must be None, one ``torch.Generator`` or a list of them (one per ``unit``: "image", "video",
+    "prompt"); the list's length and entries are checked where the call's outputs are known
+    (:func:`split_generators`)."""
+    if generator is not None and not isinstance(generator, (torch.Generator, list, tuple)):
+        raise ValueError(f"generator must be a torch.Generator or a list of them (one per {unit}), got "
+                         f"{type(generator).__name__}")
+
+
 def split_generators(generator: Any, num_outputs: int, unit: str) -> list[torch.Generator] | None:
     """The per-output generators of ``generator`` when it is a list or tuple (None otherwise: one stream).
 

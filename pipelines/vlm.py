@@ -56,7 +56,7 @@ from mmspec.methods.vlm_heads import bind_head, draft_component
 from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner, vlm_family
 from mmspec.pipelines.callbacks import StepCallback
-from mmspec.pipelines.generators import row_callbacks, split_generators
+from mmspec.pipelines.generators import check_generator, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.sampling import SamplingConfig
@@ -211,18 +211,7 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
 
     def encode(self, images: Any, prompt: str | Sequence[str], videos: Any = None) -> _Batch:
         """Processor outputs for a batch of (images or video frames, prompt) pairs (left-padded)."""
-        if not isinstance(prompt, (str, list, tuple)):
-            raise ValueError(f"prompt must be a string or a non-empty list of strings, got {type(prompt).__name__}")
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        if not prompts:
-            raise ValueError("prompt must be a string or a non-empty list of strings")
-        bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
-        if bad:
-            raise ValueError(f"every prompt must be a string; prompt {bad[0]} is a {type(prompts[bad[0]]).__name__}")
-        if images is not None and videos is not None:
-            raise ValueError("pass images or videos, not both (a video is a list of frames)")
-        visual = _per_prompt(videos if videos is not None else images, len(prompts),
-                             "videos" if videos is not None else "images")
+        prompts, visual, _ = _prompts_and_frames(images, prompt, videos)
         if any(not frames for frames in visual):
             raise ValueError("every prompt needs at least one image (or video frame); got a prompt without any")
         texts = [self.format_prompt(text, len(frames)) for text, frames in zip(prompts, visual)]
@@ -300,9 +289,7 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
         sampling.check_vocab(self.target.get_output_embeddings().weight.shape[0])  # top_k=0 disables it, as in the core
-        if generator is not None and not isinstance(generator, (torch.Generator, list, tuple)):
-            raise ValueError(f"generator must be a torch.Generator or a list of them (one per prompt), got "
-                             f"{type(generator).__name__}")
+        check_generator(generator, "prompt")
 
     # -- generation -----------------------------------------------------------------------------------
     @inference_call
@@ -367,8 +354,7 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
         # 3. Resolve the method: the stored or given config builds the drafter; the context must fit its model.
         config, plan = self.build_method(method, BuildRequest(sampling, generator, batch_size=rows))
         self.check_context_length(batch, max_new_tokens, config)  # before any forward
-        target = VLMRunner(self.target, return_hidden=plan.drafter is not None and plan.drafter.needs_target_hidden,
-                           return_penultimate=bool(getattr(config, "needs_penultimate", False)))
+        target = self.target_runner(plan.drafter, config)
         # 4. Run the loop; every accept/reject happens in the core.
         inputs = dict(batch.inputs)
         input_ids, attention_mask = inputs.pop("input_ids"), inputs.pop("attention_mask", None)
@@ -390,17 +376,11 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
                           step_callback: StepCallback, streamer: Any, sampling: dict[str, Any]) -> VLMPipelineOutput:
         """A call with a list of generators: each prompt answered by its own call with its own generator
         (the answers concatenated in order, the statistics merged)."""
-        prompts = [prompt] if isinstance(prompt, str) else prompt
-        if not isinstance(prompts, (list, tuple)) or not prompts or not all(isinstance(p, str) for p in prompts):
-            raise ValueError(f"prompt must be a string or a non-empty list of strings, got {prompt!r}")
+        prompts, visual, name = _prompts_and_frames(images, prompt, videos)
         generators = split_generators(generator, len(prompts), "prompts")
         if streamer is not None and len(prompts) != 1:
             raise ValueError(f"streamer= works for one prompt at a time (got {len(prompts)}); use stream() for "
                              "batches")
-        if images is not None and videos is not None:
-            raise ValueError("pass images or videos, not both (a video is a list of frames)")
-        name = "videos" if videos is not None else "images"
-        visual = _per_prompt(videos if videos is not None else images, len(prompts), name)
         callbacks = row_callbacks(step_callback, len(prompts), self._callback_tensor_fill)
         parts = [self(prompt=[text], method=method, generator=g, callback_on_step_end=callback, streamer=streamer,
                       **{name: [frames]}, **sampling)
@@ -411,6 +391,12 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
                                  stats=SpecStats.merge(p.stats for p in parts),
                                  draft_visual_tokens=None if any(v is None for v in visual_tokens)
                                  else [count for v in visual_tokens for count in v])
+
+    def target_runner(self, drafter: Any, config: Any) -> VLMRunner:
+        """The target as the loop runs it: with its hidden states when ``drafter`` reads them, and the
+        penultimate layer's when the method's ``config`` asks for it."""
+        return VLMRunner(self.target, return_hidden=drafter is not None and drafter.needs_target_hidden,
+                         return_penultimate=bool(getattr(config, "needs_penultimate", False)))
 
     @contextmanager
     def _round_callback(self, max_new_tokens: int, step_callback: StepCallback,
@@ -519,6 +505,23 @@ def _max_positions(model: Any) -> int | None:
     value = config.get("max_position_embeddings") if isinstance(config, dict) else \
         getattr(config, "max_position_embeddings", None)
     return int(value) if value is not None else None
+
+
+def _prompts_and_frames(images: Any, prompt: Any, videos: Any) -> tuple[list[str], list[list[Any]], str]:
+    """The call's prompts as a list, one list of frames per prompt, and the argument the frames came from
+    ("images" or "videos"); a clear ValueError for a prompt that is not a string or for both visual inputs."""
+    if not isinstance(prompt, (str, list, tuple)):
+        raise ValueError(f"prompt must be a string or a non-empty list of strings, got {type(prompt).__name__}")
+    prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+    if not prompts:
+        raise ValueError("prompt must be a string or a non-empty list of strings")
+    bad = [i for i, p in enumerate(prompts) if not isinstance(p, str)]
+    if bad:
+        raise ValueError(f"every prompt must be a string; prompt {bad[0]} is a {type(prompts[bad[0]]).__name__}")
+    if images is not None and videos is not None:
+        raise ValueError("pass images or videos, not both (a video is a list of frames)")
+    name = "videos" if videos is not None else "images"
+    return prompts, _per_prompt(videos if videos is not None else images, len(prompts), name), name
 
 
 def _per_prompt(visual: Any, num_prompts: int, name: str) -> list[list[Any]]:

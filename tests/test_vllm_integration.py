@@ -193,10 +193,10 @@ def test_runner_reply_and_vllm_counters_are_read_back():
 
 
 def test_benchmark_statistics_and_table():
-    from mmspec.evaluation.bench_vllm import acceptance, percentile, table
+    from mmspec.evaluation.bench_vllm import acceptance, latency_percentiles, table
 
     values = [float(v) for v in range(1, 101)]
-    assert (percentile(values, 0.5), percentile(values, 0.99)) == (50.5, pytest.approx(99.01))
+    assert latency_percentiles(values) == {"p50_s": 50.5, "p90_s": pytest.approx(90.1), "p99_s": pytest.approx(99.01)}
     assert acceptance({}, {"vllm:spec_decode_num_drafts": 4, "vllm:spec_decode_num_accepted_tokens": 6}) == 2.5
     assert acceptance({"vllm:spec_decode_num_drafts": 4}, {"vllm:spec_decode_num_drafts": 4}) is None
     row = {"mode": "serve", "concurrency": 8, "requests": 32, "p50_s": 1.0, "p90_s": 2.0, "p99_s": 3.0}

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from ..speed import _MemoryProbe, seed_everything
+from ..speed import MemoryProbe, seed_everything
 from .builders import System
 from .timing import profile_call
 from .token_rows import needs_profile
@@ -68,7 +68,7 @@ def _call(system: System, method: Any, batch: int, seed: int) -> tuple[float, An
                   "num_diffusion_steps": spec.config["diffusion_steps"]}
     else:
         kwargs = {"prompt": system.prompts(batch, seed), "num_blocks": spec.new_tokens}
-    probe = _MemoryProbe(system.device.type)
+    probe = MemoryProbe(system.device.type)
     seed_everything(seed)
     start_bytes = probe.start()
     start = time.perf_counter()

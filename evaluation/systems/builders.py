@@ -65,7 +65,7 @@ class ARImageSystem(System):
         return None, mask, inputs
 
     def target_runner(self, drafter: Any, config: Any) -> Any:
-        return self.pipe._target_runner(drafter, self.spec.guidance_scale)
+        return self.pipe.target_runner(drafter, self.spec.guidance_scale)
 
 
 class VLMSystem(System):
@@ -76,10 +76,7 @@ class VLMSystem(System):
         return BuildRequest(SamplingConfig(do_sample=False), generator, batch_size=batch)
 
     def target_runner(self, drafter: Any, config: Any) -> Any:
-        from mmspec.models.vlm_targets import VLMRunner
-
-        return VLMRunner(self.pipe.target, return_hidden=drafter is not None and drafter.needs_target_hidden,
-                         return_penultimate=bool(getattr(config, "needs_penultimate", False)))
+        return self.pipe.target_runner(drafter, config)
 
     def _words(self, batch: int, count: int, g: torch.Generator) -> torch.Tensor:
         return torch.randint(1, self.token_limit, (batch, count), generator=g)

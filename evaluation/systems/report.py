@@ -7,7 +7,7 @@ peak memory.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,29 +28,33 @@ def _speedup(row: Mapping[str, Any]) -> str:
     return f"{row['speedup']:.2f}{spread}"
 
 
+def _table(header: Sequence[str], rows: Sequence[Mapping[str, Any]],
+           cells: Callable[[Mapping[str, Any]], Sequence[str]]) -> list[str]:
+    """A markdown table: ``header``, its rule, and one line of ``cells(row)`` per row."""
+    return (["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            + ["| " + " | ".join(cells(r)) + " |" for r in rows])
+
+
 def token_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["| method | alpha | batch | K | tau (expected) | T(1) ms | T(K+1) ms | draft ms/token | speedup [range] | "
-             "bound | efficiency | loop ms/round (% of T(K+1)) | target-only loop ms/step | peak MB |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['method']} | {r['alpha']} | {r['batch']} | {r['K']} | {_num(r['tau'])} ({_num(r['tau_expected'])}) | "
-            f"{_num(r['t1_ms'], 1)} | {_num(r['tk1_ms'], 1)} | {_num(r['draft_ms'], 2)} | {_speedup(r)} | "
-            f"{_num(r['bound'])} | {_num(r['efficiency'])} | {_num(r['loop_ms'], 2)} ({_num(r['loop_pct'], 1)} %) | "
-            f"{_num(r['base_loop_ms'], 2)} | {_num(r['peak_mb'], 0)} |")
-    return lines
+    """One line per token-method row: acceptance, timings, speedup against the bound, loop overhead."""
+    header = ["method", "alpha", "batch", "K", "tau (expected)", "T(1) ms", "T(K+1) ms", "draft ms/token",
+              "speedup [range]", "bound", "efficiency", "loop ms/round (% of T(K+1))", "target-only loop ms/step",
+              "peak MB"]
+    return _table(header, rows, lambda r: [
+        str(r["method"]), str(r["alpha"]), str(r["batch"]), str(r["K"]),
+        f"{_num(r['tau'])} ({_num(r['tau_expected'])})", _num(r["t1_ms"], 1), _num(r["tk1_ms"], 1),
+        _num(r["draft_ms"], 2), _speedup(r), _num(r["bound"]), _num(r["efficiency"]),
+        f"{_num(r['loop_ms'], 2)} ({_num(r['loop_pct'], 1)} %)", _num(r["base_loop_ms"], 2), _num(r["peak_mb"], 0)])
 
 
 def block_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    lines = ["| method | alpha | batch | accepted | target passes (target-only) | speedup [range] | bound | efficiency | "
-             "loop ms/pass (% of a pass) | peak MB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(
-            f"| {r['method']} | {_num(r['alpha'])} | {r['batch']} | {_num(r['acceptance'])} | "
-            f"{r['target_passes']} ({r['base_target_passes']}) | {_speedup(r)} | {_num(r['bound'])} | "
-            f"{_num(r['efficiency'])} | {_num(r['loop_ms'], 2)} ({_num(r['loop_pct'], 1)} %) | {_num(r['peak_mb'], 0)} |")
-    return lines
+    """One line per block-method row (continuous and video): acceptance, target passes, speedup, bound."""
+    header = ["method", "alpha", "batch", "accepted", "target passes (target-only)", "speedup [range]", "bound",
+              "efficiency", "loop ms/pass (% of a pass)", "peak MB"]
+    return _table(header, rows, lambda r: [
+        str(r["method"]), _num(r["alpha"]), str(r["batch"]), _num(r["acceptance"]),
+        f"{r['target_passes']} ({r['base_target_passes']})", _speedup(r), _num(r["bound"]), _num(r["efficiency"]),
+        f"{_num(r['loop_ms'], 2)} ({_num(r['loop_pct'], 1)} %)", _num(r["peak_mb"], 0)])
 
 
 def system_section(result: Mapping[str, Any]) -> list[str]:

@@ -38,7 +38,7 @@ import torch
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
 
-from ..speed import _MemoryProbe, seed_everything
+from ..speed import MemoryProbe, seed_everything
 from .builders import System
 from .controlled import ControlledDrafter, expected_tau
 from .timing import TimedProxy, Timer, profile_call
@@ -89,7 +89,7 @@ def run_loop(system: System, method: str, batch: int, new_tokens: int, seed: int
     target = TimedProxy(system.target_runner(drafter, config), timer,
                         {"prefill": "target_prefill", "forward": "target_forward"})
     input_ids, mask, inputs = system.loop_inputs(batch, seed)
-    probe = _MemoryProbe(system.device.type)
+    probe = MemoryProbe(system.device.type)
     seed_everything(seed)
     with torch.inference_mode():
         start_bytes = probe.start()

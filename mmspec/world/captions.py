@@ -64,7 +64,9 @@ DIRECTION_PHRASES: dict[str, str] = {
     "down-left": "down and to the left",
 }
 
-_WORD_RE = re.compile(r"[a-z]+|[,.?]")
+#: What a word is: a run of lower-case letters, or one punctuation mark ("," "." "?").
+WORD_PATTERN = r"[a-z]+|[,.?]"
+_WORD_RE = re.compile(WORD_PATTERN)
 
 
 def split_words(text: str) -> list[str]:

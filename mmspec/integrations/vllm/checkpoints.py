@@ -45,19 +45,6 @@ def _json(path: Path, argument: str) -> dict[str, Any]:
     return data
 
 
-def safetensors_header(path: Path, argument: str) -> dict[str, Any]:
-    """Tensor names -> ``{"dtype", "shape"}`` from a safetensors file's header (no tensor is read)."""
-    if not path.is_file():
-        raise CheckpointError(f"{argument}: {path} is missing")
-    with path.open("rb") as handle:
-        size = int.from_bytes(handle.read(8), "little")
-        if size <= 0 or size > 100 * 2**20:
-            raise CheckpointError(f"{argument}: {path} is not a safetensors file")
-        header = json.loads(handle.read(size))
-    header.pop("__metadata__", None)
-    return header
-
-
 def tokenizer_fingerprint(folder: Path) -> str | None:
     """sha256 of the token -> id map of ``tokenizer.json`` (added tokens included), or None without one.
 

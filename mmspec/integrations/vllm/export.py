@@ -39,7 +39,6 @@ from .checkpoints import (
     check_head_fits_target,
     read_head,
     read_target,
-    safetensors_header,
 )
 
 #: head classes -> (prefix of the EAGLE core's weights, visual modes the export supports)
@@ -178,13 +177,16 @@ def export_head(head: str | Path, target: str | Path, out: str | Path,
     check_head_fits_target(info.config["hidden_size"], info.config["vocab_size"], None, target_info,
                            who=f"the {info.class_name} in {info.folder}")
     prefix = _core_prefix(info, options)
-    header = safetensors_header(info.weights, "head")
-    unknown = [name for name in header if exported_name(name, prefix) is None]
+    try:
+        weights = load_file(str(info.weights))
+    except Exception as error:  # safetensors raises its own error type for a file that is not one
+        raise CheckpointError(f"head: {info.weights} is not a readable safetensors file ({error})") from error
+    renamed = {name: exported_name(name, prefix) for name in weights}
+    unknown = [name for name, new_name in renamed.items() if new_name is None]
     if unknown and options.visual == "auto":
         raise CheckpointError(f"head: {info.class_name} has weights outside its EAGLE core ({unknown[:3]}...), which "
                               "the export would drop; pass visual='text' if that is intended")
-    tensors = {exported_name(name, prefix): tensor for name, tensor in load_file(str(info.weights)).items()
-               if exported_name(name, prefix) is not None}
+    tensors = {new_name: weights[name] for name, new_name in renamed.items() if new_name is not None}
     if "fc.weight" not in tensors or "norm.weight" not in tensors:
         raise CheckpointError(f"head: {info.weights} has no EAGLE core (fc / decoder weights)")
     if options.dtype is not None:
