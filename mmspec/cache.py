@@ -65,15 +65,28 @@ class KVCache:
 
     def select_slots(self, start: int, index: torch.Tensor) -> None:
         """Keep slots ``start + index[b]`` (``[B, M]``, ``-1`` = hole) at ``start..start+M``; crop after."""
-        gather = (start + index.clamp_min(0)).to(self.keys.device)
-        self.keys[:, :, :, start:start + index.shape[1]] = _gather_slots(self.keys, gather, dim=3)
-        self.values[:, :, :, start:start + index.shape[1]] = _gather_slots(self.values, gather, dim=3)
-        self.length = start + index.shape[1]
+        slots = (start + index.clamp_min(0)).to(self.keys.device)
+        end = start + index.shape[1]
+        self.keys[:, :, :, start:end] = _gather_slots(self.keys, slots, dim=3)
+        self.values[:, :, :, start:end] = _gather_slots(self.values, slots, dim=3)
+        self.length = end
 
 
 def _gather_slots(tensor: torch.Tensor, slots: torch.Tensor, dim: int) -> torch.Tensor:
-    """Gather per-row slot indices ``slots [B, M]`` along ``dim`` of ``tensor [..., B, H, S, D]``."""
+    """Gather per-row slot indices ``slots [B, M]`` along ``dim`` of ``tensor [..., B, H, S, D]``.
+
+    A contiguous tensor is read as rows of ``D`` values with one ``index_select`` (whole rows copied);
+    ``torch.gather`` with an index expanded over every dimension reads element by element, several
+    times slower on the CPU for a model's cache (LlamaGen-L's, batch 4 with guidance: ~17 ms a round).
+    """
     batch_dim = dim - 2
+    if tensor.is_contiguous() and dim == tensor.ndim - 2:
+        lead, (batch, heads, length, width) = tensor.shape[:batch_dim], tensor.shape[batch_dim:]
+        # the row of every kept slot in the tensor flattened to [everything but D, D]
+        starts = torch.arange(tensor.numel() // (length * width), device=tensor.device) * length
+        rows = starts.view(-1, batch, heads, 1) + slots.unsqueeze(1)  # [lead, B, H, M]
+        taken = tensor.view(-1, width).index_select(0, rows.reshape(-1))
+        return taken.view(*lead, batch, heads, slots.shape[1], width)
     shape = [1] * tensor.ndim
     shape[batch_dim], shape[dim] = slots.shape[0], slots.shape[1]
     index = slots.reshape(shape)

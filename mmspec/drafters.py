@@ -21,7 +21,7 @@ import torch
 
 from mmspec.cache import keep_valid_slots
 from mmspec.runner import CausalLMRunner
-from mmspec.sampling import SamplingConfig, coupled_redraw, sample
+from mmspec.sampling import SamplingConfig, coupled_redraw, first_argmax, sample, top_token
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
 from mmspec.tree import DraftTree, StepFn, TreeAttentionBuilder, expand_dynamic_tree, expand_entropy_tree
 from mmspec.validation import check_positive_int, check_unit_interval
@@ -74,7 +74,7 @@ def draft_chain(logits: torch.Tensor, step: Callable[[torch.Tensor], torch.Tenso
             drawn = sample(probs, generator, name="draft distribution")
             mass = None  # read below only when the chain length is dynamic
         else:  # the most likely token and its probability in one operation
-            mass, drawn = probs.max(-1)
+            mass, drawn = top_token(probs)
         block, block_probs = (drawn, probs) if probs.ndim == 3 else (drawn.unsqueeze(1), probs.unsqueeze(1))
         take = min(block.shape[1], num_tokens - drafted)
         stop = drafted + take == num_tokens
@@ -312,7 +312,7 @@ class JacobiDrafter(Drafter):
         proposed = result.target_probs.shape[1] - 1
         target = result.target_probs[:, :proposed].to(self._dtype)  # [B, L, V] q for the next round
         if not self.sampling.do_sample:
-            redrawn = target.argmax(-1)
+            redrawn = first_argmax(target)
         elif self.coupled:  # the slots held this round's drafts, drawn from self._probs
             redrawn = coupled_redraw(self._tokens[:, :proposed], self._probs[:, :proposed], target, self.generator,
                                      name="target distribution")

@@ -139,7 +139,7 @@ def local_speculative_generate(target: Target, drafter: RowBlockDrafter, grid: t
     if resample not in RESAMPLE_MODES:
         raise ValueError(f"resample must be one of {RESAMPLE_MODES}, got {resample!r}")
     rule = rule or default_rule(sampling)
-    to_probs = target_probs_fn(sampling)
+    to_probs = target_probs_fn(sampling, rule)
     stats = stats if stats is not None else SpecStats()
     block_len = block_rows * width
 

@@ -141,7 +141,7 @@ class _ScheduledRule(DepthAwareRule):
         check_rule_inputs(target_probs, draft_probs)
         relaxed = self.relaxed_mass(target_probs, tokens, self.factors(target_probs, tokens, depths))
         if self.greedy:  # accept while the relaxed mass makes x~ the argmax
-            is_max = (relaxed >= target_probs.max(-1).values).to(relaxed.dtype)
+            is_max = (relaxed >= target_probs.amax(-1)).to(relaxed.dtype)
             return is_max, torch.ones_like(is_max)
         q = torch.ones_like(relaxed) if draft_probs is None else gather_token(draft_probs, tokens)
         return relaxed, q

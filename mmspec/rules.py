@@ -96,6 +96,10 @@ class AcceptanceRule:
     #: Whether acceptance depends on where each draft lands: verification then calls :meth:`masses_at` with
     #: each token's depth in the round's draft (building the depths only for such rules).
     uses_depths: ClassVar[bool] = False
+    #: Whether a greedy run must hand this rule the target's softmax. A rule that only reads the target's
+    #: argmax (:class:`GreedyRule`) gets the argmax's one-hot distribution instead, which skips a softmax
+    #: over the vocabulary per verified position; relaxed greedy rules (LANTERN's) need the real masses.
+    reads_target_masses: ClassVar[bool] = True
 
     def masses(self, target_probs: torch.Tensor, draft_probs: torch.Tensor | None,
                tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -147,6 +151,7 @@ class GreedyRule(AcceptanceRule):
 
     greedy = True
     fused_kernel = "greedy"
+    reads_target_masses = False
 
     def masses(self, target_probs, draft_probs, tokens):
         check_rule_inputs(target_probs, draft_probs)
@@ -286,7 +291,7 @@ class LanternRule(AcceptanceRule):
         check_rule_inputs(target_probs, draft_probs)
         relaxed = self.relaxed_mass(target_probs, tokens)
         if self.greedy:
-            is_max = (relaxed >= target_probs.max(-1).values).to(relaxed.dtype)
+            is_max = (relaxed >= target_probs.amax(-1)).to(relaxed.dtype)
             return is_max, torch.ones_like(is_max)
         q = torch.ones_like(relaxed) if draft_probs is None else gather_token(draft_probs, tokens)
         return relaxed, q
@@ -421,7 +426,7 @@ class GroupedRule(AcceptanceRule):
         group = self.group_mask(target_probs, tokens).to(target_probs.dtype)
         p_group = (target_probs * group).sum(-1)
         if self.greedy:
-            is_max = (p_group >= target_probs.max(-1).values).to(p_group.dtype)
+            is_max = (p_group >= target_probs.amax(-1)).to(p_group.dtype)
             return is_max, torch.ones_like(is_max)
         q_group = torch.ones_like(p_group) if draft_probs is None else (draft_probs * group).sum(-1)
         return p_group, q_group

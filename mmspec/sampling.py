@@ -105,7 +105,7 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig = SamplingConfi
     if not config.do_sample:
         best, tokens = top_token(logits)  # NaN where the row holds one
         check_finite_rows(best, logits, name)
-        return torch.nn.functional.one_hot(tokens, logits.shape[-1]).to(logits.dtype)
+        return torch.zeros_like(logits).scatter_(-1, tokens.unsqueeze(-1), 1.0)
     if config.temperature != 1.0:  # (dividing by 1 changes nothing and costs an operation per call)
         logits = logits / config.temperature
     if config.top_k:
@@ -158,9 +158,37 @@ def sample_inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor, name: str 
 def top_token(weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(value, index)`` of the first maximum of each row of ``weights [..., V]`` (NaN counts as the
     maximum, as in ``argmax``). An argmax and a gather: ``max(dim)`` opens a parallel region on small CPU
-    tensors, which took milliseconds instead of microseconds on a busy machine."""
-    tokens = weights.argmax(-1)
+    tensors, which took milliseconds instead of microseconds on a busy machine; long CPU rows take
+    :func:`first_argmax`'s two vectorised reductions."""
+    tokens = first_argmax(weights)
     return weights.gather(-1, tokens.unsqueeze(-1)).squeeze(-1), tokens
+
+
+#: Rows at least this long are reduced chunk by chunk on the CPU (:func:`first_argmax`).
+CHUNKED_ARGMAX_MIN = 8192
+_ARGMAX_CHUNK = 256
+
+
+def first_argmax(weights: torch.Tensor) -> torch.Tensor:
+    """``weights.argmax(-1)``: the index of each row's first maximum, NaN counting as the maximum.
+
+    torch's CPU ``argmax`` over a long row runs a scalar loop (about 10 ms for 20 rows of Qwen2-VL's 151,936
+    logits on one core, more than their softmax); ``amax`` is vectorised. Long floating-point rows on the
+    CPU therefore take the maximum of each chunk of 256 entries, the first chunk holding the row's maximum
+    (argmax over the chunk maxima) and the first maximum inside it: the same index, about 4x faster.
+    """
+    vocab = weights.shape[-1]
+    if weights.device.type != "cpu" or vocab < CHUNKED_ARGMAX_MIN or not weights.is_floating_point():
+        return weights.argmax(-1)
+    chunk = _ARGMAX_CHUNK
+    whole = vocab - vocab % chunk
+    maxima = weights[..., :whole].unflatten(-1, (whole // chunk, chunk)).amax(-1)
+    if whole < vocab:  # the shorter last chunk
+        maxima = torch.cat([maxima, weights[..., whole:].amax(-1, keepdim=True)], -1)
+    start = maxima.argmax(-1, keepdim=True) * chunk  # NaN chunks count as the maximum, as argmax's NaN does
+    # The chunk's entries; indices past the row's end repeat its last entry, after it, so never first.
+    span = (start + torch.arange(chunk, device=weights.device)).clamp_(max=vocab - 1)
+    return (start + weights.gather(-1, span).argmax(-1, keepdim=True)).squeeze(-1)
 
 
 def greedy_tokens(weights: torch.Tensor, name: str = "weights") -> torch.Tensor:

@@ -178,12 +178,17 @@ def default_rule(sampling: SamplingConfig) -> AcceptanceRule:
     return ExactRule() if sampling.do_sample else GreedyRule()
 
 
-def target_probs_fn(sampling: SamplingConfig) -> Callable[[torch.Tensor], torch.Tensor]:
+def target_probs_fn(sampling: SamplingConfig,
+                    rule: AcceptanceRule | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
     """Logits -> the distribution verification compares against.
 
-    Greedy decoding keeps the full softmax (relaxed greedy rules such as LANTERN need real masses);
-    the greedy rule then takes the argmax.
+    Greedy decoding keeps the full softmax (relaxed greedy rules such as LANTERN need real masses) unless
+    ``rule`` reads only the target's argmax (``reads_target_masses`` False, :class:`GreedyRule`): it then
+    gets the argmax's one-hot distribution, the same decisions without a softmax over the vocabulary (and
+    a row with a non-finite logit raises, naming the target distribution).
     """
+    if not sampling.do_sample and not getattr(rule, "reads_target_masses", True):
+        return lambda logits: logits_to_probs(logits, sampling, name="target distribution")
     config = sampling if sampling.do_sample else SamplingConfig(do_sample=True, top_k=sampling.top_k,
                                                                 top_p=sampling.top_p)
     return lambda logits: logits_to_probs(logits, config)
@@ -216,7 +221,7 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
         raise ValueError("pass input_ids, or an attention_mask [B, T] describing a prompt given as model inputs")
     check_positive_int(max_new_tokens, "max_new_tokens")
     rule = rule or default_rule(sampling)
-    to_probs = target_probs_fn(sampling)
+    to_probs = target_probs_fn(sampling, rule)
     stats = stats if stats is not None else SpecStats()
     device = (input_ids if input_ids is not None else attention_mask).device
     eos = [] if eos_token_id is None else \

@@ -30,7 +30,7 @@ from torch import nn
 from mmspec.drafters import draft_chain
 from mmspec.local_speculate import RowBlockDrafter
 from mmspec.runner import CausalLMRunner, GuidedRunner
-from mmspec.sampling import SamplingConfig, logits_to_probs, sample
+from mmspec.sampling import SamplingConfig, first_argmax, logits_to_probs, sample
 
 
 def check_mulo_pair(transformer: Any, mulo_drafter: Any, mulo_upsampler: Any) -> None:
@@ -211,7 +211,7 @@ class MuLoDrafter(RowBlockDrafter):
         logits = self.upsampler(low, high)[:, -self.ratio:]  # [B, r, W, V]
         logits = logits.flatten(1, 2).float()
         if not self.sampling.do_sample:
-            return logits.argmax(-1), None
+            return first_argmax(logits), None
         probs = logits_to_probs(logits, self.sampling)
         return sample(probs, self.generator, name="draft distribution"), probs
 

@@ -19,7 +19,9 @@ from mmspec import (
     sample,
 )
 from mmspec.cache import SlotState, crop_cache, drop_trailing_holes, select_cache_slots
-from mmspec.sampling import sample_inverse_cdf
+from mmspec.rules import ExactRule, GreedyRule
+from mmspec.sampling import CHUNKED_ARGMAX_MIN, first_argmax, sample_inverse_cdf, top_token
+from mmspec.speculate import target_probs_fn
 
 # ------------------------------------------------------------------------------------------- sampling
 
@@ -36,6 +38,37 @@ def test_temperature_top_k_top_p():
     assert nucleus[0, 0].item() == pytest.approx(probs[0] / (probs[0] + probs[1]))
     greedy = logits_to_probs(logits, SamplingConfig(do_sample=False))
     assert greedy.tolist() == [[1.0, 0.0, 0.0, 0.0]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_first_argmax_is_torch_argmax_on_long_rows(dtype):
+    """The chunked CPU argmax returns torch's index on every row: the first maximum, NaN counting as the
+    maximum, ties inside and across chunks, -inf rows, the shorter last chunk and non-contiguous rows."""
+    g = torch.Generator().manual_seed(0)
+    for vocab in (CHUNKED_ARGMAX_MIN, 151_936, 32_771):
+        noise = torch.randn(3, 4, vocab, generator=g).to(dtype)
+        ties = torch.randint(-2, 3, (3, 4, vocab), generator=g).to(dtype)  # many equal maxima per row
+        special = noise.clone()
+        special[0, 0, 1_000] = float("nan")
+        special[0, 1, :] = float("-inf")
+        special[0, 2, -1] = 1e4  # the maximum in the shorter last chunk
+        special[1, 0, 5], special[1, 0, vocab - 5] = 1e4, 1e4  # tied across chunks: the first wins
+        for weights in (noise, ties, special, special.transpose(0, 1), special[..., : vocab - 7]):
+            assert torch.equal(first_argmax(weights), weights.argmax(-1))
+        best, index = top_token(special)
+        assert torch.equal(best.isnan(), special.isnan().any(-1)) and index[0, 0] == 1_000
+
+
+def test_greedy_verification_reads_the_argmax_one_hot_only_for_the_greedy_rule():
+    logits = torch.randn(2, 3, 50_000, generator=torch.Generator().manual_seed(1))
+    greedy = SamplingConfig(do_sample=False)
+    one_hot = target_probs_fn(greedy, GreedyRule())(logits)
+    assert torch.equal(one_hot.argmax(-1), logits.argmax(-1)) and torch.equal(one_hot.sum(-1), torch.ones(2, 3))
+    assert torch.allclose(target_probs_fn(greedy)(logits), logits.softmax(-1))  # relaxed greedy rules' masses
+    assert torch.allclose(target_probs_fn(SamplingConfig(), ExactRule())(logits), logits.softmax(-1))
+    logits[1, 2, 7] = float("nan")
+    with pytest.raises(ValueError, match="target distribution: row"):
+        target_probs_fn(greedy, GreedyRule())(logits)
 
 
 def test_guidance_on_a_doubled_batch():

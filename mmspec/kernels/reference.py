@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from mmspec.sampling import sample_inverse_cdf
+from mmspec.sampling import first_argmax, sample_inverse_cdf
 from mmspec.validation import check_ndim, check_token_ids, checks_enabled
 
 # Residual mass at or below this counts as "no residual": the draft already covers the target
@@ -180,7 +180,7 @@ def chain_verify_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
 
     # 1. Acceptance test per draft position.
     if greedy:
-        accepted = draft_tokens == target_probs[:, :K].argmax(-1)  # [B, K]
+        accepted = draft_tokens == first_argmax(target_probs[:, :K])  # [B, K]
     else:
         p = target_probs[:, :K].gather(-1, draft_tokens.unsqueeze(-1)).squeeze(-1)  # [B, K]
         if draft_probs is None:
@@ -193,7 +193,7 @@ def chain_verify_torch(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | N
     num_accepted = accepted.long().cumprod(-1).sum(-1)  # [B]
     dist = target_probs[rows, num_accepted]  # [B, V]: p_n, or p_K for the bonus token
     if greedy:
-        return num_accepted, dist.argmax(-1)
+        return num_accepted, first_argmax(dist)
 
     # 3. Residual max(0, p_n - q_n) at a rejection; the target row itself for the bonus token or when
     #    the residual vanishes (p == q).

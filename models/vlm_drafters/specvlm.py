@@ -29,7 +29,7 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 
 from mmspec.drafters import TreeConfig
-from mmspec.sampling import SamplingConfig
+from mmspec.sampling import SamplingConfig, first_argmax
 
 from .base import (
     SpanUnits,
@@ -143,11 +143,11 @@ class SpecVLMHead(VLMDraftHead):
         """``(index [B], weight [B])``: a hard Gumbel-softmax sample with straight-through weights (training),
         or the argmax with weight 1 (inference)."""
         if not stochastic:
-            return logits.argmax(-1), torch.ones(logits.shape[0], dtype=logits.dtype, device=logits.device)
+            return first_argmax(logits), torch.ones(logits.shape[0], dtype=logits.dtype, device=logits.device)
         u = torch.rand(logits.shape, generator=generator, dtype=logits.dtype, device="cpu").to(logits.device)
         gumbel = -torch.log(-torch.log(u.clamp(1e-10, 1 - 1e-10)))
         soft = ((logits + gumbel) / self.config.gate_temperature).softmax(-1)
-        index = soft.argmax(-1)
+        index = first_argmax(soft)
         hard = F.one_hot(index, logits.shape[-1]).to(soft.dtype)
         weights = hard - soft.detach() + soft  # 1 in value, d soft in gradient
         return index, weights.gather(1, index.unsqueeze(1)).squeeze(1)
