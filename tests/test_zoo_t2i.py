@@ -102,6 +102,20 @@ def test_the_build_recipe_writes_the_settings_file(tmp_path):
     assert ARImagePipeline.from_pretrained(folder).speculation_settings.to_dict() == SPECULATION_SETTINGS
 
 
+def test_the_build_recipe_reads_the_vocabulary_of_an_assembled_or_a_freshly_trained_folder(tmp_path):
+    """A rebuild of an assembled folder reads its ``text_tokenizer/`` component; a folder the training recipe
+    has just written holds only ``transformer/text_vocab.json``."""
+    folder = save_tiny_shapes_pipeline(tmp_path / "pipe")
+    words = ARImagePipeline.from_pretrained(folder).text_tokenizer
+    assert build_zoo_t2i._word_vocabulary(folder).get_vocab() == words.get_vocab()
+    trained = tmp_path / "trained"
+    (trained / "transformer").mkdir(parents=True)
+    words.save(trained / "transformer" / "text_vocab.json")
+    assert build_zoo_t2i._word_vocabulary(trained).get_vocab() == words.get_vocab()
+    with pytest.raises(FileNotFoundError, match="no word vocabulary"):
+        build_zoo_t2i._word_vocabulary(tmp_path / "empty")
+
+
 @pytest.mark.parametrize("method", ["eagle", "lantern", "sjd", "gsd", "mulo"])
 def test_a_call_with_only_the_method_runs_the_stored_settings(pipe, method):
     """``method="lantern"`` gives exactly the tokens (and the same rounds) of ``method=pipe.method_config(

@@ -93,6 +93,14 @@ SPECULATION_SETTINGS: dict[str, dict] = {
 }
 
 
+def _word_vocabulary(folder: Path) -> WordTokenizer:
+    """The prompt vocabulary: the assembled folder's ``text_tokenizer/`` component, else the file the training
+    recipe wrote beside the transformer (``transformer/text_vocab.json``, a folder being assembled)."""
+    if (folder / "text_tokenizer").is_dir():
+        return WordTokenizer.from_pretrained(folder / "text_tokenizer")
+    return WordTokenizer.load(folder / "transformer" / "text_vocab.json")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--folder", type=Path, default=Path("models/zoo/shapes-t2i"))
@@ -116,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
         transformer=LlamaGenTransformer.from_pretrained(folder / "transformer", torch_dtype=half),
         vqvae=VQTokenizer.from_pretrained(args.vq),
         eagle_head=EagleHead.from_pretrained(folder / "eagle_head"),
-        text_tokenizer=WordTokenizer.load(folder / "transformer" / "text_vocab.json"),
+        text_tokenizer=_word_vocabulary(folder),
         mulo_drafter=LlamaGenTransformer.from_pretrained(folder / "mulo_drafter", torch_dtype=half),
         mulo_upsampler=TokenUpsampler.from_pretrained(folder / "mulo_upsampler", torch_dtype=half),
         eagle_block_head=EagleHead.from_pretrained(folder / "eagle_block_head", torch_dtype=half)
