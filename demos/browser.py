@@ -92,13 +92,14 @@ def run_and_wait(page: Any, elem: str, timeout_s: float = 120.0) -> tuple[str, s
     """Click the tab's Run button and wait for its outcome: ``("ok" | "warn" | "error", message text)``
     ("warn": a result whose timing is not trusted).
 
-    The outcome is the first final message (ok or error) whose text differs from the message shown before
-    the click; progress messages in between are skipped. (Two identical errors in a row are told apart
-    by nothing, so a test should not repeat the same bad input back to back.)
+    The outcome is the first final message (ok, warn or error) shown after the click; progress messages in
+    between are skipped. The previous message is blanked in the page before the click (the run replaces it
+    with "starting..." first, so even a result worded exactly as the previous one is seen as new).
     """
     selector = f"#{elem}-message .mmspec-message"
-    current = page.locator(selector)
-    before = current.first.inner_text() if current.count() else ""
+    page.evaluate("(selector) => { const box = document.querySelector(selector); if (box) box.innerText = ''; }",
+                  selector)
+    before = ""
     page.click(f"#{elem}-run")
     page.wait_for_function(
         """([selector, previous]) => {

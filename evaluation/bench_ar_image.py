@@ -78,6 +78,8 @@ DEFAULT_METHODS = ("none", "eagle", "eagle (reference)", "lantern", "lantern (re
 
 _BLOCK_CHAIN = dict(num_draft_tokens=4, draft_confidence_threshold=0.3, lookup_tail=16, lookup_only_from=4)
 _LANTERN_RULE = dict(k=512, lam=10.0)
+#: LANTERN's stored drafting at temperature 1 and batch 1 and its neighbourhood size, for the relaxed rules
+_LANTERN_DRAFTING = dict(argmax_drafts=True, **_BLOCK_CHAIN, k=512)
 
 #: The settings this benchmark measured fastest on the zoo (2-core CPU, float32, CFG 3, a block head with
 #: ``num_future`` 4 and a 2048-code VQ) before they were stored with the checkpoint: per method, per decoding
@@ -138,6 +140,11 @@ def default_cases() -> dict[str, dict[str, Any]]:
         "mulo, sequential": {"method": "mulo", "resample": "sequential"},
         "mulo, reverify": {"method": "mulo", "resample": "reverify"},
         "mulo, reverify, exact": {"method": "mulo", "resample": "reverify", "rule": "exact"},
+        # entropy-aware and Cool-SD relaxations: their own defaults, and over LANTERN's stored drafting and k
+        "entropy_sd": {},
+        "cool_sd": {},
+        "entropy_sd, LANTERN's drafting": {"method": "entropy_sd", **_LANTERN_DRAFTING},
+        "cool_sd, LANTERN's drafting": {"method": "cool_sd", **_LANTERN_DRAFTING},
     })
     return cases
 

@@ -579,3 +579,14 @@ def test_demo_command(tiny, monkeypatch, capsys):
     monkeypatch.setattr(launch.importlib.util, "find_spec", lambda name: None)
     assert launch.run(argparse.Namespace(**vars(args))) == 1
     assert "needs gradio" in capsys.readouterr().err
+
+
+def test_the_screenshot_script_reads_the_speedup_of_each_run_and_their_spread():
+    from mmspec.demos.screenshot import message_speedup, spread_line
+    from mmspec.demos.timing import speed_words
+
+    for speedup in (2.31, 1.0, 0.25):  # the page's own wording, read back
+        assert message_speedup(f"done: eagle ran {speed_words(speedup)} the baseline") == pytest.approx(speedup)
+    assert message_speedup("done, but the timing is not trusted: 2 target calls against 2") is None
+    assert spread_line([2.0, 2.2, 2.5]) == "speedups 2.00x, 2.20x, 2.50x: the highest is 25% above the lowest"
+    assert spread_line([2.0, None, 2.1]).startswith("1 of 3 runs had an untrusted timing")
