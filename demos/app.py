@@ -155,8 +155,8 @@ def _prompt_box(elem: str, value: str, label: str = "prompt(s), one per line") -
 
 
 def _repeats_box(elem: str) -> gr.Number:
-    return gr.Number(value=DEFAULT_REPEATS, precision=0, label=f"timed repeats per side (1-{MAX_REPEATS})",
-                     elem_id=f"{elem}-repeats")
+    return gr.Number(value=DEFAULT_REPEATS, precision=0, elem_id=f"{elem}-repeats",
+                     label=f"timed repeats per side, at least (1-{MAX_REPEATS}; short calls get more)")
 
 
 def _tree_fields(elem: str) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """How the demo times a speculative method against the target-only baseline, and what it trusts.
 
 The protocol is the CLI's and the benchmarks' (:func:`mmspec.evaluation.speed.run_benchmark`): one untimed
-warm-up call of each side, then ``repeats`` timed calls alternating baseline / method, every call with the
-same inputs and a fresh generator from the same seed. The speedup is the ratio of the median times; its range
+warm-up call of each side, then ``repeats`` timed calls alternating baseline / method (more for calls so short
+that a few would take under :data:`MIN_TIMED_SECONDS`), every call with the same inputs and a fresh generator
+from the same seed. The speedup is the ratio of the median times; its range
 is the lowest and highest ratio within one alternating pass (a drift of the machine between passes does not
 move it). A speedup that the call counts cannot explain (much above the ratio of tokens per target call) is
 flagged: it means the timing was disturbed, and the page never shows it as a result.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import math
 import statistics
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +28,8 @@ import torch
 #: timed calls per side unless the page asks for another number
 DEFAULT_REPEATS = 3
 MAX_REPEATS = 10
+#: short calls get more timed passes, until the faster side's would take about this long (up to MAX_REPEATS)
+MIN_TIMED_SECONDS = 3.0
 #: a speedup more than this factor above the call counts' ideal speedup is flagged as a disturbed timing
 PLAUSIBLE_MARGIN = 1.3
 #: paired speedups whose highest is more than this factor above the lowest are reported as a noisy machine
@@ -143,38 +147,51 @@ def check_repeats(repeats: Any) -> int:
 
 
 def compare(run: Run, method: str, seed: int, *, repeats: int = DEFAULT_REPEATS,
-            report: Report | None = None) -> Comparison:
+            report: Report | None = None, min_timed_seconds: float = MIN_TIMED_SECONDS) -> Comparison:
     """Time ``method`` against the baseline ``"none"`` with the benchmarks' harness: one warm-up call each,
-    then ``repeats`` alternating timed calls (baseline, method, baseline, method, ...). ``run(name, generator,
-    progress)`` makes one call with a fresh generator from ``seed``; ``progress(fraction)`` may report the
-    fraction of that call done, and ``report(overall fraction, description)`` receives the whole comparison's
-    progress (the page's progress bar)."""
+    then at least ``repeats`` alternating timed calls (baseline, method, baseline, method, ...): calls so short
+    that ``repeats`` of the faster side would take under ``min_timed_seconds`` get more passes (up to
+    :data:`MAX_REPEATS`), so a fraction of a second of machine noise does not decide the speedup.
+    ``run(name, generator, progress)`` makes one call with a fresh generator from ``seed``; ``progress(fraction)``
+    may report the fraction of that call done, and ``report(overall fraction, description)`` receives the whole
+    comparison's progress (the page's progress bar)."""
     from mmspec.evaluation.speed import RunResult, run_benchmark
 
     repeats = check_repeats(repeats)
     report = report or (lambda fraction, text: None)
-    total = 2 * (1 + repeats)
-    done = [0]
+    # progress: each call's share of the bar; the timed calls share what the warm-up left once their number is known
+    plan = {"calls": 2 * (1 + repeats), "timed": repeats, "share": 1 / (2 * (1 + repeats)), "done": 0.0}
+    count = [0]
     outputs: dict[str, Any] = {}
 
     def case(name: str) -> Callable[[], Any]:
         label = "baseline (target only)" if name == "none" else method
-        text = f"{label}: call {{}} of {total} (1 warm-up and {repeats} timed per side, alternating)"
 
         def call() -> Any:
-            start = done[0] / total
-            out = run(name, seeded(seed), lambda f: report(start + min(max(f, 0.0), 1.0) / total,
-                                                           text.format(done[0] + 1)))
-            done[0] += 1
-            report(done[0] / total, text.format(done[0]))
+            text = (f"{label}: call {{}} of {plan['calls']} (1 warm-up and {plan['timed']} timed per side, "
+                    "alternating)")
+            start, share = plan["done"], plan["share"]
+            out = run(name, seeded(seed), lambda f: report(start + min(max(f, 0.0), 1.0) * share,
+                                                           text.format(count[0] + 1)))
+            count[0] += 1
+            plan["done"] = min(1.0, start + share)
+            report(plan["done"], text.format(count[0]))
             outputs[name] = out
             tokens = getattr(out.stats, "tokens", None)
             return RunResult(num_items=tokens if isinstance(tokens, int) else 1, stats=out.stats)
 
         return call
 
-    bench = run_benchmark({"none": case("none"), "method": case(method)}, baseline="none", warmup=1,
-                          repeats=repeats, seed=int(seed))
+    cases = {"none": case("none"), "method": case(method)}
+    warm_seconds = []
+    for call in cases.values():  # the warm-up calls, timed to size the timed passes
+        begin = time.perf_counter()
+        call()
+        warm_seconds.append(time.perf_counter() - begin)
+    plan["timed"] = max(repeats, min(MAX_REPEATS, math.ceil(min_timed_seconds / max(min(warm_seconds), 1e-6))))
+    plan["calls"] = 2 * (1 + plan["timed"])
+    plan["share"] = (1.0 - plan["done"]) / (2 * plan["timed"])
+    bench = run_benchmark(cases, baseline="none", warmup=0, repeats=plan["timed"], seed=int(seed))
     return Comparison(method, outputs[method], outputs["none"], list(bench.cases["method"].times),
                       list(bench.cases["none"].times))
 

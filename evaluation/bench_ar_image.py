@@ -78,8 +78,9 @@ DEFAULT_METHODS = ("none", "eagle", "eagle (reference)", "lantern", "lantern (re
 
 _BLOCK_CHAIN = dict(num_draft_tokens=4, draft_confidence_threshold=0.3, lookup_tail=16, lookup_only_from=4)
 _LANTERN_RULE = dict(k=512, lam=10.0)
-#: LANTERN's stored drafting at temperature 1 and batch 1 and its neighbourhood size, for the relaxed rules
-_LANTERN_DRAFTING = dict(argmax_drafts=True, **_BLOCK_CHAIN, k=512)
+#: The drafting fields of ``EntropySDConfig`` / ``CoolSDConfig`` as the classes default them
+_CLASS_DRAFTING = dict(num_draft_tokens=4, draft_confidence_threshold=0.0, argmax_drafts=False, lookup_tail=0,
+                       lookup_only_from=None, k=None)
 
 #: The settings this benchmark measured fastest on the zoo (2-core CPU, float32, CFG 3, a block head with
 #: ``num_future`` 4 and a 2048-code VQ) before they were stored with the checkpoint: per method, per decoding
@@ -140,11 +141,12 @@ def default_cases() -> dict[str, dict[str, Any]]:
         "mulo, sequential": {"method": "mulo", "resample": "sequential"},
         "mulo, reverify": {"method": "mulo", "resample": "reverify"},
         "mulo, reverify, exact": {"method": "mulo", "resample": "reverify", "rule": "exact"},
-        # entropy-aware and Cool-SD relaxations: their own defaults, and over LANTERN's stored drafting and k
+        # entropy-aware and Cool-SD relaxations: the stored settings (LANTERN's drafting), and the config
+        # classes' own defaults (sampled chains of 4 over every neighbour) as explicit fields
         "entropy_sd": {},
         "cool_sd": {},
-        "entropy_sd, LANTERN's drafting": {"method": "entropy_sd", **_LANTERN_DRAFTING},
-        "cool_sd, LANTERN's drafting": {"method": "cool_sd", **_LANTERN_DRAFTING},
+        "entropy_sd (class defaults)": {"method": "entropy_sd", **_CLASS_DRAFTING},
+        "cool_sd (class defaults)": {"method": "cool_sd", **_CLASS_DRAFTING},
     })
     return cases
 

@@ -82,7 +82,8 @@ def test_compare_is_the_cli_protocol_with_the_same_seed_and_reports_progress():
         return SimpleNamespace(stats=SimpleNamespace(mean_accepted_length=2.0, target_calls=1, draft_calls=0,
                                                      tokens=3), draw=draw)
 
-    comparison = timing.compare(run, "eagle", 7, repeats=2, report=lambda f, text: reports.append(f))
+    comparison = timing.compare(run, "eagle", 7, repeats=2, report=lambda f, text: reports.append(f),
+                                min_timed_seconds=0.0)
     assert [c[0] for c in calls] == ["none", "eagle"] * 3  # warm-up pair, then two timed pairs
     assert all(torch.equal(c[1], torch.rand(3, generator=torch.Generator().manual_seed(7))) for c in calls)
     assert reports == sorted(reports) and reports[-1] == 1.0 and len(comparison.spec_times) == 2
@@ -95,6 +96,26 @@ def test_compare_is_the_cli_protocol_with_the_same_seed_and_reports_progress():
         assert text in html
     with pytest.raises(ValueError, match=r"timed repeats must be an integer in \[1, 10\]"):
         timing.compare(run, "eagle", 7, repeats=0)
+
+
+@pytest.mark.parametrize("seconds, timed", [(0.05, 3), (0.004, 10), (0.012, 5)])
+def test_short_calls_get_more_timed_passes(monkeypatch, seconds, timed):
+    """At least the requested passes; more while the faster side's passes would take under min_timed_seconds
+    (0.06 s here), at most MAX_REPEATS; the progress bar still only moves forward and ends at 1. A call
+    "takes" ``seconds`` on a fake clock (the baseline's; the method's 1.5 times as long)."""
+    clock, reports = [0.0], []
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+
+    def run(method, generator, progress):
+        clock[0] += seconds if method == "none" else seconds * 1.5
+        return SimpleNamespace(stats=SimpleNamespace(mean_accepted_length=2.0, target_calls=1, draft_calls=0,
+                                                     tokens=3))
+
+    comparison = timing.compare(run, "eagle", 0, repeats=3, report=lambda f, text: reports.append(f),
+                                min_timed_seconds=0.06)
+    assert comparison.repeats == timed and len(comparison.base_times) == timed
+    assert comparison.speedup == pytest.approx(1 / 1.5)
+    assert reports == sorted(reports) and reports[-1] == pytest.approx(1.0)
 
 
 def test_a_speedup_the_call_counts_contradict_is_flagged_never_green():

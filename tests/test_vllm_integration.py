@@ -345,6 +345,49 @@ def test_tiny_llama_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
     assert spec["spec"]["drafts"] > 0 and spec["spec"]["draft_tokens"] == K * spec["spec"]["drafts"]
 
 
+def exact_marginals(model, prompt: list[int], positions: int) -> list[torch.Tensor]:
+    """The target's exact distribution of the generated token at each of the first ``positions`` positions
+    under temperature-1 sampling (every continuation enumerated: V ** position sequences per position)."""
+    vocab = model.config.vocab_size
+    marginals, prefixes, weights = [], torch.tensor([prompt]), torch.ones(1, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(positions):
+            probs = model(input_ids=prefixes).logits[:, -1].double().softmax(-1)  # [prefixes, V]
+            marginals.append((weights.unsqueeze(1) * probs).sum(0))
+            weights = (weights.unsqueeze(1) * probs).reshape(-1)
+            prefixes = torch.cat([prefixes.repeat_interleave(vocab, 0), torch.arange(vocab).repeat(len(prefixes))
+                                  .unsqueeze(1)], 1)
+    return marginals
+
+
+@pytest.mark.vllm
+def test_sampled_tokens_through_vllm_with_a_head_follow_the_targets_distribution(vllm_env, tmp_path_factory):
+    """Temperature 1 with the head: the tokens at the first three positions (the later two produced by vLLM's
+    rejection sampler over the head's drafts) fit the target's exact marginals, chi-square p >= 1e-4 each
+    on 20,000 independent draws; the head's drafts are accepted often enough for that to test something."""
+    from stats_utils import P_VALUE_FLOOR, chi_square_pvalue, empirical
+    from transformers import LlamaForCausalLM
+
+    from mmspec.integrations.vllm.tiny import build_random_head, build_tiny_llama
+
+    work = tmp_path_factory.mktemp("sampled-vllm")
+    target = build_tiny_llama(work / "llama")
+    head = export_head(build_random_head(target, work / "head-src"), target, work / "head")
+    prompt, draws, positions = [1, 10, 20, 30], 20_000, 3
+    spec = reply(run_vllm(vllm_env, work, {"target": str(target), "head": str(head), "prompts": [prompt] * draws,
+                                           "seeds": list(range(draws)), "temperature": 1.0, "max_tokens": positions,
+                                           "num_speculative_tokens": 2}))
+    tokens = torch.tensor(spec["tokens"])
+    assert tokens.shape == (draws, positions)
+    model = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
+    vocab = model.config.vocab_size
+    for position, exact in enumerate(exact_marginals(model, prompt, positions)):
+        assert chi_square_pvalue(empirical(tokens[:, position], vocab), exact) >= P_VALUE_FLOOR, position
+    assert len(set(tokens[:, 0].tolist())) > 10  # a sample with many tokens, not a near-deterministic model
+    metrics = spec["spec"]
+    assert metrics["accepted_tokens"] >= 0.1 * metrics["draft_tokens"], metrics  # the drafts were really verified
+
+
 @pytest.mark.vllm
 def test_a_bad_head_fails_before_vllm_starts(vllm_env, exported, tmp_path):
     other = _target_copy(tmp_path, vocab_size=98)

@@ -1,4 +1,4 @@
-"""Greedy generation with vLLM's offline API, with or without an exported head, as JSON (tests and benchmarks).
+"""Generation with vLLM's offline API, with or without an exported head, as JSON (tests and benchmarks).
 
 Runs in the vLLM environment (``.venv-vllm/bin/python -m mmspec.integrations.vllm.offline REQUEST.json``);
 the main environment drives it through a subprocess, since the two environments pin different transformers.
@@ -6,7 +6,8 @@ the main environment drives it through a subprocess, since the two environments 
 The request (JSON object): ``target`` (folder), ``head`` (exported folder or null), ``prompts`` (each either a
 list of token ids or ``{"prompt": text, "image": png_path}``), ``max_tokens``, ``num_speculative_tokens``,
 ``ignore_eos`` (default true: every prompt decodes ``max_tokens`` tokens) and optionally ``dtype``
-(default float32) and ``max_model_len``. The reply (a stdout line after :data:`REPLY_PREFIX`, read by
+(default float32), ``max_model_len``, ``temperature`` (default 0: greedy) and ``seeds`` (one sampling seed per
+prompt, so repeated prompts are independent draws). The reply (a stdout line after :data:`REPLY_PREFIX`, read by
 :func:`parse_reply`): ``tokens`` per prompt, ``text`` per
 prompt, ``load_s`` / ``generate_s``, ``spec`` (:func:`spec_metrics`) and ``accepted_per_step`` (per prompt,
 the accepted drafts of each verify step); both null without a head.
@@ -55,7 +56,7 @@ def _prompt(item: Any) -> Any:
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
-    """Load vLLM for ``request`` (see the module docstring), generate greedily, return the reply."""
+    """Load vLLM for ``request`` (see the module docstring), generate, return the reply."""
     from vllm import LLM, SamplingParams
 
     from .launch import speculative_config
@@ -73,8 +74,15 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(model=str(target), dtype=request.get("dtype", "float32"), enforce_eager=True, seed=0,
               disable_log_stats=False, **kwargs)
     load_s = time.perf_counter() - start
-    params = SamplingParams(temperature=0.0, max_tokens=int(request["max_tokens"]),
-                            ignore_eos=bool(request.get("ignore_eos", True)))
+    seeds = request.get("seeds")
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"seeds: one per prompt, got {len(seeds)} for {len(prompts)} prompts")
+
+    def sampling(seed: int | None) -> Any:
+        return SamplingParams(temperature=float(request.get("temperature", 0.0)), max_tokens=int(request["max_tokens"]),
+                              ignore_eos=bool(request.get("ignore_eos", True)), seed=seed)
+
+    params = sampling(None) if seeds is None else [sampling(int(seed)) for seed in seeds]
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     generate_s = time.perf_counter() - start

@@ -38,9 +38,11 @@ def write_fast_tokenizer(source: Path, folder: Path) -> None:
                                                          "clean_up_tokenization_spaces": False, **keep})
 
 
-def build_tiny_llama(folder: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2) -> Path:
+def build_tiny_llama(folder: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                     logit_scale: float = 8.0) -> Path:
     """Save a random Llama (fp32, the zoo tokenizer's vocabulary, heads of width 32) to ``folder``; returns the
-    folder. ``hidden_size`` must be a multiple of 32."""
+    folder. ``hidden_size`` must be a multiple of 32. ``logit_scale`` multiplies the LM head's random weights:
+    the default gives greedy text that is not one repeated token, 1 flatter distributions for sampling."""
     if hidden_size % HEAD_DIM:
         raise ValueError(f"hidden_size must be a multiple of {HEAD_DIM}, got {hidden_size}")
     import torch
@@ -56,8 +58,8 @@ def build_tiny_llama(folder: str | Path, seed: int = 0, hidden_size: int = 64, n
                          max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
                          tie_word_embeddings=False)
     model = LlamaForCausalLM(config).to(torch.float32)
-    with torch.no_grad():  # larger logits than the default init: greedy text that is not one repeated token
-        model.lm_head.weight.mul_(8.0)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
     model.save_pretrained(folder)
     write_fast_tokenizer(source, folder)
     return folder
