@@ -94,6 +94,32 @@ def test_check_pair_accepts_the_zoo_pair_and_builds_the_config(exported):
         speculative_config(TARGET, exported, 0)
 
 
+def test_hub_ids_are_read_from_the_hugging_face_cache(exported, tmp_path, monkeypatch):
+    """A target and an exported head given as hub ids (as vLLM takes them) are checked from their snapshots in
+    the cache (offline here), and the speculative config names the head's snapshot folder; an id the cache
+    lacks is an error naming the argument before anything starts."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    snapshots = {}
+    for repo, source in (("someone/target", TARGET), ("someone/head", exported)):
+        root = cache / ("models--" + repo.replace("/", "--"))
+        (root / "refs").mkdir(parents=True)
+        (root / "refs" / "main").write_text("0" * 40)
+        snapshots[repo] = root / "snapshots" / ("0" * 40)
+        shutil.copytree(source, snapshots[repo])
+    assert check_pair("someone/target", "someone/head") == check_pair(TARGET, exported)
+    config = speculative_config("someone/target", "someone/head", 3)
+    assert config["model"] == str(snapshots["someone/head"].resolve())
+    with pytest.raises(CheckpointError, match=r"target: target model 'someone/absent' is no folder, and the "
+                                              r"Hugging Face cache \(offline\) has no model with that id"):
+        check_pair("someone/absent", "someone/head")
+    with pytest.raises(CheckpointError, match="head: exported head folder 'no/such/folder' does not exist"):
+        check_pair("someone/target", "no/such/folder")
+
+
 @pytest.mark.parametrize("change, message", [
     ({"hidden_size": 256}, "trained for another target: its hidden size is 128"),
     ({"vocab_size": 98}, "trained for another target: its vocabulary has 97 tokens"),

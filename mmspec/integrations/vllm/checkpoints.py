@@ -3,14 +3,16 @@
 Three kinds of folder take part: an mmspec draft head (``save_pretrained`` of an
 :class:`~mmspec.models.vlm_drafters.base.VLMDraftHead`: ``config.json`` + safetensors), a target model
 (a transformers checkpoint: ``config.json``, optionally ``tokenizer.json``) and an exported head (what
-:func:`mmspec.integrations.vllm.export.export_head` writes). This module reads their JSON only (and the
-safetensors header of a head), so checks run in any environment, without torch or vLLM.
+:func:`mmspec.integrations.vllm.export.export_head` writes). This module reads their JSON only, so checks
+run in any environment, without torch or vLLM. Each may also be given as a Hugging Face hub id
+(:func:`local_folder`), as vLLM accepts them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +28,31 @@ class CheckpointError(ValueError):
     """A folder is missing, incomplete, or does not fit the other folder it is used with."""
 
 
-def _folder(path: str | Path, what: str, argument: str) -> Path:
+#: ``owner/name``: how a Hugging Face hub id is spelled (a path that is no folder and looks like this is one)
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def local_folder(path: str | Path, what: str = "model", argument: str = "path") -> Path:
+    """The folder behind ``path``: the folder itself, or for a hub id (``owner/name``, as vLLM also accepts) its
+    snapshot in the Hugging Face cache, downloaded first unless ``HF_HUB_OFFLINE`` is set.
+
+    Raises:
+        CheckpointError: neither an existing folder nor a hub id the hub (or, offline, the cache) has.
+    """
     folder = Path(path)
-    if not folder.is_dir():
-        raise CheckpointError(f"{argument}: {what} folder {str(folder)!r} does not exist")
-    return folder
+    if folder.is_dir():
+        return folder
+    text = str(path)
+    if not _HUB_ID.fullmatch(text):
+        raise CheckpointError(f"{argument}: {what} folder {text!r} does not exist")
+    from huggingface_hub import constants, snapshot_download
+
+    try:
+        return Path(snapshot_download(text, local_files_only=constants.HF_HUB_OFFLINE))
+    except Exception as error:  # huggingface_hub raises several error types for a missing or unreachable id
+        where = "the Hugging Face cache (offline)" if constants.HF_HUB_OFFLINE else "the Hugging Face hub"
+        raise CheckpointError(f"{argument}: {what} {text!r} is no folder, and {where} has no model with that id "
+                              f"({type(error).__name__})") from error
 
 
 def _json(path: Path, argument: str) -> dict[str, Any]:
@@ -86,7 +108,7 @@ class TargetInfo:
 
 def read_target(path: str | Path, argument: str = "target") -> TargetInfo:
     """Read a target checkpoint's config (and tokenizer fingerprint)."""
-    folder = _folder(path, "target model", argument)
+    folder = local_folder(path, "target model", argument)
     config = _json(folder / "config.json", argument)
     text = config.get("text_config") or config
     missing = [key for key in ("hidden_size", "vocab_size") if not isinstance(text.get(key), int)]
@@ -117,7 +139,7 @@ class HeadInfo:
 
 def read_head(path: str | Path, argument: str = "head") -> HeadInfo:
     """Read an mmspec head folder; clear errors for a missing folder, config or weights file."""
-    folder = _folder(path, "draft head", argument)
+    folder = local_folder(path, "draft head", argument)
     config = _json(folder / "config.json", argument)
     if "_class_name" not in config:
         if EXPORTED_ARCHITECTURE in (config.get("architectures") or []):
@@ -133,7 +155,7 @@ def read_head(path: str | Path, argument: str = "head") -> HeadInfo:
 
 def read_exported(path: str | Path, argument: str = "head") -> dict[str, Any]:
     """The ``config.json`` of an exported head folder (checked to be one, with its weights present)."""
-    folder = _folder(path, "exported head", argument)
+    folder = local_folder(path, "exported head", argument)
     config = _json(folder / "config.json", argument)
     if EXPORTED_ARCHITECTURE not in (config.get("architectures") or []) or "mmspec" not in config:
         hint = " (an mmspec head folder: export it first)" if "_class_name" in config else ""

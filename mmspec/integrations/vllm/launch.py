@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import CheckpointError, check_head_fits_target, read_exported, read_target
+from .checkpoints import CheckpointError, check_head_fits_target, local_folder, read_exported, read_target
 from .export import ExportOptions, export_head
 
 
@@ -50,7 +50,8 @@ def speculative_config(target: str | Path, head: str | Path, num_speculative_tok
     config = check_pair(target, head)
     k = config["mmspec"].get("num_speculative_tokens", 4) if num_speculative_tokens is None else num_speculative_tokens
     ExportOptions(num_speculative_tokens=k)  # validates k with the same rule and message as the export
-    return {"method": "eagle", "model": str(Path(head).resolve()), "num_speculative_tokens": k}
+    return {"method": "eagle", "model": str(local_folder(head, "exported head", "head").resolve()),
+            "num_speculative_tokens": k}
 
 
 def serve_command(target: str | Path, config: dict[str, Any] | None, extra: list[str] = ()) -> list[str]:
@@ -76,16 +77,16 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m mmspec.integrations.vllm", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     export = commands.add_parser("export", help="export an mmspec head folder for vLLM")
-    export.add_argument("--head", required=True, help="mmspec head folder (save_pretrained)")
-    export.add_argument("--target", required=True, help="the target checkpoint the head drafts for")
+    export.add_argument("--head", required=True, help="mmspec head folder (save_pretrained) or hub id")
+    export.add_argument("--target", required=True, help="the target checkpoint the head drafts for (folder or hub id)")
     export.add_argument("--out", required=True, help="folder to write")
     export.add_argument("--visual", default="auto", choices=("auto", "text"))
     export.add_argument("--dtype", default=None, choices=("float32", "float16", "bfloat16"))
     export.add_argument("--num-speculative-tokens", type=int, default=4)
     for name in ("check", "serve"):
         command = commands.add_parser(name, help=f"{name} a target with an exported head")
-        command.add_argument("--target", required=True)
-        command.add_argument("--head", required=True, help="an exported head folder")
+        command.add_argument("--target", required=True, help="target checkpoint: folder or hub id")
+        command.add_argument("--head", required=True, help="an exported head: folder or hub id")
         command.add_argument("--num-speculative-tokens", type=int, default=None)
     return parser
 
