@@ -147,11 +147,12 @@ def check_repeats(repeats: Any) -> int:
 
 
 def compare(run: Run, method: str, seed: int, *, repeats: int = DEFAULT_REPEATS,
-            report: Report | None = None, min_timed_seconds: float = MIN_TIMED_SECONDS) -> Comparison:
+            report: Report | None = None, min_timed_seconds: float | None = None) -> Comparison:
     """Time ``method`` against the baseline ``"none"`` with the benchmarks' harness: one warm-up call each,
     then at least ``repeats`` alternating timed calls (baseline, method, baseline, method, ...): calls so short
-    that ``repeats`` of the faster side would take under ``min_timed_seconds`` get more passes (up to
-    :data:`MAX_REPEATS`), so a fraction of a second of machine noise does not decide the speedup.
+    that ``repeats`` of the faster side would take under ``min_timed_seconds`` (default
+    :data:`MIN_TIMED_SECONDS`) get more passes (up to :data:`MAX_REPEATS`), so a fraction of a second of
+    machine noise does not decide the speedup.
     ``run(name, generator, progress)`` makes one call with a fresh generator from ``seed``; ``progress(fraction)``
     may report the fraction of that call done, and ``report(overall fraction, description)`` receives the whole
     comparison's progress (the page's progress bar)."""
@@ -159,6 +160,7 @@ def compare(run: Run, method: str, seed: int, *, repeats: int = DEFAULT_REPEATS,
 
     repeats = check_repeats(repeats)
     report = report or (lambda fraction, text: None)
+    min_timed_seconds = MIN_TIMED_SECONDS if min_timed_seconds is None else min_timed_seconds
     # progress: each call's share of the bar; the timed calls share what the warm-up left once their number is known
     plan = {"calls": 2 * (1 + repeats), "timed": repeats, "share": 1 / (2 * (1 + repeats)), "done": 0.0}
     count = [0]
