@@ -41,6 +41,7 @@ from mmspec.methods import MethodConfig
 from mmspec.methods.eagle import EagleConfig, LanternConfig
 from mmspec.methods.jacobi import GSDConfig, SJDConfig
 from mmspec.methods.mulo import MuLoConfig
+from mmspec.methods.relaxed import EntropySDConfig
 from mmspec.pipelines.ar_image import MOVED_KEYWORDS
 from mmspec.stats import SpecStats
 from mmspec.validation import dtype_argument
@@ -78,9 +79,10 @@ DEFAULT_METHODS = ("none", "eagle", "eagle (reference)", "lantern", "lantern (re
 
 _BLOCK_CHAIN = dict(num_draft_tokens=4, draft_confidence_threshold=0.3, lookup_tail=16, lookup_only_from=4)
 _LANTERN_RULE = dict(k=512, lam=10.0)
-#: The drafting fields of ``EntropySDConfig`` / ``CoolSDConfig`` as the classes default them
-_CLASS_DRAFTING = dict(num_draft_tokens=4, draft_confidence_threshold=0.0, argmax_drafts=False, lookup_tail=0,
-                       lookup_only_from=None, k=None)
+#: The drafting fields of ``EntropySDConfig`` / ``CoolSDConfig`` as the classes default them (read off the class)
+_CLASS_DRAFTING = {name: getattr(EntropySDConfig(), name) for name in
+                   ("num_draft_tokens", "draft_confidence_threshold", "argmax_drafts", "lookup_tail",
+                    "lookup_only_from", "k")}
 
 #: The settings this benchmark measured fastest on the zoo (2-core CPU, float32, CFG 3, a block head with
 #: ``num_future`` 4 and a 2048-code VQ) before they were stored with the checkpoint: per method, per decoding

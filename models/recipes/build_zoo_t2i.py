@@ -64,6 +64,18 @@ _BLOCK_CHAIN = {"num_draft_tokens": 4, "draft_confidence_threshold": 0.3, "looku
 #:                              GenEval-shapes 0.24 against 0.85), the class defaults otherwise
 #: entropy_sd / cool_sd         LANTERN's drafting and its 512 nearest codes (below)
 #: ===========================  ==========================================================================
+#: LANTERN's drafting (chains, blocks, argmax drafts) without its acceptance rule; the relaxed rules share it
+_LANTERN_DRAFTING: dict = {
+    "settings": {"num_draft_tokens": 8, "draft_confidence_threshold": 0.5},
+    "variants": [
+        {"when": {"greedy": True, "batch_size": 1}, "settings": _BLOCK_CHAIN},
+        {"when": {"greedy": False, "batch_size": 1}, "settings": {"argmax_drafts": True, **_BLOCK_CHAIN}},
+        {"when": {"greedy": False, "min_batch_size": 2},
+         "settings": {"argmax_drafts": True, "num_draft_tokens": 4, "draft_confidence_threshold": 0.5}},
+        {"when": {"greedy": True, "min_batch_size": 2},
+         "settings": {"num_draft_tokens": 5, "draft_confidence_threshold": 0.5}},
+    ],
+}
 SPECULATION_SETTINGS: dict[str, dict] = {
     "eagle": {
         "settings": {"num_draft_tokens": 8, "draft_confidence_threshold": 0.5},
@@ -76,16 +88,8 @@ SPECULATION_SETTINGS: dict[str, dict] = {
         ],
     },
     "lantern": {
-        "settings": {"num_draft_tokens": 8, "draft_confidence_threshold": 0.5},
-        "variants": [
-            {"when": {"greedy": True, "batch_size": 1}, "settings": _BLOCK_CHAIN},
-            {"when": {"greedy": False, "batch_size": 1}, "settings": {"argmax_drafts": True, **_BLOCK_CHAIN}},
-            {"when": {"greedy": False, "min_batch_size": 2},
-             "settings": {"argmax_drafts": True, "num_draft_tokens": 4, "draft_confidence_threshold": 0.5}},
-            {"when": {"greedy": True, "min_batch_size": 2},
-             "settings": {"num_draft_tokens": 5, "draft_confidence_threshold": 0.5}},
-            {"when": {"greedy": False}, "settings": {"k": 512, "lam": 10.0}},
-        ],
+        "settings": _LANTERN_DRAFTING["settings"],
+        "variants": [*_LANTERN_DRAFTING["variants"], {"when": {"greedy": False}, "settings": {"k": 512, "lam": 10.0}}],
     },
     "sjd": {"settings": {"window": 8, "init": "left"}},
     "scd": {"settings": {"window": 8, "init": "left"}},
@@ -93,12 +97,12 @@ SPECULATION_SETTINGS: dict[str, dict] = {
     "mulo": {"settings": {"resample": "reverify"}},
 }
 #: entropy_sd and cool_sd draft as LANTERN does (its settings and variants, over the same 512 nearest codes under
-#: sampling), only their per-token relaxation differs: 2.90x and 2.65x at temperature 1 and batch 1 against 1.55x
-#: and 1.64x with the class defaults' sampled chains (docs/benchmarks/ar_image_beyond_cpu.md).
+#: sampling); only their per-token relaxation differs: 2.58x and 2.56x at temperature 1 and batch 1 against 1.48x
+#: and 1.61x with the classes' own sampled chains (docs/benchmarks/ar_image_beyond_cpu.md).
 for _relaxed in ("entropy_sd", "cool_sd"):
     SPECULATION_SETTINGS[_relaxed] = {
-        "settings": dict(SPECULATION_SETTINGS["lantern"]["settings"]),
-        "variants": [*SPECULATION_SETTINGS["lantern"]["variants"][:-1], {"when": {"greedy": False}, "settings": {"k": 512}}],
+        "settings": _LANTERN_DRAFTING["settings"],
+        "variants": [*_LANTERN_DRAFTING["variants"], {"when": {"greedy": False}, "settings": {"k": 512}}],
     }
 
 
