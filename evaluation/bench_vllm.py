@@ -9,10 +9,11 @@ exported, held-out "describe" images, greedy, ``--max-tokens`` tokens per reques
 (an exported head) / ``--chat-template`` run another pair; ``--text-prompts`` sends plain text prompts
 instead of the zoo's images.
 
-For each of "offline" (``LLM.generate``) and "serve" (``vllm serve`` + the OpenAI client, chat completions)
+For each of "offline" (``LLM.chat``) and "serve" (``vllm serve`` + the OpenAI client, chat completions)
 and each of no head / the head, at each concurrency c (default 1, 8, 32), ``--num-prompts`` requests are
-sent with at most c in flight (offline: ``generate`` on batches of c; with ``--target``, ``LLM.chat`` with the
-chat template, as the server applies it). Columns: output tokens/s
+sent with at most c in flight (offline: ``chat`` on batches of c). Both modes send the same chat messages,
+rendered by the same template (the target's, or ``--chat-template``), so they decode the same prompt tokens.
+Columns: output tokens/s
 (completion tokens over the level's wall time), mean acceptance length (1 + accepted / drafts from vLLM's
 ``vllm:spec_decode_*`` counters over that level: tokens per target forward), and request latency p50 / p90
 / p99 (serve only: the offline API returns a batch at once). Each (mode, head) pair starts vLLM once
@@ -47,16 +48,16 @@ SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_t
 # ----------------------------------------------------------------------------------------------------------
 # Workload
 # ----------------------------------------------------------------------------------------------------------
-def prepare_zoo(work: Path, k: int) -> tuple[Path, Path, Path]:
-    """The zoo VLM converted for vLLM, its EagleVLM head exported, and its chat template."""
+def prepare_zoo(work: Path, k: int) -> tuple[Path, Path]:
+    """The zoo VLM converted for vLLM (its chat template included) and its EagleVLM head exported."""
     import mmspec.models.zoo as zoo_package
     from mmspec.integrations.vllm import ExportOptions, export_head
     from mmspec.integrations.vllm.convert import convert_llava_for_vllm
 
     zoo = Path(zoo_package.__file__).resolve().parent / "shapes-vlm"
-    target = convert_llava_for_vllm(zoo / "target", work / "target")
+    target = convert_llava_for_vllm(zoo / "target", work / "target", zoo / "processor" / "chat_template.jinja")
     head = export_head(zoo / "eagle_head", target, work / "head", ExportOptions(num_speculative_tokens=k))
-    return target, head, zoo / "processor" / "chat_template.jinja"
+    return target, head
 
 
 def zoo_requests(count: int) -> list[dict[str, Any]]:
@@ -70,13 +71,13 @@ def zoo_requests(count: int) -> list[dict[str, Any]]:
         example = sv.image_example("test", 0, index, "describe")
         buffer = io.BytesIO()
         Image.fromarray(example["frames"][0]).save(buffer, format="PNG")
-        requests.append({"text": sv.INSTRUCTIONS["describe"], "prompt": example["prompt"], "png": buffer.getvalue()})
+        requests.append({"text": sv.INSTRUCTIONS["describe"], "png": buffer.getvalue()})
     return requests
 
 
 def text_requests(count: int) -> list[dict[str, Any]]:
     words = ["a small red circle", "two shapes", "the image shows", "a large blue square"]
-    return [{"text": words[i % len(words)], "prompt": words[i % len(words)], "png": None} for i in range(count)]
+    return [{"text": words[i % len(words)], "png": None} for i in range(count)]
 
 
 def latency_percentiles(latencies: list[float]) -> dict[str, float]:
@@ -97,30 +98,24 @@ def acceptance(before: dict[str, float], after: dict[str, float]) -> float | Non
 # Offline API (one process per (target, head): vLLM's engine is not restarted within a process)
 # ----------------------------------------------------------------------------------------------------------
 def offline_worker(config: dict[str, Any]) -> list[dict[str, Any]]:
-    from PIL import Image
     from vllm import LLM, SamplingParams
 
-    from mmspec.integrations.vllm.launch import speculative_config
+    from mmspec.integrations.vllm.launch import speculative_config, target_overrides
 
     kwargs: dict[str, Any] = {}
     if config["head"]:
         kwargs["speculative_config"] = speculative_config(config["target"], config["head"], config["k"])
+        kwargs["hf_overrides"] = target_overrides(config["target"]) or None
     llm = LLM(model=config["target"], dtype=config["dtype"], enforce_eager=config["enforce_eager"], seed=0,
               disable_log_stats=False, max_num_seqs=max(config["concurrency"]), **kwargs)
     requests = zoo_requests(config["num_prompts"]) if not config["text_prompts"] else text_requests(config["num_prompts"])
     params = SamplingParams(temperature=0.0, max_tokens=config["max_tokens"], ignore_eos=True)
-    if config["chat"]:  # the target's chat template (or --chat-template), as `vllm serve` applies it
-        template = Path(config["chat_template"]).read_text() if config["chat_template"] else None
-        prompts: list[Any] = [_messages(r) for r in requests]
+    template = Path(config["chat_template"]).read_text() if config["chat_template"] else None
+    prompts = [_messages(r) for r in requests]
 
-        def generate(batch: list[Any]) -> list[Any]:
-            return llm.chat(batch, params, use_tqdm=False, chat_template=template)
-    else:  # the zoo's prompts, already formatted
-        prompts = [{"prompt": r["prompt"]} | ({"multi_modal_data": {"image": Image.open(io.BytesIO(r["png"]))}}
-                                              if r["png"] else {}) for r in requests]
+    def generate(batch: list[Any]) -> list[Any]:
+        return llm.chat(batch, params, use_tqdm=False, chat_template=template)
 
-        def generate(batch: list[Any]) -> list[Any]:
-            return llm.generate(batch, params, use_tqdm=False)
     generate(prompts[:2])  # warm-up
     rows = []
     for c in config["concurrency"]:
@@ -144,7 +139,7 @@ def _counters(metrics: list[Any]) -> dict[str, float]:
 def run_offline(args: argparse.Namespace, target: Path, head: Path | None, work: Path) -> list[dict[str, Any]]:
     config = {"target": str(target), "head": str(head) if head else None, "k": args.k, "max_tokens": args.max_tokens,
               "num_prompts": args.num_prompts, "concurrency": list(args.concurrency), "text_prompts": args.text_prompts,
-              "dtype": args.dtype, "enforce_eager": args.enforce_eager, "chat": args.target is not None,
+              "dtype": args.dtype, "enforce_eager": args.enforce_eager,
               "chat_template": str(args.chat_template) if args.chat_template else None}
     path = work / f"offline-{'head' if head else 'plain'}.json"
     path.write_text(json.dumps(config))
@@ -324,15 +319,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
-    if args.target is None:
-        target, head, template = prepare_zoo(work, args.k)
-    else:
-        target, head, template = args.target, args.head, args.chat_template
+    target, head = prepare_zoo(work, args.k) if args.target is None else (args.target, args.head)
     rows: list[dict[str, Any]] = []
     for mode in args.modes:
         for with_head in (None, head):
             rows += run_offline(args, target, with_head, work) if mode == "offline" else \
-                run_serve(args, target, with_head, template, work)
+                run_serve(args, target, with_head, args.chat_template, work)
             print(table(rows), flush=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

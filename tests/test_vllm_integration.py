@@ -199,6 +199,85 @@ def test_llava_conversion_renames_only_the_vision_tower(tmp_path):
         convert_llava_for_vllm(_tiny_llama_config(tmp_path), tmp_path / "x")
 
 
+def _messages(text: str, png: bytes | None = None) -> list[dict]:
+    import base64
+
+    content = [{"type": "text", "text": text}]
+    if png is not None:
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        content.insert(0, {"type": "image_url", "image_url": {"url": url}})
+    return [{"role": "user", "content": content}]
+
+
+def test_served_chat_prompts_keep_the_bos_the_pipeline_gives(tmp_path):
+    """vLLM's chat path renders the template and adds no special tokens; the converted zoo target's template
+    writes the BOS its tokenizer prepends, so chat prompts tokenize exactly as the pipeline's prompts do."""
+    from transformers import AutoTokenizer
+
+    from mmspec.integrations.vllm.chat import (
+        TEMPLATE_FILE,
+        find_chat_template,
+        tokenizer_bos,
+        vllm_chat_template,
+    )
+    from mmspec.models import shapes_vlm as sv
+
+    template_file = ZOO / "processor" / TEMPLATE_FILE
+    original = template_file.read_text()
+    assert find_chat_template(TARGET) is None and tokenizer_bos(TARGET) == "<s>"
+    out = convert_llava_for_vllm(TARGET, tmp_path / "llava", chat_template=template_file)
+    served = (out / TEMPLATE_FILE).read_text()
+    assert served == "{{ bos_token }}" + original and vllm_chat_template(served, out) == served  # added once
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    text = sv.INSTRUCTIONS["describe"]
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+    pipeline_ids = tokenizer(sv.image_example("test", 0, 0, "describe")["prompt"]).input_ids  # the training prompt
+    for template, starts_with_bos in ((served, True), (original, False)):
+        rendered = tokenizer.apply_chat_template(messages, chat_template=template, add_generation_prompt=True,
+                                                 tokenize=False)
+        chat_ids = tokenizer(rendered, add_special_tokens=False).input_ids  # what vLLM's chat path does
+        assert (chat_ids == pipeline_ids) is starts_with_bos and chat_ids[-len(pipeline_ids) + 1:] == pipeline_ids[1:]
+
+
+def test_templates_without_a_bos_to_add_are_left_alone(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from mmspec.integrations.vllm.chat import tokenizer_bos, vllm_chat_template, write_vllm_chat_template
+    from mmspec.integrations.vllm.launch import chat_template_args
+
+    tokenizer = Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))  # no post-processor: nothing is prepended (Qwen-style)
+    assert tokenizer_bos(tmp_path) is None and vllm_chat_template("{{ x }}", tmp_path) == "{{ x }}"
+    assert tokenizer_bos(tmp_path / "missing") is None  # no tokenizer.json: nothing can be told, nothing changes
+    assert write_vllm_chat_template(tmp_path) is None  # no stored template, nothing written
+    # a Llama-style tokenizer with a stored template that lacks BOS: `serve` passes a fixed copy
+    (tmp_path / "t").mkdir()
+    target = _target_copy(tmp_path / "t")
+    (target / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
+    args = chat_template_args(target, [], tmp_path)
+    assert args[0] == "--chat-template" and Path(args[1]).read_text() == "{{ bos_token }}{{ messages[0]['content'] }}"
+    assert chat_template_args(target, ["--chat-template", "mine.jinja"], tmp_path) == []  # the user's wins
+    assert chat_template_args(target, ["--chat-template=mine.jinja"], tmp_path) == []
+
+
+def test_qwen2_vl_targets_get_the_image_token_alias_vllms_eagle_path_reads(tmp_path):
+    from mmspec.integrations.vllm.launch import serve_command, target_overrides
+
+    folder = tmp_path / "qwen"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"architectures": ["Qwen2VLForConditionalGeneration"],
+                                                    "vision_config": {}, "image_token_id": 151655,
+                                                    "text_config": {"hidden_size": 8, "vocab_size": 97}}))
+    assert target_overrides(folder) == {"image_token_index": 151655}
+    assert target_overrides(TARGET) == {}  # LLaVA names it image_token_index already
+    assert target_overrides(_tiny_llama_config(tmp_path)) == {}  # text-only
+    command = serve_command(folder, {"method": "eagle"}, [])
+    assert command[command.index("--hf-overrides") + 1] == '{"image_token_index": 151655}'
+    assert "--hf-overrides" not in serve_command(folder, None, [])  # no head, no EAGLE proposer to satisfy
+    assert serve_command(folder, {"method": "eagle"}, ["--hf-overrides", "{}"]).count("--hf-overrides") == 1
+
+
 def test_runner_reply_and_vllm_counters_are_read_back():
     from types import SimpleNamespace as Metric
 
@@ -287,7 +366,7 @@ def zoo_reference(tmp_path_factory) -> dict:
     config = pipe.method_config("eagle").replace(num_draft_tokens=K)
     texts = [[1, 50, 60], [1, 9, 28, 17]]
     ref = {"prompts": list(texts), "tokens": [greedy_tokens(pipe.target, ids, MAX_TOKENS) for ids in texts],
-           "spec_tokens": [], "accepted_per_step": []}
+           "spec_tokens": [], "accepted_per_step": [], "chat_prompts": [], "prompt_ids": []}
     head = pipe.eagle_head.bind_target(pipe.target)
     for ids in texts:  # the pipeline wants an image: text-only prompts go through the core loop itself
         accepted: list[int] = []
@@ -312,17 +391,22 @@ def zoo_reference(tmp_path_factory) -> dict:
         spec = pipe(method=config, callback_on_step_end=record, callback_on_step_end_tensor_inputs=["new_tokens"],
                     **kwargs)
         ref["prompts"].append({"prompt": pipe.format_prompt(example["prompt"], 1), "image": str(folder / f"image{index}.png")})
+        # the same request as a chat completion sends it (OpenAI messages, the image as a data URL)
+        ref["chat_prompts"].append({"messages": _messages(sv.INSTRUCTIONS["describe"],
+                                                          (folder / f"image{index}.png").read_bytes())})
+        ref["prompt_ids"].append(pipe.processor(text=[pipe.format_prompt(example["prompt"], 1)], images=[image],
+                                                return_tensors="pt").input_ids[0].tolist())
         ref["tokens"].append(base.tokens[0].tolist())
         ref["spec_tokens"].append(spec.tokens[0].tolist())
         ref["accepted_per_step"].append(accepted)
     return ref
 
 
-def greedy_tokens(model, ids: list[int], count: int) -> list[int]:
-    """``count`` greedy tokens after ``ids``, EOS included and not stopping (what vLLM's ignore_eos decodes;
-    transformers' ``min_new_tokens`` would instead forbid EOS)."""
+def greedy_tokens(model, ids: list[int] | None, count: int, **inputs) -> list[int]:
+    """``count`` greedy tokens after ``ids`` (or after the processor's ``inputs``), EOS included and not stopping
+    (what vLLM's ignore_eos decodes; transformers' ``min_new_tokens`` would instead forbid EOS)."""
     with torch.no_grad():
-        out = model(input_ids=torch.tensor([ids]), use_cache=True)
+        out = model(**({"input_ids": torch.tensor([ids])} if ids is not None else inputs), use_cache=True)
         tokens = [int(out.logits[0, -1].argmax())]
         for _ in range(count - 1):
             out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
@@ -333,20 +417,26 @@ def greedy_tokens(model, ids: list[int], count: int) -> list[int]:
 @pytest.mark.vllm
 def test_zoo_vlm_on_vllm_with_the_exported_head(vllm_env, zoo_reference, tmp_path_factory):
     work = tmp_path_factory.mktemp("zoo-vllm")
-    target = convert_llava_for_vllm(TARGET, work / "target")
+    target = convert_llava_for_vllm(TARGET, work / "target", chat_template=ZOO / "processor" / "chat_template.jinja")
     head = export_head(ZOO / "eagle_head", target, work / "head", ExportOptions(dtype="float32"))
-    request = {"target": str(target), "prompts": zoo_reference["prompts"], "max_tokens": MAX_TOKENS}
+    # the four prompts as formatted text / token ids, then the two image prompts as chat messages
+    request = {"target": str(target), "prompts": zoo_reference["prompts"] + zoo_reference["chat_prompts"],
+               "max_tokens": MAX_TOKENS}
     plain = reply(run_vllm(vllm_env, work, {**request, "head": None}))
     spec = reply(run_vllm(vllm_env, work, {**request, "head": str(head), "num_speculative_tokens": K}))
     assert zoo_reference["spec_tokens"] == zoo_reference["tokens"]  # mmspec is lossless
-    assert plain["tokens"] == zoo_reference["tokens"]  # vLLM serves the zoo model, image included
+    assert plain["tokens"][:4] == zoo_reference["tokens"]  # vLLM serves the zoo model, image included
     assert spec["tokens"] == plain["tokens"]  # and the head keeps it lossless
+    # a chat request is the pipeline's prompt token for token (BOS and the expanded image placeholders)
+    assert plain["prompt_tokens"][4:] == plain["prompt_tokens"][2:4] == zoo_reference["prompt_ids"]
+    assert plain["tokens"][4:] == zoo_reference["tokens"][2:4]
     # the trained head is accepted (speculation means something), and exactly as mmspec's own drafter is:
     # the same accepted drafts in every verify round of every prompt, text-only and image (the last round
-    # may be cut short differently by the token limit)
+    # may be cut short differently by the token limit); chat requests exactly as the formatted ones
     assert spec["spec"]["mean_acceptance_length"] > 1.5, spec["spec"]
     assert any(0 < n < K for steps in spec["accepted_per_step"] for n in steps)  # partial rounds: a real check
-    for ours, theirs in zip(zoo_reference["accepted_per_step"], spec["accepted_per_step"], strict=True):
+    assert spec["accepted_per_step"][4:] == spec["accepted_per_step"][2:4]
+    for ours, theirs in zip(zoo_reference["accepted_per_step"], spec["accepted_per_step"][:4], strict=True):
         ours = ours[1:]  # mmspec's first step is the prefill's token (no drafts)
         assert len(ours) >= 3 and ours[:-1] == theirs[:len(ours) - 1], (ours, theirs)
 
@@ -367,6 +457,42 @@ def test_tiny_llama_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
     request = {"target": str(target), "prompts": prompts, "max_tokens": MAX_TOKENS}
     spec = reply(run_vllm(vllm_env, work, {**request, "head": str(head), "num_speculative_tokens": K}))
     assert len(set(map(tuple, greedy))) == 3 and len(set(greedy[0])) > 2  # not a degenerate model
+    assert spec["tokens"] == greedy
+    assert spec["spec"]["drafts"] > 0 and spec["spec"]["draft_tokens"] == K * spec["spec"]["drafts"]
+
+
+@pytest.mark.vllm
+def test_tiny_qwen2_vl_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
+    """An M-RoPE target (vLLM hands the head the temporal M-RoPE positions, the sequential ones on text):
+    greedy text with the head == transformers' greedy decoding, text-only, with an image, and as a chat."""
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+
+    from mmspec.integrations.vllm.tiny import QWEN_IMAGE_SIZE, build_random_head, build_tiny_qwen2_vl
+
+    work = tmp_path_factory.mktemp("tiny-qwen-vllm")
+    target = build_tiny_qwen2_vl(work / "qwen")
+    head = export_head(build_random_head(target, work / "head-src"), target, work / "head")
+    processor = AutoProcessor.from_pretrained(target)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(target, dtype=torch.float32).eval()
+    pixels = np.random.default_rng(0).integers(0, 256, (QWEN_IMAGE_SIZE, QWEN_IMAGE_SIZE, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(work / "image.png")
+    image = Image.open(work / "image.png").convert("RGB")
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                           "text": "describe the image in detail."}]}],
+                                         add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=[image], return_tensors="pt")
+    texts = [[10, 20, 30, 40], [50, 60, 70]]
+    greedy = [greedy_tokens(model, ids, MAX_TOKENS) for ids in texts] + [greedy_tokens(model, None, MAX_TOKENS,
+                                                                                       **inputs)] * 2
+    prompts = [*texts, {"prompt": text, "image": str(work / "image.png")},
+               {"messages": _messages("describe the image in detail.", (work / "image.png").read_bytes())}]
+    request = {"target": str(target), "prompts": prompts, "max_tokens": MAX_TOKENS, "head": str(head),
+               "num_speculative_tokens": K}
+    spec = reply(run_vllm(vllm_env, work, request))
+    assert len(set(map(tuple, greedy[1:3]))) == 2 and len(set(greedy[2])) > 2  # not a degenerate model
+    assert spec["prompt_tokens"][2] == spec["prompt_tokens"][3] == inputs.input_ids[0].tolist()  # no BOS added
     assert spec["tokens"] == greedy
     assert spec["spec"]["drafts"] > 0 and spec["spec"]["draft_tokens"] == K * spec["spec"]["drafts"]
 

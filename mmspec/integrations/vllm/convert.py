@@ -2,9 +2,11 @@
 
 transformers 5 saves ``LlavaForConditionalGeneration``'s CLIP tower as ``vision_tower.<module>``; vLLM's
 LLaVA (like the llava-hf checkpoints) reads ``vision_tower.vision_model.<module>``. The conversion renames
-those weights and copies every other file unchanged (config, tokenizer, processor, chat template), so the
-tokenizer fingerprint an exported head was checked against stays the same. The language model and the
-projector keep their names, and no value changes: vLLM serves the same model, images included.
+those weights and copies every other file unchanged (config, tokenizer, processor), so the tokenizer
+fingerprint an exported head was checked against stays the same. The language model and the projector keep
+their names, and no value changes: vLLM serves the same model, images included. The chat template (the
+source's, or the processor's passed as ``chat_template``) is written as ``chat_template.jinja`` in the form
+vLLM's chat path needs to produce the same prompt tokens (:mod:`.chat`: BOS written by the template).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 
 from mmspec.files import atomic_path
 
+from .chat import write_vllm_chat_template
 from .checkpoints import CheckpointError, read_target
 
 WEIGHTS = "model.safetensors"
@@ -28,8 +31,10 @@ def vllm_weight_name(name: str) -> str:
     return name
 
 
-def convert_llava_for_vllm(source: str | Path, out: str | Path) -> Path:
-    """Write ``out``: ``source`` (a single-file LLaVA checkpoint) with vLLM's vision-tower weight names.
+def convert_llava_for_vllm(source: str | Path, out: str | Path, chat_template: str | Path | None = None) -> Path:
+    """Write ``out``: ``source`` (a single-file LLaVA checkpoint) with vLLM's vision-tower weight names, and its
+    chat template (``chat_template``: a template file, e.g. the processor's; default: the one ``source``
+    stores, if any) as vLLM should render it.
 
     Raises:
         CheckpointError (a ValueError): ``source`` is not a LLaVA checkpoint, or has no ``model.safetensors``.
@@ -50,4 +55,5 @@ def convert_llava_for_vllm(source: str | Path, out: str | Path) -> Path:
     tensors = {vllm_weight_name(name): tensor for name, tensor in load_file(str(weights)).items()}
     with atomic_path(folder / WEIGHTS) as temporary:
         save_file(tensors, str(temporary), metadata={"format": "pt"})
+    write_vllm_chat_template(folder, None if chat_template is None else Path(chat_template).read_text())
     return folder

