@@ -22,6 +22,7 @@ from mmspec.tree import DraftTree
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+RELAXED = {"lantern", "gsd"}
 TINY = ["tiny-llamagen", "tiny-janus", "tiny-llava", "tiny-qwen2-vl", "tiny-mar", "tiny-video"]
 
 
@@ -66,7 +67,8 @@ def test_reported_fields_agree(report):
                 assert math.isclose(row["bound"], bound, rel_tol=1e-9)
                 assert math.isclose(row["loop_pct"], 100 * row["loop_ms"] / row["tk1_ms"], rel_tol=1e-9)
                 assert row["tau_expected"] == pytest.approx(expected_tau(0.8, row["K"]))
-                assert row["reference_mismatches"] == 0
+                if row["method"] not in RELAXED:  # relaxed rules may accept a neighbour of the target's token
+                    assert row["reference_mismatches"] == 0
                 assert row["loop_ms"] < row["tk1_ms"] * 50  # a loop time, not a whole run's
             else:
                 assert row["target_passes"] <= row["base_target_passes"] or row["method"] == "sdvg"
