@@ -102,19 +102,47 @@ def test_expected_tau():
         expected_tau(1.2, 4)
 
 
-def test_controlled_drafter_refuses_trees_and_bad_alpha():
-    class TreeDrafter:
-        needs_target_hidden, target_hidden, draft_limit, calls = False, "cond", None, 0
+class _TreeDrafter:
+    """Proposes a fixed tree: root -> 0 -> {1, 2}, 1 -> 3, and 4 (another child of the root)."""
+    needs_target_hidden, target_hidden, draft_limit, calls = False, "cond", None, 0
+    parents = torch.tensor([[-1, 0, 0, 1, -1]])
 
-        def propose(self, pending):
-            return DraftTree(torch.zeros(1, 2, dtype=torch.long), torch.tensor([[-1, 0]]))
+    def propose(self, pending):
+        return DraftTree(torch.full((1, 5), 7, dtype=torch.long), self.parents)
 
+
+def _controlled_tree(alpha: float) -> DraftTree:
+    reference = torch.arange(100, 110).unsqueeze(0)  # the continuation: 100, 101, ...
+    drafter = ControlledDrafter(_TreeDrafter(), reference, alpha, 50, Timer("cpu"))
+    drafter.position = torch.zeros(1, dtype=torch.long)
+    return drafter.propose(torch.zeros(1, dtype=torch.long))
+
+
+def test_controlled_trees_carry_the_continuation_on_one_path():
+    """alpha 1: the first child at each depth carries the target's token (nodes 0, 1, 3 at depths 1, 2, 3),
+    every other node differs from the token at its depth; alpha 0: no node carries it. The shape is kept."""
+    tree = _controlled_tree(1.0)
+    assert torch.equal(tree.parents, _TreeDrafter.parents)
+    truth_at_depth = 100 + tree.depths()[0]
+    carries = tree.tokens[0] == truth_at_depth
+    assert carries.tolist() == [True, True, False, True, False]
+    assert not (_controlled_tree(0.0).tokens[0] == truth_at_depth).any()
+
+
+def test_tree_rows_run_lossless_at_their_depth(llamagen):
+    """EAGLE-2's tree in place of the chain: alpha 1 keeps the first-child path, so every round accepts its
+    tree's depth; the output is the target's."""
+    reference = run_loop(llamagen, "none", 1, 21, 0, detailed=True).sequences
+    run = run_loop(llamagen, "eagle+tree", 1, 21, 0, detailed=True, alpha=1.0, reference=reference)
+    assert max(run.round_lengths) > max(run.round_depths) >= 2  # a tree: more nodes than levels
+    assert torch.equal(run.sequences, reference)
+    assert run.stats.mean_accepted_length > 2.0
+
+
+def test_controlled_drafter_refuses_bad_alpha():
     reference = torch.zeros(1, 8, dtype=torch.long)
-    drafter = ControlledDrafter(TreeDrafter(), reference, 0.5, 16, Timer("cpu"))
-    with pytest.raises(ValueError, match="chains"):
-        drafter.propose(torch.zeros(1, dtype=torch.long))
     with pytest.raises(ValueError, match="alpha"):
-        ControlledDrafter(TreeDrafter(), reference, -0.1, 16, Timer("cpu"))
+        ControlledDrafter(_TreeDrafter(), reference, -0.1, 16, Timer("cpu"))
 
 
 def test_controlled_reward_passes_at_its_rate():

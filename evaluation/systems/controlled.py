@@ -6,7 +6,10 @@ are the product's, and so is their time), then replaces the tokens it proposed: 
 greedy continuation at that position, kept with probability ``alpha`` and otherwise replaced by another
 token, independently. Under greedy verification a chain of K drafts then keeps a geometric prefix, so the
 mean tokens per round (accepted drafts plus the target's token) is known in advance:
-:func:`expected_tau`.
+:func:`expected_tau`. A draft tree (EAGLE-2) keeps its shape, and its nodes' tokens are replaced so that one
+path can carry the continuation: at each depth the first child of the node that carries it is the target's
+token with probability ``alpha``, every other node a different token. A tree of depth D then accepts like a
+chain of D drafts, while its verification costs what the whole tree costs.
 
 The greedy continuation (``reference``) comes from the target-only run of the same inputs, which the
 benchmark runs first anyway as its baseline. Where the speculative run's greedy tokens differ from it
@@ -39,7 +42,7 @@ class ControlledDrafter(Drafter):
     probability ``alpha`` (else replaced by a different token below ``token_limit``).
 
     Args:
-        inner: the drafter the method built (chains only: a tree's acceptance has no closed form here).
+        inner: the drafter the method built (chains or trees).
         reference: LongTensor ``[B, N]``, each row's greedy continuation from the target-only run (the
             prefill's token first).
         alpha: probability that a proposed token is the target's own.
@@ -66,7 +69,8 @@ class ControlledDrafter(Drafter):
         self.generator = torch.Generator(device=reference.device).manual_seed(seed)
         self.position: torch.Tensor | None = None  # [B] index in reference of each row's pending token
         self.mismatch_count: torch.Tensor | None = None
-        self.round_lengths: list[int] = []
+        self.round_lengths: list[int] = []  # drafted tokens (tree nodes) per round
+        self.round_depths: list[int] = []  # drafted levels per round (a chain's length, a tree's depth)
 
     @property
     def calls(self) -> int:
@@ -91,24 +95,48 @@ class ControlledDrafter(Drafter):
             self.position = torch.zeros(batch, dtype=torch.long, device=self.reference.device)
             self.mismatch_count = (context.first_tokens != self.reference[:, 0]).sum()
 
-    def propose(self, pending: torch.Tensor) -> DraftChain:
+    def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
         with self.timer.time("draft", "propose"):
             self.inner.draft_limit = self.draft_limit
             chain = self.inner.propose(pending)
-        if isinstance(chain, DraftTree):
-            raise ValueError("controlled acceptance needs draft chains; this method's config drafts an EAGLE-2 tree "
-                             "(set tree=None)")
         with self.timer.time("controller"):
+            if isinstance(chain, DraftTree):
+                return self._controlled_tree(chain)
             count = chain.tokens.shape[1]
             self.round_lengths.append(count)
-            last = self.reference.shape[1] - 1
-            steps = torch.arange(1, count + 1, device=self.reference.device)
-            index = (self.position.unsqueeze(1) + steps).clamp(max=last)  # rows past the end: any token
-            truth = self.reference.gather(1, index)
+            self.round_depths.append(count)
+            steps = torch.arange(1, count + 1, device=self.reference.device).expand(chain.tokens.shape[0], count)
+            truth = self._truth(steps)
             keep = torch.rand(truth.shape, generator=self.generator, device=truth.device) < self.alpha
-            shift = torch.randint(1, self.token_limit, truth.shape, generator=self.generator, device=truth.device)
-            wrong = (truth % self.token_limit + shift) % self.token_limit  # never equals the truth
-            return DraftChain(torch.where(keep, truth, wrong).to(chain.tokens.dtype), None)
+            return DraftChain(torch.where(keep, truth, self._wrong(truth)).to(chain.tokens.dtype), None)
+
+    def _truth(self, steps: torch.Tensor) -> torch.Tensor:
+        """``[B, N]`` the reference token ``steps`` positions after each row's pending one (rows past the end:
+        the last reference token, any token would do)."""
+        index = (self.position.unsqueeze(1) + steps).clamp(max=self.reference.shape[1] - 1)
+        return self.reference.gather(1, index)
+
+    def _wrong(self, truth: torch.Tensor) -> torch.Tensor:
+        """A token below ``token_limit`` that differs from ``truth``, per element."""
+        shift = torch.randint(1, self.token_limit, truth.shape, generator=self.generator, device=truth.device)
+        return (truth % self.token_limit + shift) % self.token_limit
+
+    def _controlled_tree(self, tree: DraftTree) -> DraftTree:
+        depths = tree.depths()
+        max_depth = int(depths.max())
+        self.round_lengths.append(tree.num_nodes)
+        self.round_depths.append(max_depth)
+        truth = self._truth(depths)
+        keep = torch.rand((truth.shape[0], max_depth), generator=self.generator, device=truth.device) < self.alpha
+        node = torch.arange(tree.num_nodes, device=truth.device)
+        carries = torch.zeros_like(truth, dtype=torch.bool)  # the node is the continuation so far
+        for depth in range(1, max_depth + 1):  # parents come first: depth by depth
+            parent_carries = (tree.parents < 0) | carries.gather(1, tree.parents.clamp(min=0))
+            candidates = (depths == depth) & parent_carries
+            first = torch.where(candidates, node, tree.num_nodes).min(dim=1, keepdim=True).values
+            carries |= (node == first) & keep[:, depth - 1:depth]
+        tokens = torch.where(carries, truth, self._wrong(truth)).to(tree.tokens.dtype)
+        return DraftTree(tokens, tree.parents, tree.draft_probs)
 
     def commit(self, result: RoundResult) -> None:
         with self.timer.time("draft", "commit"):

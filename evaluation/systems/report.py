@@ -35,13 +35,19 @@ def _table(header: Sequence[str], rows: Sequence[Mapping[str, Any]],
             + ["| " + " | ".join(cells(r)) + " |" for r in rows])
 
 
+def _depth(row: Mapping[str, Any]) -> str:
+    """K, and a tree's node count (its verification forward runs nodes + 1 tokens, the T(K+1) column)."""
+    nodes = row.get("nodes", row["K"])
+    return str(row["K"]) if nodes == row["K"] else f"{row['K']} ({nodes} nodes)"
+
+
 def token_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per token-method row: acceptance, timings, speedup against the bound, loop overhead."""
     header = ["method", "alpha", "batch", "K", "tau (expected)", "T(1) ms", "T(K+1) ms", "draft ms/token",
               "speedup [range]", "bound", "efficiency", "loop ms/round (% of T(K+1))", "target-only loop ms/step",
               "peak MB"]
     return _table(header, rows, lambda r: [
-        str(r["method"]), str(r["alpha"]), str(r["batch"]), str(r["K"]),
+        str(r["method"]), str(r["alpha"]), str(r["batch"]), _depth(r),
         f"{_num(r['tau'])} ({_num(r['tau_expected'])})", _num(r["t1_ms"], 1), _num(r["tk1_ms"], 1),
         _num(r["draft_ms"], 2), _speedup(r), _num(r["bound"]), _num(r["efficiency"]),
         f"{_num(r['loop_ms'], 2)} ({_num(r['loop_pct'], 1)} %)", _num(r["base_loop_ms"], 2), _num(r["peak_mb"], 0)])

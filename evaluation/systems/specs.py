@@ -96,8 +96,9 @@ _QWEN2_VL = {"hidden": 1536, "layers": 28, "heads": 12, "kv_heads": 2, "intermed
 _VIDEO = {"dim": 1536, "layers": 30, "heads": 12, "mlp_ratio": 8960 / 1536, "latent_size": 80, "patch": 2,
           "num_frames": 21, "frames_per_block": 3, "text_length": 512, "draft_layers": 8, "prompt_words": 24}
 
-_AR_METHODS = ("eagle", "sjd", "scd", "lantern", "gsd")
-_VLM_METHODS = ("eagle", "flash", "vispec", "specvlm")
+# "eagle+tree": EAGLE with EAGLE-2's dynamic tree (evaluation/systems/token_rows.py, method_config)
+_AR_METHODS = ("eagle", "eagle+tree", "sjd", "scd", "lantern", "gsd")
+_VLM_METHODS = ("eagle", "eagle+tree", "flash", "vispec", "specvlm")
 
 SYSTEMS: dict[str, SystemSpec] = {spec.name: spec for spec in (
     SystemSpec("llamagen-t2i-l", "ar_image", "llamagen", _llamagen("GPT-L"), _LLAMAGEN_SOURCE, _AR_METHODS, 256, 7.5,

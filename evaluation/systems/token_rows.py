@@ -8,10 +8,13 @@ runs (no EOS: every row generates ``new_tokens``). The drafter is wrapped by
 
 What a row reports (per run, then the median over ``--repeats`` unless said otherwise):
 
+* ``K``: drafting steps per round (a chain's length, a tree's depth); ``nodes``: tokens drafted per round (K
+  for a chain, the node count of a ``"NAME+tree"`` method's EAGLE-2 tree);
 * ``t1_ms``: the target's mean forward on 1 token per row, in the target-only run (its cache grows from the
-  prompt to prompt + N: realistic prefix lengths); ``tk1_ms``: its mean forward on K+1 tokens in the
+  prompt to prompt + N: realistic prefix lengths); ``tk1_ms``: its mean forward on nodes + 1 tokens in the
   speculative run (means, not medians, so that forward time times forward count is the run's model time);
-* ``draft_ms``: the drafter's time per drafted token (its propose and commit per round over K);
+  the formulas below write it T(K+1), a chain's case;
+* ``draft_ms``: the drafter's time per drafting step (its propose and commit per round over K);
 * ``tau``: measured tokens per (row, round) (:attr:`~mmspec.stats.SpecStats.mean_accepted_length`) next to
   ``tau_expected`` = (1 - alpha^(K+1)) / (1 - alpha); ``tau_rounds``: (N - 1) / rounds, which is what a
   batch's speed follows (the loop runs until its slowest row is done) and equals ``tau`` at batch 1;
@@ -35,6 +38,7 @@ from typing import Any
 
 import torch
 
+from mmspec.drafters import TreeConfig
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
 
@@ -45,6 +49,8 @@ from .timing import TimedProxy, Timer, profile_call
 
 #: tokens of a warm-up run (first calls build lazy state: derived weights, caches, kernels)
 WARMUP_TOKENS = 6
+#: a method name with this suffix runs the method's settings with EAGLE-2's dynamic tree (:func:`method_config`)
+TREE_SUFFIX = "+tree"
 #: a row is profiled when its loop takes more than this share of a verification forward...
 LOOP_SHARE_LIMIT = 5.0
 #: ...or when a chain method at batch 1 reaches less than this share of its bound
@@ -63,6 +69,7 @@ class LoopRun:
     config: dict[str, Any] | None
     mismatches: int = 0
     round_lengths: tuple[int, ...] = ()
+    round_depths: tuple[int, ...] = ()
     peak_bytes: int | None = None
     start_bytes: int | None = None
 
@@ -72,13 +79,22 @@ class LoopRun:
         return self.wall - self.prefill
 
 
+def method_config(system: System, method: str, request: Any) -> Any:
+    """What ``method`` names: a method of the pipeline (``"eagle"``: the settings a plain call resolves), or
+    ``"NAME+tree"``: those settings with EAGLE-2's dynamic tree (``TreeConfig()``: depth 5, top-k 8, 48
+    nodes) instead of their chain."""
+    if not method.endswith(TREE_SUFFIX):
+        return method
+    return system.pipe.resolve_method(method[:-len(TREE_SUFFIX)], request).replace(tree=TreeConfig())
+
+
 def run_loop(system: System, method: str, batch: int, new_tokens: int, seed: int, *, detailed: bool,
              alpha: float | None = None, reference: torch.Tensor | None = None) -> LoopRun:
     """One greedy run of ``method`` ("none": target only) on ``batch`` rows, as the pipeline runs its loop."""
     timer = Timer(system.device, detailed)
     generator = torch.Generator(system.device).manual_seed(seed)
     request = system.request(batch, generator)
-    config, plan = system.pipe.build_method(method, request)
+    config, plan = system.pipe.build_method(method_config(system, method, request), request)
     if plan.loop is not None:
         raise ValueError(f"method {method!r} runs a loop of its own; token rows drive the token loop")
     drafter = plan.drafter
@@ -106,6 +122,7 @@ def run_loop(system: System, method: str, batch: int, new_tokens: int, seed: int
                    None if config is None else config.to_dict(),
                    mismatches=controlled.mismatches if controlled else 0,
                    round_lengths=tuple(controlled.round_lengths) if controlled else (),
+                   round_depths=tuple(controlled.round_depths) if controlled else (),
                    peak_bytes=peak, start_bytes=start_bytes)
 
 
@@ -129,8 +146,14 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def chain_length(runs: Sequence[LoopRun]) -> int:
-    """K: the longest chain a run proposed (rounds near the end may be capped shorter)."""
+    """The most tokens a run drafted in a round: a chain's K, a tree's node count (rounds near the end may be
+    capped shorter)."""
     return max(max(run.round_lengths, default=0) for run in runs)
+
+
+def draft_depth(runs: Sequence[LoopRun]) -> int:
+    """K: the most drafting steps of a round (a chain's length, a tree's depth)."""
+    return max(max(run.round_depths, default=0) for run in runs)
 
 
 def token_row(method: str, alpha: float, batch: int, new_tokens: int, base: tuple[list, list],
@@ -138,10 +161,10 @@ def token_row(method: str, alpha: float, batch: int, new_tokens: int, base: tupl
     """The reported quantities of one row from its target-only and speculative runs (``(timed, instrumented)``
     lists of :class:`LoopRun`, as :func:`repeated` returns them)."""
     (base_runs, base_detail), (spec_runs, spec_detail) = base, spec
-    k = chain_length(spec_detail)
+    k, nodes = draft_depth(spec_detail), chain_length(spec_detail)
     rounds = [run.timer.count("target_forward") for run in spec_detail]
     t1 = _median([run.timer.mean("target_forward", 1) for run in base_detail])
-    tk1 = _median([run.timer.mean("target_forward", k + 1) for run in spec_detail])
+    tk1 = _median([run.timer.mean("target_forward", nodes + 1) for run in spec_detail])
     draft = _median([run.timer.total("draft") / r / k for run, r in zip(spec_detail, rounds) if r and k])
     loop = _median([(run.decode - run.timer.total("target_forward", "draft", "controller")) / r
                     for run, r in zip(spec_detail, rounds) if r])
@@ -157,7 +180,7 @@ def token_row(method: str, alpha: float, batch: int, new_tokens: int, base: tupl
     peaks = [run.peak_bytes for run in spec_runs if run.peak_bytes is not None]
     starts = [run.start_bytes for run in spec_runs if run.start_bytes is not None]
     return {
-        "method": method, "alpha": alpha, "batch": batch, "new_tokens": new_tokens, "K": k,
+        "method": method, "alpha": alpha, "batch": batch, "new_tokens": new_tokens, "K": k, "nodes": nodes,
         "config": spec_runs[0].config,
         "tau": spec_runs[0].stats.mean_accepted_length, "tau_expected": expected_tau(alpha, k),
         "tau_rounds": tau_rounds, "rounds": _median(rounds),
