@@ -9,7 +9,7 @@ Two parts:
   with the reason when the environment is missing. Each vLLM start takes 1-2 minutes on 2 shared cores.
 
 What the vLLM tests hold: on the zoo VLM (two image prompts, two text-only prompts) greedy text with the
-exported head == vLLM without speculation == mmspec's pipeline and the target's own greedy decoding, and vLLM
+exported EagleVLM head (and with ViSpec's head exported as its EAGLE core) == vLLM without speculation == mmspec's pipeline and the target's own greedy decoding, and vLLM
 accepts the exported head's drafts exactly where mmspec's own drafter's are accepted (the same accepted drafts
 in every verify round: the export is exact), and chat requests are the pipeline's prompts token for token;
 on a tiny random Llama and a tiny random Qwen2-VL with random heads, greedy text with the head ==
@@ -448,8 +448,12 @@ def test_zoo_vlm_on_vllm_with_the_exported_head(vllm_env, zoo_reference, tmp_pat
     # the four prompts as formatted text / token ids, then the two image prompts as chat messages
     request = {"target": str(target), "prompts": zoo_reference["prompts"] + zoo_reference["chat_prompts"],
                "max_tokens": MAX_TOKENS}
+    vispec = export_head(ZOO / "vispec_head", target, work / "vispec", ExportOptions(visual="text", dtype="float32"))
     plain = reply(run_vllm(vllm_env, work, {**request, "head": None}))
     spec = reply(run_vllm(vllm_env, work, {**request, "head": str(head), "num_speculative_tokens": K}))
+    text_core = reply(run_vllm(vllm_env, work, {**request, "head": str(vispec), "num_speculative_tokens": K}))
+    # ViSpec's EAGLE core (exported with visual="text"): lossless, images included, and its drafts accepted
+    assert text_core["tokens"] == plain["tokens"] and text_core["spec"]["mean_acceptance_length"] > 1.5
     assert zoo_reference["spec_tokens"] == zoo_reference["tokens"]  # mmspec is lossless
     assert plain["tokens"][:4] == zoo_reference["tokens"]  # vLLM serves the zoo model, image included
     assert spec["tokens"] == plain["tokens"]  # and the head keeps it lossless
@@ -475,7 +479,9 @@ def test_tiny_llama_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
 
     work = tmp_path_factory.mktemp("tiny-vllm")
     target = build_tiny_llama(work / "llama")
-    head = export_head(build_random_head(target, work / "head-src"), target, work / "head")
+    # the text-target head class (no input norm, no image embeddings): the other exact export
+    head = export_head(build_random_head(target, work / "head-src", head_class="EagleHead"), target, work / "head")
+    assert json.loads((head / "config.json").read_text())["mmspec"]["head_class"] == "EagleHead"
     prompts = [[1, 10, 20, 30, 40], [1, 50, 60, 70], [1, 5]]
     model = LlamaForCausalLM.from_pretrained(target, dtype=torch.float32)
     greedy = [greedy_tokens(model, ids, MAX_TOKENS) for ids in prompts]

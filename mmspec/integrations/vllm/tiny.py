@@ -5,8 +5,9 @@
   transformers vLLM pins);
 * :func:`build_tiny_qwen2_vl`: a random ``Qwen2VLForConditionalGeneration`` (M-RoPE language model, a one-block
   vision tower) with a Qwen-style tokenizer (no BOS, the four vision special tokens) and its processor;
-* :func:`build_random_head`: an untrained :class:`~mmspec.models.vlm_drafters.eagle_vlm.EagleVLMHead` sized for
-  a target (lossless like any head; its acceptance is low).
+* :func:`build_random_head`: an untrained :class:`~mmspec.models.eagle.EagleHead` or
+  :class:`~mmspec.models.vlm_drafters.eagle_vlm.EagleVLMHead` sized for a target (lossless like any head; its
+  acceptance is low).
 """
 
 from __future__ import annotations
@@ -134,17 +135,26 @@ def build_tiny_qwen2_vl(folder: str | Path, seed: int = 0, hidden_size: int = 64
     return folder
 
 
-def build_random_head(target: str | Path, folder: str | Path, seed: int = 0) -> Path:
-    """Save an untrained EagleVLMHead sized for ``target`` (its hidden size and vocabulary) to ``folder``."""
+#: the head classes :func:`build_random_head` builds: the text-target head and the VLM one
+RANDOM_HEAD_CLASSES = ("EagleVLMHead", "EagleHead")
+
+
+def build_random_head(target: str | Path, folder: str | Path, seed: int = 0,
+                      head_class: str = "EagleVLMHead") -> Path:
+    """Save an untrained ``head_class`` (:data:`RANDOM_HEAD_CLASSES`) sized for ``target`` (its hidden size and
+    vocabulary) to ``folder``."""
+    if head_class not in RANDOM_HEAD_CLASSES:
+        raise ValueError(f"head_class must be one of {RANDOM_HEAD_CLASSES}, got {head_class!r}")
     import torch
 
+    from mmspec.models.eagle import EagleHead
     from mmspec.models.vlm_drafters.eagle_vlm import EagleVLMHead
 
     info = read_target(target)
     torch.manual_seed(seed)
-    head = EagleVLMHead(hidden_size=info.hidden_size, vocab_size=info.vocab_size,
-                        num_attention_heads=max(1, info.hidden_size // HEAD_DIM),
-                        max_position_embeddings=512)
+    cls = EagleVLMHead if head_class == "EagleVLMHead" else EagleHead
+    head = cls(hidden_size=info.hidden_size, vocab_size=info.vocab_size,
+               num_attention_heads=max(1, info.hidden_size // HEAD_DIM), max_position_embeddings=512)
     with torch.no_grad():  # non-trivial norms and fc bias, so the export's mapping of each is exercised
         for name, parameter in head.named_parameters():
             if "norm" in name or name.endswith("bias"):
