@@ -246,7 +246,7 @@ def test_templates_without_a_bos_to_add_are_left_alone(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from mmspec.integrations.vllm.chat import tokenizer_bos, vllm_chat_template, write_vllm_chat_template
-    from mmspec.integrations.vllm.launch import chat_template_args
+    from mmspec.integrations.vllm.launch import serving_chat_template
 
     tokenizer = Tokenizer(models.WordLevel({"a": 0, "<unk>": 1}, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -258,10 +258,26 @@ def test_templates_without_a_bos_to_add_are_left_alone(tmp_path):
     (tmp_path / "t").mkdir()
     target = _target_copy(tmp_path / "t")
     (target / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
-    args = chat_template_args(target, [], tmp_path)
-    assert args[0] == "--chat-template" and Path(args[1]).read_text() == "{{ bos_token }}{{ messages[0]['content'] }}"
-    assert chat_template_args(target, ["--chat-template", "mine.jinja"], tmp_path) == []  # the user's wins
-    assert chat_template_args(target, ["--chat-template=mine.jinja"], tmp_path) == []
+    assert serving_chat_template(target, []) == "{{ bos_token }}{{ messages[0]['content'] }}"
+    assert serving_chat_template(target, ["--chat-template", "mine.jinja"]) is None  # the user's wins
+    assert serving_chat_template(target, ["--chat-template=mine.jinja"]) is None
+    (target / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}")
+    assert serving_chat_template(target, []) is None  # writes BOS already
+
+
+def test_serve_passes_the_bos_writing_template_and_the_speculative_config(exported, tmp_path, monkeypatch, capsys):
+    from mmspec.integrations.vllm import launch
+
+    target = _target_copy(tmp_path)
+    (target / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")  # leaves out the BOS
+    commands = []
+    monkeypatch.setattr(launch.os, "execv", lambda path, command: commands.append(command))
+    assert launch.main(["serve", "--target", str(target), "--head", str(exported), "--", "--dtype", "float32"]) == 0
+    command = commands[0]
+    assert json.loads(command[command.index("--speculative-config") + 1])["method"] == "eagle"
+    template = Path(command[command.index("--chat-template") + 1])
+    assert template.read_text() == "{{ bos_token }}{{ messages[0]['content'] }}"
+    assert command[-2:] == ["--dtype", "float32"] and "BOS" in capsys.readouterr().err
 
 
 def test_qwen2_vl_targets_get_the_image_token_alias_vllms_eagle_path_reads(tmp_path):

@@ -7,8 +7,8 @@
 ``serve`` replaces itself with ``vllm serve T --speculative-config '{"method": "eagle", ...}' ARGS``
 (:func:`serve_command`: the same server through ``python -m vllm.entrypoints.openai.api_server`` with vLLM's
 CPU build, whose ``vllm`` command does not start). When the target's chat template leaves out the BOS its
-tokenizer prepends, ``serve`` adds ``--chat-template`` with one that writes it (:func:`chat_template_args`),
-unless ARGS name a template.
+tokenizer prepends, ``serve`` adds ``--chat-template`` with one that writes it, unless ARGS name a template
+(:func:`serving_chat_template`).
 """
 
 from __future__ import annotations
@@ -95,19 +95,16 @@ def serve_command(target: str | Path, config: dict[str, Any] | None, extra: list
     return [executable, "serve", str(target), *spec, *extra]
 
 
-def chat_template_args(target: str | Path, extra: list[str], work: str | Path) -> list[str]:
-    """``["--chat-template", FILE]`` when ``target``'s stored chat template needs BOS written for vLLM's chat
-    path (:func:`~.chat.vllm_chat_template`; FILE is written in ``work``), else ``[]``; also ``[]`` when
-    ``extra`` already names a template."""
+def serving_chat_template(target: str | Path, extra: list[str]) -> str | None:
+    """The chat template to serve ``target`` with when its stored one needs BOS written for vLLM's chat path
+    (:func:`~.chat.vllm_chat_template`), else None; also None when ``extra`` already names a template."""
     if any(arg == "--chat-template" or arg.startswith("--chat-template=") for arg in extra):
-        return []
+        return None
     folder = local_folder(target, "target", "target")
     template = find_chat_template(folder)
     if template is None or vllm_chat_template(template, folder) == template:
-        return []
-    path = Path(work) / "chat_template.jinja"
-    path.write_text(vllm_chat_template(template, folder))
-    return ["--chat-template", str(path)]
+        return None
+    return vllm_chat_template(template, folder)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -145,11 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             print(json.dumps(config))
             return 0
-        template = chat_template_args(args.target, extra, tempfile.mkdtemp(prefix="mmspec-vllm-"))
-        if template:
-            print(f"note: serving with {template[1]}: the target's chat template plus the BOS its tokenizer "
-                  "prepends (vLLM's chat path adds no special tokens)", file=sys.stderr)
-        command = serve_command(args.target, config, [*template, *extra])
+        template = serving_chat_template(args.target, extra)
+        if template is not None:
+            path = Path(tempfile.mkdtemp(prefix="mmspec-vllm-")) / "chat_template.jinja"
+            path.write_text(template)
+            extra = ["--chat-template", str(path), *extra]
+            print(f"note: serving with {path}: the target's chat template plus the BOS its tokenizer prepends "
+                  "(vLLM's chat path adds no special tokens)", file=sys.stderr)
+        command = serve_command(args.target, config, extra)
         os.execv(command[0], command)
     except ValueError as error:  # CheckpointError and option errors
         print(f"error: {error}", file=sys.stderr)
