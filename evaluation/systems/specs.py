@@ -117,6 +117,12 @@ SYSTEMS: dict[str, SystemSpec] = {spec.name: spec for spec in (
     SystemSpec("mar-l", "continuous", "mar", {"target": mar_config("mar_large"), "draft": mar_config("mar_base"),
                                               "num_iter": 64, "diffusion_steps": 100},
                "MAR-L target, MAR-B draft (LTH14/mar; mmspec.models.mar.mar_config)", ("cspd",), 1, 3.0),
+    SystemSpec("mar-l-cpu", "continuous", "mar", {"target": mar_config("mar_large"), "draft": mar_config("mar_base"),
+                                                  "num_iter": 16, "diffusion_steps": 100},
+               "MAR-L target, MAR-B draft (LTH14/mar; mmspec.models.mar.mar_config), 16 iterations", ("cspd",), 1,
+               3.0, cpu=True, gpu=False,
+               notes=("MAR-L and MAR-B at full size with 16 generation iterations instead of 64 (16 tokens each): "
+                      "three 64-iteration images, the warm-up included, take most of an hour on one CPU core",)),
     SystemSpec("video-dit-1.3b", "video", "video_dit", _VIDEO, "Wan2.1-T2V-1.3B sizes in Self-Forcing's blocks",
                ("sdvg",), 7),
     SystemSpec("video-dit-1.3b-cpu", "video", "video_dit", {**_VIDEO, "latent_size": 8},
