@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import io
 import json
 import os
@@ -39,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from mmspec.integrations.vllm.offline import REPLY_PREFIX, parse_reply
+from mmspec.integrations.vllm.offline import REPLY_PREFIX, chat_messages, parse_reply
 
 DEFAULT_CONCURRENCY = (1, 8, 32)
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
@@ -111,7 +110,7 @@ def offline_worker(config: dict[str, Any]) -> list[dict[str, Any]]:
     requests = zoo_requests(config["num_prompts"]) if not config["text_prompts"] else text_requests(config["num_prompts"])
     params = SamplingParams(temperature=0.0, max_tokens=config["max_tokens"], ignore_eos=True)
     template = Path(config["chat_template"]).read_text() if config["chat_template"] else None
-    prompts = [_messages(r) for r in requests]
+    prompts = [chat_messages(r["text"], r["png"]) for r in requests]
 
     def generate(batch: list[Any]) -> list[Any]:
         return llm.chat(batch, params, use_tqdm=False, chat_template=template)
@@ -184,14 +183,6 @@ def _wait_ready(port: int, server: subprocess.Popen, timeout: float) -> None:
     raise RuntimeError(f"vllm serve was not ready after {timeout:.0f} s")
 
 
-def _messages(request: dict[str, Any]) -> list[dict[str, Any]]:
-    if request["png"] is None:
-        return [{"role": "user", "content": request["text"]}]
-    url = "data:image/png;base64," + base64.b64encode(request["png"]).decode()
-    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                         {"type": "text", "text": request["text"]}]}]
-
-
 async def _level(port: int, model: str, requests: list[dict[str, Any]], concurrency: int,
                  max_tokens: int) -> tuple[list[float], int, float]:
     from openai import AsyncOpenAI
@@ -205,7 +196,7 @@ async def _level(port: int, model: str, requests: list[dict[str, Any]], concurre
         nonlocal tokens
         async with gate:
             start = time.perf_counter()
-            reply = await client.chat.completions.create(model=model, messages=_messages(request), temperature=0.0,
+            reply = await client.chat.completions.create(model=model, messages=chat_messages(request["text"], request["png"]), temperature=0.0,
                                                          max_tokens=max_tokens,
                                                          extra_body={"ignore_eos": True})
             latencies.append(time.perf_counter() - start)

@@ -42,7 +42,7 @@ from mmspec.integrations.vllm import (
 from mmspec.integrations.vllm.checkpoints import EXPORTED_ARCHITECTURE, tokenizer_fingerprint
 from mmspec.integrations.vllm.convert import convert_llava_for_vllm
 from mmspec.integrations.vllm.export import exported_name
-from mmspec.integrations.vllm.offline import parse_reply
+from mmspec.integrations.vllm.offline import chat_messages, parse_reply
 from mmspec.pipelines.hub import zoo_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,16 +200,6 @@ def test_llava_conversion_renames_only_the_vision_tower(tmp_path):
     assert tokenizer_fingerprint(out) == tokenizer_fingerprint(TARGET)
     with pytest.raises(CheckpointError, match="not a LlavaForConditionalGeneration"):
         convert_llava_for_vllm(_tiny_llama_config(tmp_path), tmp_path / "x")
-
-
-def _messages(text: str, png: bytes | None = None) -> list[dict]:
-    import base64
-
-    content = [{"type": "text", "text": text}]
-    if png is not None:
-        url = "data:image/png;base64," + base64.b64encode(png).decode()
-        content.insert(0, {"type": "image_url", "image_url": {"url": url}})
-    return [{"role": "user", "content": content}]
 
 
 def test_served_chat_prompts_keep_the_bos_the_pipeline_gives(tmp_path):
@@ -434,7 +424,7 @@ def zoo_reference(tmp_path_factory) -> dict:
                     **kwargs)
         ref["prompts"].append({"prompt": pipe.format_prompt(example["prompt"], 1), "image": str(folder / f"image{index}.png")})
         # the same request as a chat completion sends it (OpenAI messages, the image as a data URL)
-        ref["chat_prompts"].append({"messages": _messages(sv.INSTRUCTIONS["describe"],
+        ref["chat_prompts"].append({"messages": chat_messages(sv.INSTRUCTIONS["describe"],
                                                           (folder / f"image{index}.png").read_bytes())})
         ref["prompt_ids"].append(pipe.processor(text=[pipe.format_prompt(example["prompt"], 1)], images=[image],
                                                 return_tensors="pt").input_ids[0].tolist())
@@ -535,7 +525,7 @@ def test_tiny_qwen2_vl_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
     greedy = [greedy_tokens(model, ids, MAX_TOKENS) for ids in texts] + [greedy_tokens(model, None, MAX_TOKENS,
                                                                                        **inputs)] * 2
     prompts = [*texts, {"prompt": text, "image": str(work / "image.png")},
-               {"messages": _messages("describe the image in detail.", (work / "image.png").read_bytes())}]
+               {"messages": chat_messages("describe the image in detail.", (work / "image.png").read_bytes())}]
     request = {"target": str(target), "prompts": prompts, "max_tokens": MAX_TOKENS, "head": str(head),
                "num_speculative_tokens": K}
     spec = reply(run_vllm(vllm_env, work, request))

@@ -98,17 +98,17 @@ class ControlledDrafter(Drafter):
     def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
         with self.timer.time("draft", "propose"):
             self.inner.draft_limit = self.draft_limit
-            chain = self.inner.propose(pending)
+            proposal = self.inner.propose(pending)
         with self.timer.time("controller"):
-            if isinstance(chain, DraftTree):
-                return self._controlled_tree(chain)
-            count = chain.tokens.shape[1]
+            if isinstance(proposal, DraftTree):
+                return self._controlled_tree(proposal)
+            count = proposal.tokens.shape[1]
             self.round_lengths.append(count)
             self.round_depths.append(count)
-            steps = torch.arange(1, count + 1, device=self.reference.device).expand(chain.tokens.shape[0], count)
+            steps = torch.arange(1, count + 1, device=self.reference.device).expand(proposal.tokens.shape[0], count)
             truth = self._truth(steps)
             keep = torch.rand(truth.shape, generator=self.generator, device=truth.device) < self.alpha
-            return DraftChain(torch.where(keep, truth, self._wrong(truth)).to(chain.tokens.dtype), None)
+            return DraftChain(torch.where(keep, truth, self._wrong(truth)).to(proposal.tokens.dtype), None)
 
     def _truth(self, steps: torch.Tensor) -> torch.Tensor:
         """``[B, N]`` the reference token ``steps`` positions after each row's pending one (rows past the end:

@@ -96,6 +96,8 @@ _QWEN2_VL = {"hidden": 1536, "layers": 28, "heads": 12, "kv_heads": 2, "intermed
 _VIDEO = {"dim": 1536, "layers": 30, "heads": 12, "mlp_ratio": 8960 / 1536, "latent_size": 80, "patch": 2,
           "num_frames": 21, "frames_per_block": 3, "text_length": 512, "draft_layers": 8, "prompt_words": 24}
 
+_MAR_L = {"target": mar_config("mar_large"), "draft": mar_config("mar_base"), "diffusion_steps": 100}
+
 # "eagle+tree": EAGLE with EAGLE-2's dynamic tree (evaluation/systems/token_rows.py, method_config)
 _AR_METHODS = ("eagle", "eagle+tree", "sjd", "scd", "lantern", "gsd")
 _VLM_METHODS = ("eagle", "eagle+tree", "flash", "vispec", "specvlm")
@@ -114,15 +116,14 @@ SYSTEMS: dict[str, SystemSpec] = {spec.name: spec for spec in (
                "LLaVA-1.5 architecture on TinyLlama-1.1B (TinyLLaVA)", _VLM_METHODS, 256, cpu=True),
     SystemSpec("qwen2-vl-2b", "vlm", "qwen2_vl", _QWEN2_VL, "Qwen/Qwen2-VL-2B-Instruct config.json", _VLM_METHODS, 256,
                cpu=True),
-    SystemSpec("mar-l", "continuous", "mar", {"target": mar_config("mar_large"), "draft": mar_config("mar_base"),
-                                              "num_iter": 64, "diffusion_steps": 100},
+    SystemSpec("mar-l", "continuous", "mar", {**_MAR_L, "num_iter": 64},
                "MAR-L target, MAR-B draft (LTH14/mar; mmspec.models.mar.mar_config)", ("cspd",), 1, 3.0),
-    SystemSpec("mar-l-cpu", "continuous", "mar", {"target": mar_config("mar_large"), "draft": mar_config("mar_base"),
-                                                  "num_iter": 16, "diffusion_steps": 100},
+    SystemSpec("mar-l-cpu", "continuous", "mar", {**_MAR_L, "num_iter": 16},
                "MAR-L target, MAR-B draft (LTH14/mar; mmspec.models.mar.mar_config), 16 iterations", ("cspd",), 1,
                3.0, cpu=True, gpu=False,
                notes=("MAR-L and MAR-B at full size with 16 generation iterations instead of 64 (16 tokens each): "
-                      "three 64-iteration images, the warm-up included, take most of an hour on one CPU core",)),
+                      "a 16-iteration image takes minutes on one CPU core and a row needs three (warm-up, "
+                      "target-only, CSpD)",)),
     SystemSpec("video-dit-1.3b", "video", "video_dit", _VIDEO, "Wan2.1-T2V-1.3B sizes in Self-Forcing's blocks",
                ("sdvg",), 7),
     SystemSpec("video-dit-1.3b-cpu", "video", "video_dit", {**_VIDEO, "latent_size": 8},

@@ -17,6 +17,7 @@ function works is left alone. Set ``MMSPEC_VLLM_CPU_FIXES=0`` to keep vLLM's fun
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from typing import Any
@@ -59,8 +60,6 @@ def apply() -> bool:
 
     if not current_platform.is_cpu():
         return False
-    import importlib
-
     try:
         module = importlib.import_module(MODULE)
     except ImportError:

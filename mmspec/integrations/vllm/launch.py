@@ -102,9 +102,8 @@ def serving_chat_template(target: str | Path, extra: list[str]) -> str | None:
         return None
     folder = local_folder(target, "target", "target")
     template = find_chat_template(folder)
-    if template is None or vllm_chat_template(template, folder) == template:
-        return None
-    return vllm_chat_template(template, folder)
+    served = None if template is None else vllm_chat_template(template, folder)
+    return None if served == template else served
 
 
 def _parser() -> argparse.ArgumentParser:

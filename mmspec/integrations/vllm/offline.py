@@ -43,6 +43,17 @@ def spec_metrics(metrics: list[Any]) -> dict[str, Any] | None:
     return out
 
 
+def chat_messages(text: str, png: bytes | None = None) -> list[dict[str, Any]]:
+    """One user turn as an OpenAI client sends it: the image (PNG bytes, as a data URL) first, then the text."""
+    import base64
+
+    content: list[dict[str, Any]] = [{"type": "text", "text": text}]
+    if png is not None:
+        url = "data:image/png;base64," + base64.b64encode(png).decode()
+        content.insert(0, {"type": "image_url", "image_url": {"url": url}})
+    return [{"role": "user", "content": content}]
+
+
 def _is_chat(item: Any) -> bool:
     return isinstance(item, dict) and "messages" in item
 
@@ -83,15 +94,15 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     llm = LLM(model=str(target), dtype=request.get("dtype", "float32"), enforce_eager=True, seed=0,
               disable_log_stats=False, **kwargs)
     load_s = time.perf_counter() - start
-    seeds = request.get("seeds")
-    if seeds is not None and len(seeds) != len(prompts):
+    seeds = request.get("seeds") or [None] * len(prompts)
+    if len(seeds) != len(prompts):
         raise ValueError(f"seeds: one per prompt, got {len(seeds)} for {len(prompts)} prompts")
 
     def sampling(seed: int | None) -> Any:
         return SamplingParams(temperature=float(request.get("temperature", 0.0)), max_tokens=int(request["max_tokens"]),
                               ignore_eos=bool(request.get("ignore_eos", True)), seed=seed)
 
-    params = [sampling(None if seeds is None else int(seed)) for seed in (seeds or [None] * len(prompts))]
+    params = [sampling(None if seed is None else int(seed)) for seed in seeds]
     chats = [_is_chat(item) for item in request["prompts"]]
     outputs: list[Any] = [None] * len(prompts)
     start = time.perf_counter()
