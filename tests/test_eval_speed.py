@@ -4,6 +4,7 @@ duck-typed statistics, peak memory, report formats, bad input."""
 from __future__ import annotations
 
 import json
+import mmap
 import time
 from types import SimpleNamespace
 
@@ -101,8 +102,13 @@ def test_paired_speedup_range_pairs_the_repeats_of_one_pass():
 
 def test_peak_memory_reflects_allocations():
     def big():
-        a = np.ones(60 * 2**20 // 8)  # 60 MiB, touched
-        return RunResult(int(a[0]))
+        # 60 MiB of fresh pages from the kernel, touched. An anonymous mapping rather than numpy: a malloc arena
+        # that already holds freed, still-resident memory (an xdist worker after other tests) would serve the
+        # array without raising the resident set, and the test would measure the allocator, not the probe.
+        size = 60 * 2**20
+        with mmap.mmap(-1, size) as block:
+            block[::4096] = b"\x01" * (size // 4096)
+            return RunResult(block[0])
 
     report = run_benchmark({"none": lambda: RunResult(1), "big": big}, baseline="none", warmup=1, repeats=2)
     assert "VmHWM" in report.meta["memory_source"] or "ru_maxrss" in report.meta["memory_source"]
