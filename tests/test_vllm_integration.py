@@ -12,8 +12,8 @@ What the vLLM tests hold: on the zoo VLM (two image prompts, two text-only promp
 exported EagleVLM head (and with ViSpec's head exported as its EAGLE core) == vLLM without speculation == mmspec's pipeline and the target's own greedy decoding, and vLLM
 accepts the exported head's drafts exactly where mmspec's own drafter's are accepted (the same accepted drafts
 in every verify round: the export is exact), and chat requests are the pipeline's prompts token for token;
-on a tiny random Llama and a tiny random Qwen2-VL with random heads, greedy text with the head ==
-transformers' greedy decoding; sampled tokens with a head follow the target's exact distribution (with the
+on a tiny random Llama, a tiny random LLaVA stored as llava-hf stores it and a tiny random Qwen2-VL with
+random heads, greedy text with the head == transformers' greedy decoding (chat requests included); sampled tokens with a head follow the target's exact distribution (with the
 plugin's CPU correction; without it vLLM 0.32's CPU build does not); a bad head fails before any engine
 starts.
 """
@@ -253,6 +253,34 @@ def test_templates_without_a_bos_to_add_are_left_alone(tmp_path):
     assert serving_chat_template(target, ["--chat-template=mine.jinja"]) is None
     (target / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}")
     assert serving_chat_template(target, []) is None  # writes BOS already
+
+
+def test_the_tiny_llava_is_stored_as_llava_hf_and_served_with_bos(tmp_path):
+    """build_tiny_llava: llava-hf's weight names, a penultimate-layer CLIP tower, a stored template without BOS;
+    the template `serve` (and the offline runner) use makes chat prompts the processor's prompts."""
+    from transformers import AutoProcessor
+
+    from mmspec.integrations.vllm.chat import find_chat_template
+    from mmspec.integrations.vllm.launch import serving_chat_template
+    from mmspec.integrations.vllm.tiny import build_tiny_llava
+
+    target = build_tiny_llava(tmp_path / "llava")
+    names = load_file(str(target / "model.safetensors")).keys()
+    assert any(n.startswith("vision_tower.vision_model.") for n in names)
+    assert not any(n.startswith("vision_tower.") and not n.startswith("vision_tower.vision_model.") for n in names)
+    config = json.loads((target / "config.json").read_text())
+    assert config["vision_feature_layer"] == -2 and config["architectures"] == ["LlavaForConditionalGeneration"]
+    stored = find_chat_template(target)
+    served = serving_chat_template(target, [])
+    assert "bos_token" not in stored and served == "{{ bos_token }}" + stored
+    processor = AutoProcessor.from_pretrained(target)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "describe the image."}]}]
+    rendered = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    served_text = processor.apply_chat_template(messages, chat_template=served, add_generation_prompt=True,
+                                                tokenize=False)
+    expected = processor.tokenizer(rendered).input_ids
+    assert expected[0] == processor.tokenizer.bos_token_id
+    assert processor.tokenizer(served_text, add_special_tokens=False).input_ids == expected
 
 
 def test_serve_passes_the_bos_writing_template_and_the_speculative_config(exported, tmp_path, monkeypatch, capsys):
@@ -531,6 +559,44 @@ def test_tiny_qwen2_vl_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
     spec = reply(run_vllm(vllm_env, work, request))
     assert len(set(map(tuple, greedy[1:3]))) == 2 and len(set(greedy[2])) > 2  # not a degenerate model
     assert spec["prompt_tokens"][2] == spec["prompt_tokens"][3] == inputs.input_ids[0].tolist()  # no BOS added
+    assert spec["tokens"] == greedy
+    assert spec["spec"]["drafts"] > 0 and spec["spec"]["draft_tokens"] == K * spec["spec"]["drafts"]
+
+
+@pytest.mark.vllm
+def test_tiny_llava_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
+    """A LLaVA-1.5-shaped target stored as llava-hf stores it (not converted by mmspec; CLIP read at its
+    penultimate layer, resize and centre crop): greedy text with a random EagleVLM head == transformers' greedy
+    decoding, text-only, with an image, and as a chat whose template gains the BOS vLLM's chat path needs."""
+    import numpy as np
+    from PIL import Image
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from mmspec.integrations.vllm.tiny import build_random_head, build_tiny_llava
+
+    work = tmp_path_factory.mktemp("tiny-llava-vllm")
+    target = build_tiny_llava(work / "llava")
+    head = export_head(build_random_head(target, work / "head-src"), target, work / "head")
+    processor = AutoProcessor.from_pretrained(target)
+    model = LlavaForConditionalGeneration.from_pretrained(target, dtype=torch.float32).eval()
+    pixels = np.random.default_rng(1).integers(0, 256, (40, 32, 3), dtype=np.uint8)  # resized, then cropped
+    Image.fromarray(pixels).save(work / "image.png")
+    image = Image.open(work / "image.png").convert("RGB")
+    question = "describe the image in detail."
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                                                                          "text": question}]}],
+                                         add_generation_prompt=True, tokenize=False)
+    inputs = processor(text=[text], images=[image], return_tensors="pt")
+    texts = [[1, 10, 20, 30, 40], [1, 50, 60, 70]]
+    greedy = [greedy_tokens(model, ids, MAX_TOKENS) for ids in texts] + [greedy_tokens(model, None, MAX_TOKENS,
+                                                                                       **inputs)] * 2
+    prompts = [*texts, {"prompt": text, "image": str(work / "image.png")},
+               {"messages": chat_messages(question, (work / "image.png").read_bytes())}]
+    request = {"target": str(target), "prompts": prompts, "max_tokens": MAX_TOKENS, "head": str(head),
+               "num_speculative_tokens": K}
+    spec = reply(run_vllm(vllm_env, work, request))
+    assert len(set(map(tuple, greedy[1:3]))) == 2 and len(set(greedy[2])) > 2  # not a degenerate model
+    assert spec["prompt_tokens"][2] == spec["prompt_tokens"][3] == inputs.input_ids[0].tolist()  # BOS included
     assert spec["tokens"] == greedy
     assert spec["spec"]["drafts"] > 0 and spec["spec"]["draft_tokens"] == K * spec["spec"]["drafts"]
 

@@ -5,7 +5,8 @@ the main environment drives it through a subprocess, since the two environments 
 
 The request (JSON object): ``target`` (folder), ``head`` (exported folder or null), ``prompts`` (each a list
 of token ids, ``{"prompt": text, "image": png_path}`` or ``{"messages": [...]}``: OpenAI-style chat messages,
-rendered with the target's chat template as ``vllm serve`` renders them), ``max_tokens``, ``num_speculative_tokens``,
+rendered with the chat template ``python -m mmspec.integrations.vllm serve`` serves the target with: BOS written
+when the tokenizer needs it, :mod:`.chat`), ``max_tokens``, ``num_speculative_tokens``,
 ``ignore_eos`` (default true: every prompt decodes ``max_tokens`` tokens) and optionally ``dtype``
 (default float32), ``max_model_len``, ``temperature`` (default 0: greedy) and ``seeds`` (one sampling seed per
 prompt, so repeated prompts are independent draws). The reply (a stdout line after :data:`REPLY_PREFIX`, read by
@@ -78,7 +79,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     """Load vLLM for ``request`` (see the module docstring), generate, return the reply."""
     from vllm import LLM, SamplingParams
 
-    from .launch import speculative_config, target_overrides
+    from .launch import serving_chat_template, speculative_config, target_overrides
 
     target, head = request["target"], request.get("head")
     k = request.get("num_speculative_tokens")
@@ -110,8 +111,12 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         picked = [i for i, is_chat in enumerate(chats) if is_chat == chat]
         if not picked:
             continue
-        call = llm.chat if chat else llm.generate
-        done = call([prompts[i] for i in picked], [params[i] for i in picked], use_tqdm=False)
+        picked_prompts, picked_params = [prompts[i] for i in picked], [params[i] for i in picked]
+        if chat:
+            done = llm.chat(picked_prompts, picked_params, use_tqdm=False,
+                            chat_template=serving_chat_template(target, []))
+        else:
+            done = llm.generate(picked_prompts, picked_params, use_tqdm=False)
         for i, output in zip(picked, done, strict=True):
             outputs[i] = output
     generate_s = time.perf_counter() - start

@@ -3,6 +3,8 @@
 * :func:`build_tiny_llama`: a random ``LlamaForCausalLM`` with the zoo's word-level tokenizer, saved the way
   vLLM loads it (``PreTrainedTokenizerFast``: the zoo's ``TokenizersBackend`` class name is newer than the
   transformers vLLM pins);
+* :func:`build_tiny_llava`: a random ``LlavaForConditionalGeneration`` shaped like llava-1.5 (CLIP tower read at
+  its penultimate layer, llava-hf's storage, a chat template without BOS) with the zoo VLM's tokenizer;
 * :func:`build_tiny_qwen2_vl`: a random ``Qwen2VLForConditionalGeneration`` (M-RoPE language model, a one-block
   vision tower) with a Qwen-style tokenizer (no BOS, the four vision special tokens) and its processor;
 * :func:`build_random_head`: an untrained :class:`~mmspec.models.eagle.EagleHead` or
@@ -19,6 +21,7 @@ from pathlib import Path
 from mmspec.files import write_json_atomic
 
 from .checkpoints import read_target
+from .convert import WEIGHTS, vllm_weight_name
 
 ZOO_TOKENIZER_FROM = "shapes-vlm/target"
 #: attention head width: vLLM's CPU attention supports 32 and up, not 16
@@ -131,6 +134,74 @@ def build_tiny_qwen2_vl(folder: str | Path, seed: int = 0, hidden_size: int = 64
                                             merge_size=2, temporal_patch_size=2)
     processor = Qwen2VLProcessor(image_processor=image_processor, tokenizer=tokenizer, video_processor=video_processor,
                                  chat_template=QWEN_CHAT_TEMPLATE)
+    processor.save_pretrained(folder)
+    return folder
+
+
+#: the tiny LLaVA's image side, llava-1.5's processing at a small size: shortest edge resized to 28, centre crop
+#: 28x28, 14-pixel patches, so 2x2 patch tokens (the CLS token dropped, as llava-1.5 does)
+LLAVA_PATCH, LLAVA_IMAGE_SIZE = 14, 28
+#: a llava-1.5 style chat template, in the zoo's words; like llava-hf's it writes no BOS
+LLAVA_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'user' %}user: "
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}<image>\n{% endif %}{% endfor %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'text' %}{{ item['text'] }} {% endif %}{% endfor %}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def build_tiny_llava(folder: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
+                     logit_scale: float = 8.0) -> Path:
+    """Save a random LLaVA-1.5-shaped model to ``folder`` (fp32; returns the folder) the way llava-hf's
+    checkpoints are stored, not through :func:`~.convert.convert_llava_for_vllm`: a two-layer CLIP tower read
+    at its penultimate layer (``vision_feature_layer=-2``), a GELU projector, a Llama language model with the
+    zoo VLM's tokenizer (``<image>`` included, BOS prepended), the CLIP image processor (resize, centre crop)
+    and a stored chat template that writes no BOS."""
+    if hidden_size % HEAD_DIM:
+        raise ValueError(f"hidden_size must be a multiple of {HEAD_DIM}, got {hidden_size}")
+    import torch
+    from safetensors.torch import load_file, save_file
+    from transformers import (
+        CLIPImageProcessor,
+        CLIPVisionConfig,
+        LlamaConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+        PreTrainedTokenizerFast,
+    )
+
+    source = _zoo_folder()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_fast_tokenizer(source, folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    image_token_id = tokenizer.convert_tokens_to_ids("<image>")
+    if image_token_id == tokenizer.unk_token_id:
+        raise RuntimeError(f"the zoo tokenizer in {source} has no <image> token")
+    text = LlamaConfig(vocab_size=read_target(source).vocab_size, hidden_size=hidden_size,
+                       intermediate_size=4 * hidden_size, num_hidden_layers=num_layers,
+                       num_attention_heads=hidden_size // HEAD_DIM, num_key_value_heads=1, max_position_embeddings=512,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    vision = CLIPVisionConfig(hidden_size=2 * HEAD_DIM, intermediate_size=4 * HEAD_DIM, num_hidden_layers=2,
+                              num_attention_heads=2, image_size=LLAVA_IMAGE_SIZE, patch_size=LLAVA_PATCH,
+                              projection_dim=2 * HEAD_DIM, hidden_act="quick_gelu")
+    tokens_per_image = (LLAVA_IMAGE_SIZE // LLAVA_PATCH) ** 2
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_token_id,
+                         projector_hidden_act="gelu", vision_feature_select_strategy="default",
+                         vision_feature_layer=-2, image_seq_length=tokens_per_image, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).to(torch.float32).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(logit_scale)
+    model.save_pretrained(folder)
+    weights = folder / WEIGHTS  # llava-hf's names for the CLIP tower (transformers 5 saves shorter ones)
+    save_file({vllm_weight_name(name): tensor for name, tensor in load_file(str(weights)).items()}, str(weights),
+              metadata={"format": "pt"})
+    image_processor = CLIPImageProcessor(size={"shortest_edge": LLAVA_IMAGE_SIZE}, do_center_crop=True,
+                                         crop_size={"height": LLAVA_IMAGE_SIZE, "width": LLAVA_IMAGE_SIZE})
+    processor = LlavaProcessor(image_processor=image_processor, tokenizer=tokenizer, patch_size=LLAVA_PATCH,
+                               vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                               chat_template=LLAVA_CHAT_TEMPLATE)
     processor.save_pretrained(folder)
     return folder
 
