@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 from mmspec.files import write_json_atomic
 
@@ -44,6 +45,16 @@ def write_fast_tokenizer(source: Path, folder: Path) -> None:
                                                          "clean_up_tokenization_spaces": False, **keep})
 
 
+def _zoo_llama_config(hidden_size: int, num_layers: int) -> Any:
+    """A small Llama language model over the zoo tokenizer's vocabulary (heads of width 32, one KV head)."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=read_target(_zoo_folder()).vocab_size, hidden_size=hidden_size,
+                       intermediate_size=4 * hidden_size, num_hidden_layers=num_layers,
+                       num_attention_heads=hidden_size // HEAD_DIM, num_key_value_heads=1, max_position_embeddings=512,
+                       bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+
+
 def build_tiny_llama(folder: str | Path, seed: int = 0, hidden_size: int = 64, num_layers: int = 2,
                      logit_scale: float = 8.0) -> Path:
     """Save a random Llama (fp32, the zoo tokenizer's vocabulary, heads of width 32) to ``folder``; returns the
@@ -52,18 +63,13 @@ def build_tiny_llama(folder: str | Path, seed: int = 0, hidden_size: int = 64, n
     if hidden_size % HEAD_DIM:
         raise ValueError(f"hidden_size must be a multiple of {HEAD_DIM}, got {hidden_size}")
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
     source = _zoo_folder()
-    vocab = read_target(source).vocab_size
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden_size, intermediate_size=4 * hidden_size,
-                         num_hidden_layers=num_layers, num_attention_heads=hidden_size // HEAD_DIM, num_key_value_heads=1,
-                         max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-                         tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(_zoo_llama_config(hidden_size, num_layers)).to(torch.float32)
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
     model.save_pretrained(folder)
@@ -163,7 +169,6 @@ def build_tiny_llava(folder: str | Path, seed: int = 0, hidden_size: int = 64, n
     from transformers import (
         CLIPImageProcessor,
         CLIPVisionConfig,
-        LlamaConfig,
         LlavaConfig,
         LlavaForConditionalGeneration,
         LlavaProcessor,
@@ -178,10 +183,7 @@ def build_tiny_llava(folder: str | Path, seed: int = 0, hidden_size: int = 64, n
     image_token_id = tokenizer.convert_tokens_to_ids("<image>")
     if image_token_id == tokenizer.unk_token_id:
         raise RuntimeError(f"the zoo tokenizer in {source} has no <image> token")
-    text = LlamaConfig(vocab_size=read_target(source).vocab_size, hidden_size=hidden_size,
-                       intermediate_size=4 * hidden_size, num_hidden_layers=num_layers,
-                       num_attention_heads=hidden_size // HEAD_DIM, num_key_value_heads=1, max_position_embeddings=512,
-                       bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    text = _zoo_llama_config(hidden_size, num_layers)
     vision = CLIPVisionConfig(hidden_size=2 * HEAD_DIM, intermediate_size=4 * HEAD_DIM, num_hidden_layers=2,
                               num_attention_heads=2, image_size=LLAVA_IMAGE_SIZE, patch_size=LLAVA_PATCH,
                               projection_dim=2 * HEAD_DIM, hidden_act="quick_gelu")
