@@ -12,7 +12,9 @@ instead of the zoo's images.
 For each of "offline" (``LLM.chat``) and "serve" (``vllm serve`` + the OpenAI client, chat completions)
 and each of no head / the head, at each concurrency c (default 1, 8, 32), ``--num-prompts`` requests are
 sent with at most c in flight (offline: ``chat`` on batches of c). Both modes send the same chat messages,
-rendered by the same template (the target's, or ``--chat-template``), so they decode the same prompt tokens.
+rendered by the same template, so they decode the same prompt tokens: ``--chat-template``, else the one
+``python -m mmspec.integrations.vllm serve`` serves the target with (its own, with BOS written where its
+tokenizer needs it).
 Columns: output tokens/s
 (completion tokens over the level's wall time), mean acceptance length (1 + accepted / drafts from vLLM's
 ``vllm:spec_decode_*`` counters over that level: tokens per target forward), and request latency p50 / p90
@@ -135,11 +137,27 @@ def _counters(metrics: list[Any]) -> dict[str, float]:
     return {m.name: float(m.value) for m in metrics if m.name in SPEC_COUNTERS}
 
 
-def run_offline(args: argparse.Namespace, target: Path, head: Path | None, work: Path) -> list[dict[str, Any]]:
+def chat_template_file(args: argparse.Namespace, target: Path, work: Path) -> Path | None:
+    """``--chat-template``, else the template ``serve`` would add for ``target`` (written to ``work``), else None
+    (the target's own)."""
+    from mmspec.integrations.vllm.launch import serving_chat_template
+
+    if args.chat_template is not None:
+        return args.chat_template
+    template = serving_chat_template(target, [])
+    if template is None:
+        return None
+    path = work / "chat_template.jinja"
+    path.write_text(template)
+    return path
+
+
+def run_offline(args: argparse.Namespace, target: Path, head: Path | None, template: Path | None,
+                work: Path) -> list[dict[str, Any]]:
     config = {"target": str(target), "head": str(head) if head else None, "k": args.k, "max_tokens": args.max_tokens,
               "num_prompts": args.num_prompts, "concurrency": list(args.concurrency), "text_prompts": args.text_prompts,
               "dtype": args.dtype, "enforce_eager": args.enforce_eager,
-              "chat_template": str(args.chat_template) if args.chat_template else None}
+              "chat_template": str(template) if template else None}
     path = work / f"offline-{'head' if head else 'plain'}.json"
     path.write_text(json.dumps(config))
     done = subprocess.run([sys.executable, "-m", "mmspec.evaluation.bench_vllm", "--offline-worker", str(path)],
@@ -311,11 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
     target, head = prepare_zoo(work, args.k) if args.target is None else (args.target, args.head)
+    template = chat_template_file(args, target, work)
     rows: list[dict[str, Any]] = []
     for mode in args.modes:
         for with_head in (None, head):
-            rows += run_offline(args, target, with_head, work) if mode == "offline" else \
-                run_serve(args, target, with_head, args.chat_template, work)
+            run = run_offline if mode == "offline" else run_serve
+            rows += run(args, target, with_head, template, work)
             print(table(rows), flush=True)
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -354,6 +354,25 @@ def test_runner_reply_and_vllm_counters_are_read_back():
     assert spec_metrics(metrics[2:]) is None  # no drafts: nothing to report
 
 
+def test_benchmark_renders_chats_with_the_template_serve_uses(tmp_path):
+    """bench_vllm sends both modes' chats through one template: --chat-template, else the one `serve` adds
+    (the tiny LLaVA's plus BOS), else the target's own (the converted zoo's writes BOS already)."""
+    from argparse import Namespace
+
+    from mmspec.evaluation.bench_vllm import chat_template_file
+    from mmspec.integrations.vllm.chat import find_chat_template
+    from mmspec.integrations.vllm.tiny import build_tiny_llava
+
+    llava = build_tiny_llava(tmp_path / "llava")
+    written = chat_template_file(Namespace(chat_template=None), llava, tmp_path)
+    assert written == tmp_path / "chat_template.jinja"
+    assert written.read_text() == "{{ bos_token }}" + find_chat_template(llava)
+    mine = tmp_path / "mine.jinja"
+    assert chat_template_file(Namespace(chat_template=mine), llava, tmp_path) == mine
+    zoo = convert_llava_for_vllm(TARGET, tmp_path / "zoo", chat_template=ZOO / "processor" / "chat_template.jinja")
+    assert chat_template_file(Namespace(chat_template=None), zoo, tmp_path / "unused") is None
+
+
 def test_benchmark_statistics_and_table():
     from mmspec.evaluation.bench_vllm import acceptance, latency_percentiles, table
 
@@ -527,59 +546,21 @@ def test_tiny_llama_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
     assert spec["spec"]["drafts"] > 0 and spec["spec"]["draft_tokens"] == K * spec["spec"]["drafts"]
 
 
-@pytest.mark.vllm
-def test_tiny_qwen2_vl_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
-    """An M-RoPE target (vLLM hands the head the temporal M-RoPE positions, the sequential ones on text):
-    greedy text with the head == transformers' greedy decoding, text-only, with an image, and as a chat."""
+def served_vlm_with_a_random_head(vllm, work: Path, target: Path, model_class: type, texts: list[list[int]],
+                                  image_shape: tuple[int, int]) -> tuple[dict, list[list[int]], list[int]]:
+    """vLLM's greedy reply with a random EagleVLM head on ``target`` for the text-only ``texts``, an image prompt
+    (the processor's chat template, rendered) and the same request as chat messages; returns the reply,
+    transformers' greedy tokens for those four prompts and the processor's prompt ids for the image prompt."""
     import numpy as np
     from PIL import Image
-    from transformers import AutoProcessor, Qwen2VLForConditionalGeneration
+    from transformers import AutoProcessor
 
-    from mmspec.integrations.vllm.tiny import QWEN_IMAGE_SIZE, build_random_head, build_tiny_qwen2_vl
+    from mmspec.integrations.vllm.tiny import build_random_head
 
-    work = tmp_path_factory.mktemp("tiny-qwen-vllm")
-    target = build_tiny_qwen2_vl(work / "qwen")
     head = export_head(build_random_head(target, work / "head-src"), target, work / "head")
     processor = AutoProcessor.from_pretrained(target)
-    model = Qwen2VLForConditionalGeneration.from_pretrained(target, dtype=torch.float32).eval()
-    pixels = np.random.default_rng(0).integers(0, 256, (QWEN_IMAGE_SIZE, QWEN_IMAGE_SIZE, 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(work / "image.png")
-    image = Image.open(work / "image.png").convert("RGB")
-    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text",
-                                           "text": "describe the image in detail."}]}],
-                                         add_generation_prompt=True, tokenize=False)
-    inputs = processor(text=[text], images=[image], return_tensors="pt")
-    texts = [[10, 20, 30, 40], [50, 60, 70]]
-    greedy = [greedy_tokens(model, ids, MAX_TOKENS) for ids in texts] + [greedy_tokens(model, None, MAX_TOKENS,
-                                                                                       **inputs)] * 2
-    prompts = [*texts, {"prompt": text, "image": str(work / "image.png")},
-               {"messages": chat_messages("describe the image in detail.", (work / "image.png").read_bytes())}]
-    request = {"target": str(target), "prompts": prompts, "max_tokens": MAX_TOKENS, "head": str(head),
-               "num_speculative_tokens": K}
-    spec = reply(run_vllm(vllm_env, work, request))
-    assert len(set(map(tuple, greedy[1:3]))) == 2 and len(set(greedy[2])) > 2  # not a degenerate model
-    assert spec["prompt_tokens"][2] == spec["prompt_tokens"][3] == inputs.input_ids[0].tolist()  # no BOS added
-    assert spec["tokens"] == greedy
-    assert spec["spec"]["drafts"] > 0 and spec["spec"]["draft_tokens"] == K * spec["spec"]["drafts"]
-
-
-@pytest.mark.vllm
-def test_tiny_llava_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
-    """A LLaVA-1.5-shaped target stored as llava-hf stores it (not converted by mmspec; CLIP read at its
-    penultimate layer, resize and centre crop): greedy text with a random EagleVLM head == transformers' greedy
-    decoding, text-only, with an image, and as a chat whose template gains the BOS vLLM's chat path needs."""
-    import numpy as np
-    from PIL import Image
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
-
-    from mmspec.integrations.vllm.tiny import build_random_head, build_tiny_llava
-
-    work = tmp_path_factory.mktemp("tiny-llava-vllm")
-    target = build_tiny_llava(work / "llava")
-    head = export_head(build_random_head(target, work / "head-src"), target, work / "head")
-    processor = AutoProcessor.from_pretrained(target)
-    model = LlavaForConditionalGeneration.from_pretrained(target, dtype=torch.float32).eval()
-    pixels = np.random.default_rng(1).integers(0, 256, (40, 32, 3), dtype=np.uint8)  # resized, then cropped
+    model = model_class.from_pretrained(target, dtype=torch.float32).eval()
+    pixels = np.random.default_rng(0).integers(0, 256, (*image_shape, 3), dtype=np.uint8)
     Image.fromarray(pixels).save(work / "image.png")
     image = Image.open(work / "image.png").convert("RGB")
     question = "describe the image in detail."
@@ -587,18 +568,51 @@ def test_tiny_llava_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
                                                                                           "text": question}]}],
                                          add_generation_prompt=True, tokenize=False)
     inputs = processor(text=[text], images=[image], return_tensors="pt")
-    texts = [[1, 10, 20, 30, 40], [1, 50, 60, 70]]
     greedy = [greedy_tokens(model, ids, MAX_TOKENS) for ids in texts] + [greedy_tokens(model, None, MAX_TOKENS,
                                                                                        **inputs)] * 2
     prompts = [*texts, {"prompt": text, "image": str(work / "image.png")},
                {"messages": chat_messages(question, (work / "image.png").read_bytes())}]
     request = {"target": str(target), "prompts": prompts, "max_tokens": MAX_TOKENS, "head": str(head),
                "num_speculative_tokens": K}
-    spec = reply(run_vllm(vllm_env, work, request))
+    spec = reply(run_vllm(vllm, work, request))
     assert len(set(map(tuple, greedy[1:3]))) == 2 and len(set(greedy[2])) > 2  # not a degenerate model
-    assert spec["prompt_tokens"][2] == spec["prompt_tokens"][3] == inputs.input_ids[0].tolist()  # BOS included
-    assert spec["tokens"] == greedy
     assert spec["spec"]["drafts"] > 0 and spec["spec"]["draft_tokens"] == K * spec["spec"]["drafts"]
+    return spec, greedy, inputs.input_ids[0].tolist()
+
+
+@pytest.mark.vllm
+def test_tiny_qwen2_vl_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
+    """An M-RoPE target (vLLM hands the head the temporal M-RoPE positions, the sequential ones on text):
+    greedy text with the head == transformers' greedy decoding, text-only, with an image, and as a chat."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    from mmspec.integrations.vllm.tiny import QWEN_IMAGE_SIZE, build_tiny_qwen2_vl
+
+    work = tmp_path_factory.mktemp("tiny-qwen-vllm")
+    target = build_tiny_qwen2_vl(work / "qwen")
+    spec, greedy, image_prompt = served_vlm_with_a_random_head(
+        vllm_env, work, target, Qwen2VLForConditionalGeneration, [[10, 20, 30, 40], [50, 60, 70]],
+        (QWEN_IMAGE_SIZE, QWEN_IMAGE_SIZE))
+    assert spec["prompt_tokens"][2] == spec["prompt_tokens"][3] == image_prompt  # no BOS added
+    assert spec["tokens"] == greedy
+
+
+@pytest.mark.vllm
+def test_tiny_llava_on_vllm_with_a_random_head(vllm_env, tmp_path_factory):
+    """A LLaVA-1.5-shaped target stored as llava-hf stores it (not converted by mmspec; CLIP read at its
+    penultimate layer, resize and centre crop): greedy text with a random EagleVLM head == transformers' greedy
+    decoding, text-only, with an image, and as a chat whose template gains the BOS vLLM's chat path needs."""
+    from transformers import LlavaForConditionalGeneration
+
+    from mmspec.integrations.vllm.tiny import build_tiny_llava
+
+    work = tmp_path_factory.mktemp("tiny-llava-vllm")
+    target = build_tiny_llava(work / "llava")
+    spec, greedy, image_prompt = served_vlm_with_a_random_head(
+        vllm_env, work, target, LlavaForConditionalGeneration, [[1, 10, 20, 30, 40], [1, 50, 60, 70]],
+        (40, 32))  # resized, then cropped
+    assert spec["prompt_tokens"][2] == spec["prompt_tokens"][3] == image_prompt  # BOS included
+    assert spec["tokens"] == greedy
 
 
 def exact_marginals(model, prompt: list[int], positions: int) -> list[torch.Tensor]:

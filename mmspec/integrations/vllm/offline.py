@@ -105,20 +105,22 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
 
     params = [sampling(None if seed is None else int(seed)) for seed in seeds]
     chats = [_is_chat(item) for item in request["prompts"]]
+    template = serving_chat_template(target, []) if any(chats) else None
+
+    def chat(batch: list[Any], batch_params: list[Any]) -> list[Any]:
+        return llm.chat(batch, batch_params, use_tqdm=False, chat_template=template)
+
+    def generate(batch: list[Any], batch_params: list[Any]) -> list[Any]:
+        return llm.generate(batch, batch_params, use_tqdm=False)
+
     outputs: list[Any] = [None] * len(prompts)
     start = time.perf_counter()
-    for chat in (False, True):  # plain prompts in one generate call, chat prompts in one chat call
-        picked = [i for i, is_chat in enumerate(chats) if is_chat == chat]
-        if not picked:
-            continue
-        picked_prompts, picked_params = [prompts[i] for i in picked], [params[i] for i in picked]
-        if chat:
-            done = llm.chat(picked_prompts, picked_params, use_tqdm=False,
-                            chat_template=serving_chat_template(target, []))
-        else:
-            done = llm.generate(picked_prompts, picked_params, use_tqdm=False)
-        for i, output in zip(picked, done, strict=True):
-            outputs[i] = output
+    for is_chat, call in ((False, generate), (True, chat)):  # plain prompts in one call, chat prompts in one
+        picked = [i for i, c in enumerate(chats) if c == is_chat]
+        if picked:
+            done = call([prompts[i] for i in picked], [params[i] for i in picked])
+            for i, output in zip(picked, done, strict=True):
+                outputs[i] = output
     generate_s = time.perf_counter() - start
     return {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "text": [o.outputs[0].text for o in outputs],
             "prompt_tokens": [list(o.prompt_token_ids) for o in outputs],

@@ -178,8 +178,7 @@ def build_tiny_llava(folder: str | Path, seed: int = 0, hidden_size: int = 64, n
     source = _zoo_folder()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    write_fast_tokenizer(source, folder)
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(folder)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(source)  # saved with the processor below
     image_token_id = tokenizer.convert_tokens_to_ids("<image>")
     if image_token_id == tokenizer.unk_token_id:
         raise RuntimeError(f"the zoo tokenizer in {source} has no <image> token")
