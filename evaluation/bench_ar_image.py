@@ -70,7 +70,15 @@ from .bench_images import (
     seeded_quality,
     spread_note,
 )
-from .speed import SPEEDUP_CELL_NOTE, RunResult, run_benchmark, speedup_cell
+from .speed import (
+    BREAKDOWN_NOTE,
+    SPEEDUP_CELL_NOTE,
+    BenchmarkReport,
+    LoadMonitor,
+    RunResult,
+    run_benchmark,
+    speedup_cell,
+)
 
 DEFAULT_METHODS = ("none", "eagle", "eagle (reference)", "lantern", "lantern (reference)", "lantern, TV budget",
                    "lantern, released residual", "sjd", "sjd (reference)", "scd", "gsd", "gsd (reference)",
@@ -355,16 +363,17 @@ def run(pipe: Any, methods: Sequence[str], cases: dict[str, dict[str, Any]], mod
         mode = MODES[mode_name]
         texts = [p.text for p in quality_prompts]
         scores: dict[str, dict[str, Any]] = {}
-        for method in methods:
+        for method in methods if quality_prompts else ():
             start = time.perf_counter()
             image_sets = (generate(pipe, texts, method, cases[method], mode, quality_batch, s, settings_batch=1)[0]
                           for s in range(seed, seed + quality_seeds))
             scores[method] = seeded_quality(image_sets, quality_prompts, real)
             log(f"[{mode_name}] quality {method}: {scores[method]['per_seed']} "
                 f"({time.perf_counter() - start:.0f} s)")
-        images, _ = generate(pipe, texts, "none", {}, mode, quality_batch, seed + quality_seeds)
-        scores["none, seed 2"] = quality(images, quality_prompts, real)
-        log(f"[{mode_name}] quality none, seed 2: {scores['none, seed 2']}")
+        if quality_prompts:
+            images, _ = generate(pipe, texts, "none", {}, mode, quality_batch, seed + quality_seeds)
+            scores["none, seed 2"] = quality(images, quality_prompts, real)
+            log(f"[{mode_name}] quality none, seed 2: {scores['none, seed 2']}")
 
         by_batch = {}
         speed_texts = [p.text for p in speed_prompts]
@@ -372,7 +381,7 @@ def run(pipe: Any, methods: Sequence[str], cases: dict[str, dict[str, Any]], mod
             timed = {m: _speed_case(pipe, speed_texts, m, cases[m], mode, batch, seed) for m in methods}
             report = run_benchmark(timed, baseline=methods[0], warmup=1, repeats=repeats, seed=seed, unit="images")
             for method, c in report.cases.items():
-                c.quality.update({key: scores[method][key] for key in ("geneval", "fid")})
+                c.quality.update({key: scores[method][key] for key in ("geneval", "fid") if method in scores})
             by_batch[str(batch)] = report.to_dict()
             log(f"[{mode_name}] batch {batch}:\n{report.to_markdown()}")
         results["modes"][mode_name] = {"quality": scores, "speed": by_batch}
@@ -403,13 +412,18 @@ def to_markdown(results: dict, command: str) -> str:
                 stats = c.get("stats") or {}
                 calls = stats.get("target_calls")
                 per_image = calls / c["num_items"] if calls else float("nan")
-                q = mode["quality"][name]
+                q = mode["quality"].get(name, {})
                 lines.append(f"| {batch} | {name} | {speedup_cell(c)} | {c['mean_accepted_length'] or 0:.2f} | "
                              f"{c['items_per_s']:.2f} | {per_image:.1f} | {score_cell(q, 'geneval', 3)} | "
                              f"{score_cell(q, 'fid', 2)} |" + seed_distance_cell(q, bool(header)))
-        noise = mode["quality"]["none, seed 2"]
-        lines += ["", f"Chance level: target-only with another seed scores GenEval-shapes {noise['geneval']:.3f}, "
-                  f"FID {noise['fid']:.2f}." + (f" {SEED_DISTANCE_NOTE}" if header else ""), ""]
+        noise = mode["quality"].get("none, seed 2")
+        if noise:
+            lines += ["", f"Chance level: target-only with another seed scores GenEval-shapes {noise['geneval']:.3f}, "
+                      f"FID {noise['fid']:.2f}." + (f" {SEED_DISTANCE_NOTE}" if header else "")]
+        for batch, report in mode["speed"].items():
+            lines += ["", f"Round breakdown, batch {batch} ({BREAKDOWN_NOTE}):", "",
+                      BenchmarkReport.from_dict(report).breakdown_markdown().rstrip()]
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -420,7 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=[1, 4])
     parser.add_argument("--speed-prompts", type=int, default=4, help="timed prompts per category (6 categories)")
-    parser.add_argument("--quality-prompts", type=int, default=50, help="quality prompts per category")
+    parser.add_argument("--quality-prompts", type=int, default=50,
+                        help="quality prompts per category (0: a speed-only run, no quality columns)")
     parser.add_argument("--quality-batch", type=int, default=8)
     add_quality_seeds_argument(parser)
     parser.add_argument("--difficulty", type=float, default=0.5, help="render difficulty of FID's real images")
@@ -430,6 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    monitor = LoadMonitor()  # the machine's load over the whole run, recorded beside its table
     torch.set_num_threads(args.threads)
 
     from mmspec.pipelines import ARImagePipeline
@@ -441,15 +457,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             case["guidance_scale"] = args.guidance_scale
     configs = resolved_configs(pipe, cases, args.modes, sorted({1, *args.batch_sizes}))  # checks every case too
     speed_prompts = make_prompt_set(n_per_category=args.speed_prompts, seed=args.seed + 7)
-    quality_prompts = make_prompt_set(n_per_category=args.quality_prompts)
+    quality_prompts = make_prompt_set(n_per_category=args.quality_prompts) if args.quality_prompts else []
     image_size = pipe.grid_size * int(getattr(pipe.vqvae.config, "patch_size", 1))
-    real = reference_images(quality_prompts, args.difficulty, image_size, args.seed)
+    real = reference_images(quality_prompts, args.difficulty, image_size, args.seed) if quality_prompts else None
     results = run(pipe, args.methods, cases, args.modes, args.batch_sizes, speed_prompts, quality_prompts, real,
                   args.repeats, args.quality_batch, args.seed, args.quality_seeds)
     results.update(machine=machine_line(args.dtype, args.cpu_gemm, pipe.transformer.device), speed_prompts=len(speed_prompts), quality_prompts=len(quality_prompts),
                    quality_seeds=args.quality_seeds, repeats=args.repeats, cases=cases, configs=configs)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_ar_image", argv))
-    write_report(args.out, table, results)
+    write_report(args.out, table, results, load=monitor.stop(), force=args.force_contended)
     return 0
 
 

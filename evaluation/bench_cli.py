@@ -11,6 +11,7 @@ import platform
 import shlex
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from mmspec.cpu_gemm import add_cpu_gemm_argument
 from mmspec.devices import add_device_arguments, load_pipeline, resolved_device
 
 from .files import write_json_atomic, write_text_atomic
+from .speed import MachineLoad
 
 
 def new_parser(description: str | None) -> argparse.ArgumentParser:
@@ -57,6 +59,9 @@ def add_run_arguments(parser: argparse.ArgumentParser,
                                             "or bfloat16)")
     add_cpu_gemm_argument(parser)
     parser.add_argument("--out", type=Path, default=None, help=out_help)
+    parser.add_argument("--force-contended", action="store_true",
+                        help="write a table under docs/ although other processes used the CPU during the run "
+                             "(it is then marked contended); by default such a run is refused there")
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, methods: Sequence[str]) -> None:
@@ -143,12 +148,46 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
     return f"python -m {module} " + shlex.join(sys.argv[1:] if argv is None else argv)
 
 
-def write_report(out: Path | None, table: str, payload: Any) -> None:
-    """Print the markdown ``table``; with ``out``, write it there and ``payload`` as JSON beside it
-    (``out`` with a ``.json`` suffix), both atomically."""
+#: folders (relative to the repository root) whose tables are published: a contended run may not write there
+PUBLISHED_FOLDERS = ("docs",)
+_REPOSITORY = Path(__file__).resolve().parents[1]
+
+
+def is_published(path: Path) -> bool:
+    """Whether ``path`` is a published table of this repository (under docs/, or the README)."""
+    resolved = Path(path).resolve()
+    if resolved == _REPOSITORY / "README.md":
+        return True
+    return any(resolved.is_relative_to(_REPOSITORY / folder) for folder in PUBLISHED_FOLDERS)
+
+
+def check_publishable(out: Path | None, load: MachineLoad, force: bool = False) -> None:
+    """Refuse (SystemExit) a contended or unmeasured run's table for the repository's docs unless ``force``:
+    figures measured beside other work overstate speedups here (see :mod:`mmspec.evaluation.speed`)."""
+    if out is None or not is_published(out) or load.contended is False or force:
+        return
+    raise SystemExit(f"refusing to write {out}: the run was not quiet ({load.describe()}). Published figures "
+                     "come from a machine with nothing else running; rerun there, write elsewhere, or pass "
+                     "--force-contended (the table then says it was contended).")
+
+
+def write_report(out: Path | None, table: str, payload: Any, load: MachineLoad, force: bool = False) -> None:
+    """Print the markdown ``table`` with a line on the machine's ``load``; with ``out``, write both there and
+    ``payload`` (with the load) as JSON beside it (``out`` with a ``.json`` suffix), both atomically.
+
+    A table for the repository's docs (:func:`is_published`) must come from a quiet run
+    (:func:`check_publishable`); ``force`` writes a contended one, marked as such in its first line."""
+    check_publishable(out, load, force)
+    table = f"{table.rstrip()}\n\nMachine load: {load.describe()}.\n"
+    if load.contended is not False:
+        table = (f"**Measured on a {'contended' if load.contended else 'possibly busy'} machine**: other "
+                 "processes ran beside the benchmark, which slows every forward and overstates speedups.\n\n"
+                 + table)
     print(table)
     if out is None:
         return
+    if isinstance(payload, dict):
+        payload = {**payload, "load": asdict(load)}
     write_text_atomic(out, table)
     write_json_atomic(out.with_suffix(".json"), payload, indent=1, default=str)
 

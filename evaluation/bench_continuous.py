@@ -54,7 +54,7 @@ from .bench_images import (
     seeded_quality,
     spread_note,
 )
-from .speed import SPEEDUP_CELL_NOTE, RunResult, run_benchmark, speedup_cell
+from .speed import SPEEDUP_CELL_NOTE, LoadMonitor, RunResult, run_benchmark, speedup_cell
 
 #: The settings this benchmark ran as CSpD before the zoo stored its own (the official code's: gamma 8, 5 % of
 #: the tokens pre-filled, independent verification in the round context, tau = 1): faster than the stored
@@ -249,6 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    monitor = LoadMonitor()  # the machine's load over the whole run, recorded beside its table
     torch.set_num_threads(args.threads)
     try:
         configs = DEFAULT_CONFIGS if args.configs is None else json.loads(args.configs)
@@ -277,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    quality_seeds=args.quality_seeds, repeats=args.repeats, configs=configs, shared=shared,
                    settings=settings)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_continuous", argv))
-    write_report(args.out, table, results)
+    write_report(args.out, table, results, load=monitor.stop(), force=args.force_contended)
     return 0
 
 

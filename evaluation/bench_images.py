@@ -89,7 +89,10 @@ def add_quality_seeds_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def score_cell(quality_row: dict, key: str, digits: int) -> str:
-    """A table cell for one quality score, with its spread across seeds when several were measured."""
+    """A table cell for one quality score, with its spread across seeds when several were measured ("-" for a
+    run that measured no quality)."""
+    if key not in quality_row:
+        return "-"
     value = f"{quality_row[key]:.{digits}f}"
     if quality_row.get("seeds", 1) > 1:
         value += f" ± {quality_row[key + '_sd']:.{digits}f}"

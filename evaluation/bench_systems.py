@@ -43,6 +43,7 @@ from mmspec.cpu_gemm import add_cpu_gemm_argument
 from mmspec.devices import add_device_arguments, resolved_device
 
 from .bench_cli import command_line, machine_line, new_parser, write_report
+from .speed import LoadMonitor
 from .systems.specs import BLOCK_FAMILIES, SYSTEMS, SystemSpec, check_systems
 
 ALPHAS = (0.5, 0.8, 0.95)
@@ -71,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--in-process", action="store_true",
                         help="run every system in this process (default: one subprocess per system)")
     parser.add_argument("--out", type=Path, default=None, help="markdown report (JSON and PNG beside it)")
+    parser.add_argument("--force-contended", action="store_true",
+                        help="write a report under docs/ although other processes used the CPU during the run "
+                             "(it is then marked contended)")
     parser.add_argument("--worker-json", type=Path, default=None, help=argparse.SUPPRESS)
     add_device_arguments(parser, dtype_help="precision of targets and drafters: float32 or bfloat16 (default float32)")
     add_cpu_gemm_argument(parser)
@@ -167,18 +171,16 @@ def run_in_subprocess(spec: SystemSpec, args: argparse.Namespace, device: torch.
 
 
 def machine_state(device: torch.device, threads: int) -> str:
-    """A sentence on how busy the machine was (a shared CPU's numbers move with its neighbours' load)."""
+    """A sentence on the hardware the rows ran on (the machine's load over the run follows the table)."""
     if device.type == "cuda":
         return "One GPU, not shared."
-    cores = os.cpu_count() or 1
-    load = os.getloadavg()
-    return (f"{cores} cores shared with other jobs (load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} "
-            f"when the report was written; each system's own range is in its section); {threads} torch threads.")
+    return f"{os.cpu_count() or 1} cores; {threads} torch threads."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    monitor = LoadMonitor()  # the machine's load over the whole run, recorded beside its table
     device = resolved_device(args)
     try:
         specs = check_arguments(args, device)
@@ -195,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     machine = machine_line(args.dtype, args.cpu_gemm, device)
     table = to_markdown(results, command_line(MODULE, argv), machine, machine_state(device, args.threads))
-    write_report(args.out, table, {"machine": machine, "results": results})
+    write_report(args.out, table, {"machine": machine, "results": results}, load=monitor.stop(), force=args.force_contended)
     if args.out is not None:
         plot(results, args.out.with_suffix(".png"))
     return 0

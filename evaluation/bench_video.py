@@ -52,7 +52,7 @@ from .bench_cli import (
     write_report,
 )
 from .files import atomic_path
-from .speed import RunResult, run_benchmark
+from .speed import LoadMonitor, RunResult, run_benchmark
 
 GOAL_SPEEDUP, GOAL_QUALITY = 1.5, 0.98
 #: the case of SDVG with the checkpoint's stored settings (``method="sdvg"``, nothing else)
@@ -452,6 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    monitor = LoadMonitor()  # the machine's load over the whole run, recorded beside its table
     torch.set_num_threads(args.threads)
     sweep = parse_sweep(args.sweep)
     from mmspec.models.rewards import ScorerFrameReward, ShapesFrameReward
@@ -500,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    sweep=args.sweep, target_layers=config.num_layers,
                    drafter_layers=pipe.drafter.config.num_layers)
     table = to_markdown(results, command_line("mmspec.evaluation.bench_video", argv))
-    write_report(args.out, table, results)
+    write_report(args.out, table, results, load=monitor.stop(), force=args.force_contended)
     if args.out is not None:
         plot(results, args.out.with_suffix(".png"))
     return 0

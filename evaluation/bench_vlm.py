@@ -45,7 +45,7 @@ from .bench_cli import (
     resolve_case_method,
     write_report,
 )
-from .speed import RunResult, run_benchmark
+from .speed import BREAKDOWN_NOTE, BenchmarkReport, LoadMonitor, RunResult, run_benchmark
 
 #: The chain lengths this benchmark ran before they were stored with the checkpoint, the same in every mode
 #: and batch size: the zoo's trained heads are accepted so often that long chains pay (K = 6 / 8 / 12 for
@@ -210,8 +210,8 @@ def to_markdown(results: dict, command: str, meta: dict) -> str:
              "hf_* rows are transformers' `generate` on the same target (batch 1 only). Time spread: the "
              "interquartile range of the repeats' times over their median (how much this machine moved during the "
              "case; a speedup is only as steady as its row's and `none`'s).", ""]
-    header = ("| method | speedup | time spread | mean acc. len | tokens/s | draft visual tokens | peak mem MiB | "
-              "accuracy |\n|---|---|---|---|---|---|---|---|")
+    header = ("| method | speedup | time spread | mean acc. len | step compression | tokens/s | draft visual tokens | "
+              "peak mem MiB | accuracy |\n|---|---|---|---|---|---|---|---|---|")
     for key, report in results.items():
         lines += [f"### {key}", "", header]
         for name, c in report["cases"].items():
@@ -220,10 +220,13 @@ def to_markdown(results: dict, command: str, meta: dict) -> str:
             peak = c["peak_memory_bytes"] / 2**20 if c["peak_memory_bytes"] else float("nan")
             mal = c["mean_accepted_length"]
             spread = 100 * c["iqr_s"] / c["median_s"] if c["median_s"] else float("nan")
+            compression = c.get("ideal_speedup")
             lines.append(f"| {name} | {c['speedup']:.2f}x | {spread:.0f} % | {'-' if mal is None else f'{mal:.2f}'} | "
+                         f"{'-' if compression is None else f'{compression:.2f}'} | "
                          f"{c['items_per_s']:.1f} | {'-' if visual is None else f'{visual:.0f}'} | {peak:.0f} | "
                          f"{q['accuracy']:.3f} |")
-        lines.append("")
+        lines += ["", f"Round breakdown ({BREAKDOWN_NOTE}):", "",
+                  BenchmarkReport.from_dict(report).breakdown_markdown().rstrip(), ""]
     return "\n".join(lines) + "\n"
 
 
@@ -242,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    monitor = LoadMonitor()  # the machine's load over the whole run, recorded beside its table
     torch.set_num_threads(args.threads)
     cases = method_kwargs(args.methods, default_cases(), args.method_kwargs, derived_cases=True)
 
@@ -258,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     meta = {"machine": machine_line(cpu_gemm=args.cpu_gemm), "examples": args.examples, "repeats": args.repeats,
             "max_new_tokens": args.max_new_tokens, "cases": cases}
     table = to_markdown(results, command_line("mmspec.evaluation.bench_vlm", argv), meta)
-    write_report(args.out, table, {"meta": meta, "results": results})
+    write_report(args.out, table, {"meta": meta, "results": results}, load=monitor.stop(), force=args.force_contended)
     return 0
 
 

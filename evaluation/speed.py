@@ -28,8 +28,20 @@ A case is a zero-argument callable returning a :class:`RunResult` (or a pipeline
 
 Statistics objects are duck-typed: anything with ``mean_accepted_length`` (mmspec's ``SpecStats``
 counts the bonus token, so target-only decoding has 1.0) is read; with ``tokens`` and ``target_calls``
-the harness also reports the *ideal speedup*: the ratio of tokens per target call of the case and of the
-baseline, i.e. the speedup if target forwards were the only cost.
+the harness also reports the *step compression* (``ideal_speedup``): the ratio of tokens per target call of
+the case and of the baseline, i.e. the speedup if target forwards were the only cost and cost the same
+whatever they verify. They do not: on a CPU a forward over K+1 tokens costs more than a one-token forward,
+and drafting costs time. So with per-phase timings (``SpecStats.as_dict()``'s ``phase_seconds`` and
+``phase_calls``) each case also gets its *round breakdown* (:class:`RoundBreakdown`): the baseline's T(1),
+the case's T(K+1), drafting, verification and the rest per round, the bound
+``compression * T(1) / (T(K+1) + T_draft)`` and the efficiency measured / bound.
+
+Machine load: the timed repeats run under a :class:`LoadMonitor`, which records other processes' CPU use
+(from /proc/stat, minus this process's own), the load average and the torch thread count. A run where others
+used more than :data:`CONTENDED_CORES` of a core on average is *contended*: every forward slows down, which
+hides the cost of longer verification forwards and overstates speedups. The benchmarks refuse to write such a
+run's table into the repository's docs unless forced, and a forced table says so
+(:func:`mmspec.evaluation.bench_cli.write_report`).
 
 Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` (reset before each call); on CPU (Linux) the
 process's resident-set high-water mark during the call (``VmHWM``, reset through
@@ -43,6 +55,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import platform
 import random
 import resource
@@ -98,6 +111,150 @@ def as_run_result(value: Any, unit: str = "tokens") -> RunResult:
     )
 
 
+#: other processes' average CPU use (in cores) above which a run counts as contended: a quarter of a core
+#: already slows every forward and hides how verification cost grows with the tokens it checks
+CONTENDED_CORES = 0.25
+
+
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy jiffies of the whole machine, jiffies of this process and its waited-for children), or None
+    where /proc is missing."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        with open("/proc/self/stat") as f:
+            own = f.read().rsplit(")", 1)[1].split()
+    except (OSError, ValueError, IndexError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return busy, sum(int(v) for v in own[11:15])  # utime stime cutime cstime
+
+
+@dataclass
+class MachineLoad:
+    """What else ran on the machine while a benchmark ran.
+
+    Attributes:
+        seconds: wall time observed.
+        other_cores: other processes' average CPU use in cores (the machine's busy time from /proc/stat
+            minus this process's own, over ``seconds``); None where /proc is missing.
+        load_average: the 1-minute load average at the end (it lags: recorded, not used to judge).
+        cores: logical CPUs; threads: torch's intra-op threads of this process.
+    """
+
+    seconds: float
+    other_cores: float | None
+    load_average: float | None
+    cores: int
+    threads: int
+
+    @property
+    def contended(self) -> bool | None:
+        """True when other processes used more than :data:`CONTENDED_CORES` on average (None: unknown)."""
+        return None if self.other_cores is None else self.other_cores > CONTENDED_CORES
+
+    def describe(self) -> str:
+        """One line for a report: ``"quiet: other processes 0.02 cores on average ..."``."""
+        state = {True: "CONTENDED", False: "quiet", None: "load unknown"}[self.contended]
+        others = "-" if self.other_cores is None else f"{self.other_cores:.2f}"
+        load = "-" if self.load_average is None else f"{self.load_average:.2f}"
+        return (f"{state}: other processes used {others} cores on average over {self.seconds:.0f} s "
+                f"(limit {CONTENDED_CORES}); load average {load} at the end; {self.cores} cores, "
+                f"{self.threads} torch thread(s)")
+
+    @classmethod
+    def combine(cls, parts: list[MachineLoad]) -> MachineLoad:
+        """One record for consecutive measurements (time-weighted other cores, the last load average)."""
+        if not parts:
+            raise ValueError("parts: give at least one MachineLoad")
+        seconds = sum(p.seconds for p in parts)
+        known = [p for p in parts if p.other_cores is not None]
+        others = None if len(known) < len(parts) or seconds <= 0 else \
+            sum(p.other_cores * p.seconds for p in known) / seconds
+        last = parts[-1]
+        return cls(seconds, others, last.load_average, last.cores, last.threads)
+
+
+class LoadMonitor:
+    """Measures :class:`MachineLoad` between :meth:`start` (at construction) and :meth:`stop`::
+
+        monitor = LoadMonitor()
+        ...  # the benchmark
+        load = monitor.stop()
+        load.contended  # other processes used more than a quarter of a core on average
+    """
+
+    def __init__(self) -> None:
+        self._start = time.perf_counter()
+        self._jiffies = _cpu_jiffies()
+
+    def stop(self) -> MachineLoad:
+        seconds = time.perf_counter() - self._start
+        now = _cpu_jiffies()
+        others = None
+        if self._jiffies is not None and now is not None and seconds > 0:
+            hertz = os.sysconf("SC_CLK_TCK")
+            busy, own = now[0] - self._jiffies[0], now[1] - self._jiffies[1]
+            others = max(busy - own, 0) / hertz / seconds
+        try:
+            load_average: float | None = os.getloadavg()[0]
+        except OSError:
+            load_average = None
+        return MachineLoad(seconds, others, load_average, os.cpu_count() or 1, torch.get_num_threads())
+
+
+@dataclass
+class RoundBreakdown:
+    """Where a speculative round's time goes, against the baseline's one-token round (milliseconds).
+
+    The bound is what the method could reach if only target forwards and drafting cost time:
+    ``compression * T(1) / (T(K+1) + T_draft)``; ``efficiency`` is the measured end-to-end speedup over it
+    (below 1 by the verification arithmetic, bookkeeping, prefill and decoding that the bound leaves out).
+
+    Attributes:
+        compression: step compression: tokens per target forward over the baseline's.
+        t1_ms: the baseline's target forward (one token per row); tk1_ms: the method's verification
+            forward (its K+1 tokens); draft_ms, verify_ms, commit_ms: per round; rest_ms: the rest of the
+            call per round (prefill, decoding, anything outside the phases).
+        rounds: the method's target forwards after prefill (per call).
+    """
+
+    compression: float
+    t1_ms: float
+    tk1_ms: float
+    draft_ms: float
+    verify_ms: float
+    commit_ms: float
+    rest_ms: float
+    rounds: float
+    bound: float
+    efficiency: float | None = None
+
+
+def round_breakdown(case_stats: Mapping[str, Any] | None, base_stats: Mapping[str, Any] | None,
+                    compression: float | None, wall_s: float) -> RoundBreakdown | None:
+    """The :class:`RoundBreakdown` of a case from its statistics and the baseline's (``SpecStats.as_dict()``
+    of one call each), or None when either lacks per-phase counts (not a round-based loop)."""
+    if not case_stats or not base_stats or not compression:
+        return None
+    calls, base_calls = case_stats.get("phase_calls") or {}, base_stats.get("phase_calls") or {}
+    seconds, base_seconds = case_stats.get("phase_seconds") or {}, base_stats.get("phase_seconds") or {}
+    rounds, base_rounds = calls.get("target", 0), base_calls.get("target", 0)
+    if not rounds or not base_rounds:
+        return None
+
+    def per_round(phase: str) -> float:
+        return 1000 * seconds.get(phase, 0.0) / rounds
+
+    t1 = 1000 * base_seconds.get("target", 0.0) / base_rounds
+    tk1, draft = per_round("target"), per_round("draft")
+    verify, commit = per_round("verify"), per_round("commit")
+    rest = 1000 * wall_s / rounds - tk1 - draft - verify - commit
+    bound = compression * t1 / (tk1 + draft) if tk1 + draft > 0 else float("inf")
+    return RoundBreakdown(compression, t1, tk1, draft, verify, commit, rest, rounds, bound)
+
+
 @dataclass
 class CaseReport:
     """Timings and measurements of one case over the timed repeats."""
@@ -126,11 +283,18 @@ class CaseReport:
     python_peak_bytes: int | None = None
     quality: dict[str, float] = field(default_factory=dict)
     stats: dict[str, Any] | None = None
+    #: the round breakdown against the baseline (token loops; None for the baseline and other loops)
+    breakdown: RoundBreakdown | None = None
 
 
 #: how tables written with :func:`speedup_cell` read
 SPEEDUP_CELL_NOTE = ("speedup: ratio of the medians, in brackets the lowest and highest ratio within one "
                      "round-robin pass")
+
+
+#: how a round breakdown table (:meth:`BenchmarkReport.breakdown_markdown`) reads
+BREAKDOWN_NOTE = ("milliseconds per round; compression = tokens per target forward over target-only's; bound = "
+                  "compression x T(1) / (T(K+1) + draft); efficiency = measured speedup / bound")
 
 
 def speedup_cell(case: Mapping[str, Any]) -> str:
@@ -163,14 +327,42 @@ class BenchmarkReport:
 
     @classmethod
     def from_dict(cls, data: dict) -> BenchmarkReport:
-        return cls({k: CaseReport(**v) for k, v in data["cases"].items()}, data["baseline"], data["meta"])
+        cases = {}
+        for name, fields in data["cases"].items():
+            fields = dict(fields)
+            if fields.get("breakdown") is not None:
+                fields["breakdown"] = RoundBreakdown(**fields["breakdown"])
+            cases[name] = CaseReport(**fields)
+        return cls(cases, data["baseline"], data["meta"])
+
+    @property
+    def load(self) -> MachineLoad | None:
+        """What else ran on the machine during the timed repeats (None for reports written before it was
+        recorded)."""
+        load = self.meta.get("load")
+        return MachineLoad(**load) if load else None
+
+    def breakdown_markdown(self) -> str:
+        """A markdown table of every case's round breakdown (:class:`RoundBreakdown`), milliseconds per round."""
+        headers = ["method", "compression", "T(1) ms", "T(K+1) ms", "draft ms", "verify ms", "commit ms",
+                   "rest ms", "bound", "speedup", "efficiency"]
+        lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        for name, c in self.cases.items():
+            b = c.breakdown
+            if b is None:
+                continue
+            eff = "-" if b.efficiency is None else f"{b.efficiency:.2f}"
+            lines.append(f"| {name} | {b.compression:.2f} | {b.t1_ms:.2f} | {b.tk1_ms:.2f} | {b.draft_ms:.2f} | "
+                         f"{b.verify_ms:.2f} | {b.commit_ms:.2f} | {b.rest_ms:.2f} | {b.bound:.2f}x | "
+                         f"{c.speedup:.2f}x | {eff} |")
+        return "\n".join(lines) + "\n"
 
     def to_markdown(self) -> str:
         """A markdown table: one row per case, plus a line with the run's settings."""
         quality_keys = sorted({k for c in self.cases.values() for k in c.quality})
         unit = next(iter(self.cases.values())).unit if self.cases else "items"
         headers = ["method", "median s", "spread (IQR) s", "speedup", f"{unit}/s", "mean acc. len",
-                   "ideal speedup", "peak mem MiB"] + quality_keys
+                   "step compression", "efficiency", "peak mem MiB"] + quality_keys
         lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
 
         def fmt(value: Any, spec: str) -> str:
@@ -181,7 +373,7 @@ class BenchmarkReport:
             peak = None if c.peak_memory_bytes is None else c.peak_memory_bytes / 2**20
             row = [label, fmt(c.median_s, ".4f"), fmt(c.iqr_s, ".4f"), fmt(c.speedup, ".2f") + ("x" if c.speedup else ""),
                    fmt(c.items_per_s, ".1f"), fmt(c.mean_accepted_length, ".2f"), fmt(c.ideal_speedup, ".2f"),
-                   fmt(peak, ".1f")] + [fmt(c.quality.get(k), ".4g") for k in quality_keys]
+                   fmt(c.breakdown.efficiency if c.breakdown else None, ".2f"), fmt(peak, ".1f")] + [fmt(c.quality.get(k), ".4g") for k in quality_keys]
             lines.append("| " + " | ".join(row) + " |")
         m = self.meta
         lines.append("")
@@ -189,6 +381,8 @@ class BenchmarkReport:
             f"{m['repeats']} timed repeats after {m['warmup']} warm-up call(s) per case, seed {m['seed']}, "
             f"device {m['device']}, torch {m['torch']}, {m['threads']} thread(s); memory: {m['memory_source']}."
         )
+        if self.load is not None:
+            lines.append(f"Machine load during the timed repeats: {self.load.describe()}.")
         return "\n".join(lines) + "\n"
 
     def plot(self, path: str | Path, quality_key: str | None = None, title: str | None = None) -> Path:
@@ -400,6 +594,7 @@ def run_benchmark(
             finally:
                 tracemalloc.stop()
 
+    monitor = LoadMonitor()
     times: dict[str, list[float]] = {n: [] for n in names}
     results: dict[str, list[RunResult]] = {n: [] for n in names}
     peaks: dict[str, list[int]] = {n: [] for n in names}
@@ -424,6 +619,7 @@ def run_benchmark(
                 peaks[name].append(peak)
                 if before is not None:
                     increases[name].append(max(peak - before, 0))
+    load = monitor.stop()
     if bar is not None:
         bar.close()
 
@@ -471,6 +667,10 @@ def run_benchmark(
         c.paired_speedup_median = statistics.median(paired) if paired else None
         if c.tokens_per_target_call and base.tokens_per_target_call:
             c.ideal_speedup = c.tokens_per_target_call / base.tokens_per_target_call
+        if c is not base:
+            c.breakdown = round_breakdown(c.stats, base.stats, c.ideal_speedup, c.median_s)
+            if c.breakdown is not None and c.speedup is not None and math.isfinite(c.breakdown.bound):
+                c.breakdown.efficiency = c.speedup / c.breakdown.bound
 
     meta = {
         "warmup": warmup,
@@ -483,5 +683,6 @@ def run_benchmark(
         "memory_source": probe.source,
         "order": "warm-up per case, then round-robin repeats: " + ", ".join(names),
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "load": asdict(load),
     }
     return BenchmarkReport(cases=reports, baseline=baseline, meta=meta)

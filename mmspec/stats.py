@@ -36,6 +36,8 @@ class SpecStats:
         position_attempts / position_accepts: per draft position i, how often it was verified / accepted,
             counting only positions whose token the output kept.
         phase_seconds: wall time per phase ("prefill", "draft", "target", "verify", ...).
+        phase_calls: how often each phase was entered: ``phase_calls["target"]`` counts the target's forwards
+            after the prefill (one per round of a token loop), the denominator of a round's breakdown.
     """
 
     target_calls: int = 0
@@ -46,6 +48,7 @@ class SpecStats:
     position_attempts: list[int] = field(default_factory=list)
     position_accepts: list[int] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    phase_calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
 
     @property
     def mean_accepted_length(self) -> float:
@@ -124,6 +127,8 @@ class SpecStats:
                     mine[i] += count
             for phase, seconds in part.phase_seconds.items():
                 total.phase_seconds[phase] += seconds
+            for phase, count in part.phase_calls.items():
+                total.phase_calls[phase] += count
         return total
 
     @contextmanager
@@ -134,13 +139,15 @@ class SpecStats:
             yield
         finally:
             self.phase_seconds[name] += time.perf_counter() - start
+            self.phase_calls[name] += 1
 
     def as_dict(self) -> dict:
         return {
             "target_calls": self.target_calls, "draft_calls": self.draft_calls, "tokens": self.tokens,
             "verify_steps": self.verify_steps, "mean_accepted_length": self.mean_accepted_length,
             "mean_accepted_drafts": self.mean_accepted_drafts, "acceptance_rates": self.acceptance_rates,
-            "phase_seconds": dict(self.phase_seconds), "wall_seconds": self.wall_seconds,
+            "phase_seconds": dict(self.phase_seconds), "phase_calls": dict(self.phase_calls),
+            "wall_seconds": self.wall_seconds,
         }
 
     def __str__(self) -> str:

@@ -287,7 +287,11 @@ def test_spec_stats_merge_sums_every_counter_and_position_checks_count_all_posit
     b = SpecStats(target_calls=3, tokens=4, verify_steps=1, emitted=2)
     b.record_position_checks(torch.tensor([[False, True]]))
     b.phase_seconds["draft"] += 0.5
+    for stats in (a, b, b):
+        with stats.phase("target"):
+            pass
     merged = SpecStats.merge([a, b])
+    assert merged.phase_calls["target"] == 3 and merged.as_dict()["phase_calls"] == {"target": 3}
     assert (merged.target_calls, merged.draft_calls, merged.tokens, merged.verify_steps, merged.emitted) == (5, 1, 9, 3, 8)
     assert merged.position_attempts == [3, 3, 2] and merged.position_accepts == [2, 2, 1]
     assert merged.phase_seconds["draft"] == 0.5 and merged.mean_accepted_length == 8 / 3

@@ -176,3 +176,98 @@ def test_speedup_cells_show_the_paired_range_when_recorded():
     assert speedup_cell({"speedup": 2.5432, "paired_speedup_range": [2.41, 2.66]}) == "2.54x (2.41-2.66)"
     assert speedup_cell({"speedup": 1.0, "paired_speedup_range": [1.0, 1.0]}) == "1.00x"  # the baseline
     assert speedup_cell({"speedup": 1.7}) == "1.70x"  # a report written before the range was recorded
+
+
+# -- machine load, round breakdown, the publication gate ------------------------------------------
+
+
+def test_load_monitor_counts_other_processes_not_its_own(monkeypatch):
+    from mmspec.evaluation import speed
+
+    # /proc readings: (machine busy jiffies, this process's jiffies) at start and stop, 100 Hz, 10 s apart
+    readings = iter([(1000, 200), (1000 + 1500, 200 + 900)])
+    clock = iter([0.0, 10.0])
+    monkeypatch.setattr(speed, "_cpu_jiffies", lambda: next(readings))
+    monkeypatch.setattr(speed.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(speed.os, "sysconf", lambda name: 100)
+    load = speed.LoadMonitor().stop()
+    # 1500 busy jiffies, 900 of them this process's: the others used 600 / 100 Hz / 10 s = 0.6 cores
+    assert load.other_cores == pytest.approx(0.6)
+    assert load.contended is True and "CONTENDED" in load.describe()
+    quiet = speed.MachineLoad(10.0, 0.1, 0.5, 2, 1)
+    assert quiet.contended is False and quiet.describe().startswith("quiet")
+    combined = speed.MachineLoad.combine([load, quiet])
+    assert combined.other_cores == pytest.approx(0.35) and combined.contended is True
+    assert speed.MachineLoad(1.0, None, None, 2, 1).contended is None
+
+
+def test_load_monitor_sees_a_busy_neighbour():
+    import subprocess
+    import sys
+
+    from mmspec.evaluation.speed import LoadMonitor
+
+    monitor = LoadMonitor()
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.5: pass"])
+    try:
+        time.sleep(1.6)
+        load = monitor.stop()  # before waiting for the child: its time is not yet this process's
+    finally:
+        spinner.wait()
+    assert load.other_cores is not None and load.other_cores > 0.5
+    assert load.contended
+
+
+def _phase_stats(target_s: float, target_calls: int, tokens: int, draft_s: float = 0.0, verify_s: float = 0.0):
+    return SimpleNamespace(tokens=tokens, target_calls=target_calls + 1, mean_accepted_length=1.0,
+                           as_dict=lambda: {"tokens": tokens, "target_calls": target_calls + 1,
+                                            "phase_seconds": {"prefill": 0.0, "target": target_s,
+                                                              "draft": draft_s, "verify": verify_s},
+                                            "phase_calls": {"prefill": 1, "target": target_calls}})
+
+
+def test_round_breakdown_bound_and_efficiency():
+    from mmspec.evaluation.speed import round_breakdown
+
+    # baseline: 100 one-token forwards of 2 ms; method: 20 rounds with 3.5 ms verification and 1.5 ms drafting
+    base = _phase_stats(0.2, 100, 101).as_dict()
+    case = _phase_stats(0.07, 20, 101, draft_s=0.03, verify_s=0.004).as_dict()
+    b = round_breakdown(case, base, compression=5.0, wall_s=0.11)
+    assert (b.t1_ms, b.tk1_ms, b.draft_ms, b.verify_ms) == pytest.approx((2.0, 3.5, 1.5, 0.2))
+    assert b.bound == pytest.approx(5.0 * 2.0 / (3.5 + 1.5))
+    assert b.rest_ms == pytest.approx(110 / 20 - 3.5 - 1.5 - 0.2)
+    assert round_breakdown({"phase_seconds": {}}, base, 5.0, 0.1) is None  # no rounds: not a token loop
+
+
+def test_run_benchmark_reports_breakdown_and_load(tmp_path):
+    cases = {"none": lambda: RunResult(num_items=101, wall_time=0.2, stats=_phase_stats(0.2, 100, 101)),
+             "spec": lambda: RunResult(num_items=101, wall_time=0.1,
+                                       stats=_phase_stats(0.07, 20, 101, draft_s=0.03))}
+    report = run_benchmark(cases, baseline="none", warmup=0, repeats=2)
+    spec = report.cases["spec"]
+    assert report.cases["none"].breakdown is None
+    assert spec.breakdown.bound == pytest.approx((101 / 21) / (101 / 101) * 2.0 / 5.0)
+    assert spec.breakdown.efficiency == pytest.approx(spec.speedup / spec.breakdown.bound)
+    assert report.load is not None and report.load.cores >= 1
+    assert "Machine load" in report.to_markdown() and "| spec |" in report.breakdown_markdown()
+    again = BenchmarkReport.from_dict(json.loads(json.dumps(report.to_dict())))
+    assert again.cases["spec"].breakdown == spec.breakdown and again.load == report.load
+
+
+def test_published_tables_need_a_quiet_run(tmp_path, capsys):
+    from mmspec.evaluation.bench_cli import _REPOSITORY, is_published, write_report
+    from mmspec.evaluation.speed import MachineLoad
+
+    busy, quiet = MachineLoad(60.0, 0.9, 1.8, 2, 1), MachineLoad(60.0, 0.05, 1.0, 2, 1)
+    docs_table = _REPOSITORY / "docs" / "benchmarks" / "never_written.md"
+    assert is_published(docs_table) and is_published(_REPOSITORY / "README.md")
+    assert not is_published(tmp_path / "table.md")
+    with pytest.raises(SystemExit, match="not quiet.*--force-contended"):
+        write_report(docs_table, "| a |\n", {"x": 1}, load=busy)
+    assert not docs_table.exists()
+    write_report(tmp_path / "busy.md", "| a |\n", {"x": 1}, load=busy)  # outside docs/: written, marked
+    text = (tmp_path / "busy.md").read_text()
+    assert text.startswith("**Measured on a contended machine**") and "other processes used 0.90 cores" in text
+    assert json.loads((tmp_path / "busy.json").read_text())["load"]["other_cores"] == 0.9
+    write_report(tmp_path / "quiet.md", "| a |\n", {"x": 1}, load=quiet)
+    assert (tmp_path / "quiet.md").read_text().startswith("| a |") and "quiet: other" in capsys.readouterr().out
