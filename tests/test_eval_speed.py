@@ -230,11 +230,12 @@ def test_round_breakdown_bound_and_efficiency():
     from mmspec.evaluation.speed import round_breakdown
 
     # baseline: 100 one-token forwards of 2 ms; method: 20 rounds with 3.5 ms verification and 1.5 ms drafting
-    base = _phase_stats(0.2, 100, 101).as_dict()
+    # (target-only samples for 0.1 ms after each forward: its round is 2.1 ms)
+    base = _phase_stats(0.2, 100, 101, verify_s=0.01).as_dict()
     case = _phase_stats(0.07, 20, 101, draft_s=0.03, verify_s=0.004).as_dict()
     b = round_breakdown(case, base, compression=5.0, wall_s=0.11)
-    assert (b.t1_ms, b.tk1_ms, b.draft_ms, b.verify_ms) == pytest.approx((2.0, 3.5, 1.5, 0.2))
-    assert b.bound == pytest.approx(5.0 * 2.0 / (3.5 + 1.5))
+    assert (b.t1_ms, b.forward_1_ms, b.tk1_ms, b.draft_ms, b.verify_ms) == pytest.approx((2.1, 2.0, 3.5, 1.5, 0.2))
+    assert b.bound == pytest.approx(5.0 * 2.1 / (3.5 + 1.5))
     assert b.rest_ms == pytest.approx(110 / 20 - 3.5 - 1.5 - 0.2)
     assert round_breakdown({"phase_seconds": {}}, base, 5.0, 0.1) is None  # no rounds: not a token loop
 
