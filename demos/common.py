@@ -387,8 +387,9 @@ def headline_html(comparison: Comparison, *, identical: bool | None = None) -> s
 
 CPU_NOTE = ("Timing: one warm-up call per side, then alternating timed calls (baseline, method, ...), same inputs "
             "and seed, one run at a time in the whole app; the speedup is the ratio of the medians. On a CPU at "
-            "the zoo's sizes a forward costs about the same for 1 or 8 new tokens, as in a memory-bound GPU "
-            "decode, so speedups are meaningful; absolute times are not GPU times.")
+            "the zoo's sizes a forward over a round's several tokens costs more than a one-token forward and "
+            "drafting costs time, so the speedup stays below the accepted length; absolute times are not GPU "
+            "times, and a busy machine makes every figure unreliable.")
 LENGTH_NOTE = "Mean accepted length: tokens gained per target verification call, the bonus token included."
 
 
