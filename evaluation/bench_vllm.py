@@ -35,12 +35,16 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mmspec.integrations.vllm.offline import REPLY_PREFIX, chat_messages, parse_reply
+
+from .bench_cli import check_publishable
+from .speed import LoadMonitor
 
 DEFAULT_CONCURRENCY = (1, 8, 32)
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")
@@ -326,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.offline_worker is not None:
         print(REPLY_PREFIX + json.dumps(offline_worker(json.loads(args.offline_worker.read_text()))), flush=True)
         return 0
+    monitor = LoadMonitor()  # vLLM's engine and server processes count as this run's own work
     work = args.work or Path(tempfile.mkdtemp(prefix="bench-vllm-"))
     work.mkdir(parents=True, exist_ok=True)
     target, head = prepare_zoo(work, args.k) if args.target is None else (args.target, args.head)
@@ -336,10 +341,13 @@ def main(argv: list[str] | None = None) -> int:
             run = run_offline if mode == "offline" else run_serve
             rows += run(args, target, with_head, template, work)
             print(table(rows), flush=True)
+    load = monitor.stop()
+    print(f"Machine load: {load.describe()}.")
     if args.out is not None:
+        check_publishable(args.out, load)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(table(rows) + "\n")
-        args.out.with_suffix(".json").write_text(json.dumps(rows, indent=2) + "\n")
+        args.out.write_text(f"{table(rows)}\n\nMachine load: {load.describe()}.\n")
+        args.out.with_suffix(".json").write_text(json.dumps({"rows": rows, "load": asdict(load)}, indent=2) + "\n")
     return 0
 
 

@@ -116,19 +116,41 @@ def as_run_result(value: Any, unit: str = "tokens") -> RunResult:
 CONTENDED_CORES = 0.25
 
 
+def _process_jiffies(stat: str) -> tuple[int, int]:
+    """(parent pid, utime + stime + cutime + cstime) from a /proc/PID/stat line."""
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[1]), sum(int(v) for v in fields[11:15])
+
+
 def _cpu_jiffies() -> tuple[int, int] | None:
-    """(busy jiffies of the whole machine, jiffies of this process and its waited-for children), or None
-    where /proc is missing."""
+    """(busy jiffies of the whole machine, jiffies of this process and all its descendants, live or waited
+    for), or None where /proc is missing. Descendants count as this run's own work: a benchmark may run its
+    cases in worker processes (vLLM's engine, the systems benchmark's subprocesses)."""
     try:
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
         with open("/proc/self/stat") as f:
-            own = f.read().rsplit(")", 1)[1].split()
+            own = _process_jiffies(f.read())[1]
     except (OSError, ValueError, IndexError):
         return None
+    children: dict[int, list[tuple[int, int]]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                parent, jiffies = _process_jiffies(f.read())
+        except (OSError, ValueError, IndexError):  # a process that ended meanwhile
+            continue
+        children.setdefault(parent, []).append((int(entry.name), jiffies))
+    stack = [os.getpid()]
+    while stack:
+        for pid, jiffies in children.get(stack.pop(), []):
+            own += jiffies
+            stack.append(pid)
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     busy = sum(fields[:8]) - idle  # user nice system idle iowait irq softirq steal (guest is inside user)
-    return busy, sum(int(v) for v in own[11:15])  # utime stime cutime cstime
+    return busy, own
 
 
 @dataclass
