@@ -24,6 +24,10 @@ case "${1:-}" in
     --slow) selection=(-m slow); shift ;;
     --all) selection=(); shift ;;
 esac
+if [ "${#selection[@]}" -eq 0 ] || [ "${selection[1]}" = "slow" ]; then
+    # the slow checks include the real model's conversion (the `real` extra: the gguf reader)
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check -c requirements/constraints.txt -e ".[real]"
+fi
 # Tests run in pytest-xdist workers (work stealing, one torch thread each): one per CPU core, at most 4.
 # MMSPEC_TEST_WORKERS=N sets the number; 1 runs everything in this process.
 cores="$(nproc 2>/dev/null || echo 1)"
