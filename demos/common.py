@@ -359,7 +359,9 @@ def headline_html(comparison: Comparison, *, identical: bool | None = None) -> s
     name = comparison.method
     lines = [f"range {_fmt(low)}-{_fmt(high)}x over {comparison.repeats} alternating timed runs per side, after a "
              f"warm-up; median {comparison.spec_seconds:.2f} s against {comparison.base_seconds:.2f} s",
-             f"target calls: {spec.target_calls} against {base.target_calls}"]
+             f"target calls: {spec.target_calls} against {base.target_calls}"
+             + ("" if comparison.ideal_speedup is None else
+                f" (step compression {comparison.ideal_speedup:.2f}x: tokens per target call over the baseline's)")]
     if comparison.lossless:
         if identical:
             lines.append("output identical to the baseline (lossless)")
@@ -373,12 +375,16 @@ def headline_html(comparison: Comparison, *, identical: bool | None = None) -> s
         lines.append("lossy: no quality figure for these inputs; compare the outputs below")
     if comparison.noisy:
         lines.append("the passes disagree by more than 25%: the machine was busy; the median is shown")
+    if comparison.contended:
+        lines.append(f"contended machine: {comparison.load.describe()}; other work slows every forward and "
+                     "overstates the speedup")
     warning = comparison.warning
     if warning is not None:
         kind, title = "warn", f"{name}: timing not trusted"
         lines.insert(0, warning)
     else:
-        kind = "ok" if comparison.speedup >= 1 else "slow"
+        # amber when the timing is doubtful (a busy machine, passes that disagree), never green
+        kind = "warn" if comparison.contended or comparison.noisy else "ok" if comparison.speedup >= 1 else "slow"
         title = f"{name}: {words} the baseline"
     items = "".join(f"<li>{html.escape(line)}</li>" for line in lines)
     return (f"<div class='mmspec-card mmspec-card-{kind}'><div class='mmspec-card-title'>{html.escape(title)}</div>"

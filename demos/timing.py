@@ -74,6 +74,14 @@ class Comparison:
     quality: tuple[str, str, str] | None = None
     notes: list[str] = field(default_factory=list)
     extra: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: what else ran on the machine during the timed calls (:class:`mmspec.evaluation.speed.MachineLoad`;
+    #: None when not measured)
+    load: Any = None
+
+    @property
+    def contended(self) -> bool:
+        """Whether other processes used more than a quarter of a core during the timed calls."""
+        return bool(self.load is not None and self.load.contended)
 
     @property
     def spec_seconds(self) -> float:
@@ -135,7 +143,8 @@ class Comparison:
                 "speedup": self.speedup, "speedup_range": self.speedup_range, "repeats": self.repeats,
                 "mean_accepted_length": spec.mean_accepted_length,
                 "base_mean_accepted_length": base.mean_accepted_length, "target_calls": spec.target_calls,
-                "base_target_calls": base.target_calls, "draft_calls": spec.draft_calls, "warning": self.warning}
+                "base_target_calls": base.target_calls, "draft_calls": spec.draft_calls, "warning": self.warning,
+                "step_compression": self.ideal_speedup, "contended": self.contended}
 
 
 def check_repeats(repeats: Any) -> int:
@@ -195,7 +204,7 @@ def compare(run: Run, method: str, seed: int, *, repeats: int = DEFAULT_REPEATS,
     plan["share"] = (1.0 - plan["done"]) / (2 * plan["timed"])
     bench = run_benchmark(cases, baseline="none", warmup=0, repeats=plan["timed"], seed=int(seed))
     return Comparison(method, outputs[method], outputs["none"], list(bench.cases["method"].times),
-                      list(bench.cases["none"].times))
+                      list(bench.cases["none"].times), load=bench.load)
 
 
 def speed_words(speedup: float) -> str:

@@ -145,7 +145,22 @@ def test_a_speedup_the_call_counts_contradict_is_flagged_never_green():
     assert "mmspec-card-slow" in card and "images showing their prompt 1 of 2 against the baseline&#x27;s 2 of 2" in card
     assert timing.speed_words(1.0) == "as fast as" and timing.speed_words(2.5) == "2.50x faster than"
     noisy = timing.Comparison("eagle", _fake_output(16), _fake_output(64), [0.3, 0.3], [0.6, 0.9])
-    assert noisy.noisy and "disagree by more than 25%" in common.headline_html(noisy)
+    card = common.headline_html(noisy)
+    assert noisy.noisy and "disagree by more than 25%" in card and "mmspec-card-warn" in card  # amber, not green
+
+
+def test_a_contended_timing_gets_an_amber_card_naming_the_load():
+    from mmspec.evaluation.speed import MachineLoad
+
+    busy = timing.Comparison("eagle", _fake_output(16), _fake_output(64), [0.30, 0.31, 0.30], [0.9, 0.92, 0.91],
+                             lossless=True, load=MachineLoad(3.0, 0.9, 1.7, 2, 1))
+    card = common.headline_html(busy, identical=True)
+    assert busy.contended and "mmspec-card-warn" in card and "mmspec-card-ok" not in card
+    assert "contended machine: CONTENDED: other processes used 0.90 cores" in card
+    assert "step compression 4.00x" in card and busy.summary()["contended"] is True
+    quiet = timing.Comparison("eagle", _fake_output(16), _fake_output(64), [0.30, 0.31, 0.30], [0.9, 0.92, 0.91],
+                              lossless=True, load=MachineLoad(3.0, 0.05, 1.0, 2, 1))
+    assert not quiet.contended and "mmspec-card-ok" in common.headline_html(quiet, identical=True)
 
 
 def test_one_run_at_a_time_and_the_slot_says_who_holds_it():
