@@ -238,7 +238,9 @@ def speculative_generate(target: Target, drafter: Drafter | None, input_ids: tor
         pending = draw(probs, rule.greedy, generator=generator, name="target distribution")
     if drafter is not None:
         with stats.phase("draft"):
+            calls = drafter.calls
             drafter.prefill(PrefillContext(input_ids, attention_mask, out, pending, model_inputs))
+            stats.draft_calls += drafter.calls - calls  # a head's prefill forward drafts the first round's root
 
     output = _OutputBuffer(batch, max_new_tokens, eos, device)
     new_tokens, drafted = pending.unsqueeze(1), [0] * batch

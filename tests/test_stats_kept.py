@@ -173,7 +173,15 @@ def test_a_round_that_can_keep_one_token_drafts_nothing(target):
     """With one token left in every row the round is a target-only forward: K drafts would all be discarded."""
     drafter = ModelDrafter(target, 4)
     out, rounds = _generate(target, drafter, max_new_tokens=6)  # prefill 1, then 5 = 4 drafts + the bonus
-    assert rounds == [[5]] and out.stats.draft_calls == 4
+    assert rounds == [[5]] and out.stats.draft_calls == 1 + 4  # the drafter's prefill, then 4 draft forwards
     out, rounds = _generate(target, ModelDrafter(target, 4), max_new_tokens=7)  # ... then one token left
-    assert rounds == [[5], [1]] and out.stats.draft_calls == 4 and out.stats.target_calls == 3
+    assert rounds == [[5], [1]] and out.stats.draft_calls == 1 + 4 and out.stats.target_calls == 3
     assert drafter.draft_limit is None  # reset after the run
+
+
+def test_a_kept_draft_from_the_head_s_prefill_counts_its_forward(target):
+    """An EAGLE head drafts the first round from its prefill forward: with one draft left (max_new_tokens=2)
+    that round runs no other head forward, and a kept draft must still show the forward it came from."""
+    out, rounds = _generate(target, EagleDrafter(_eagle_head(target), 4), max_new_tokens=2)
+    assert out.stats.draft_calls == 1  # the prefill forward, whatever the round kept
+    assert not out.drafted.any() or out.stats.draft_calls >= 1
