@@ -135,6 +135,22 @@ def test_a_fresh_interpreter_needs_only_the_pipeline_import():
     assert result.stdout.split() == ["ARVideoPipeline", "ContinuousTokenizer", "WordTokenizer"]
 
 
+@pytest.mark.parametrize("order", ["import mmspec\nimport diffusers", "import diffusers\nimport mmspec"])
+def test_a_fresh_interpreter_needs_only_import_mmspec(order):
+    """After ``import mmspec`` alone (before or after diffusers), ``DiffusionPipeline.from_pretrained`` resolves
+    the folder's ``_class_name`` on diffusers, importing only the pipeline module it names; diffusers' own names
+    and its error for an unknown name are untouched."""
+    script = (f"import sys\n{order}\n"
+              "assert 'mmspec.pipelines.ar_image' not in sys.modules\n"
+              f"pipe = diffusers.DiffusionPipeline.from_pretrained({str(hub.zoo_dir() / 'shapes-t2i')!r})\n"
+              "print(type(pipe).__name__, 'mmspec.pipelines.ar_video' in sys.modules)\n"
+              "print(diffusers.ARImagePipeline is type(pipe), diffusers.UNet2DModel.__module__.split('.')[0])\n"
+              "try:\n    diffusers.NoSuchPipeline\nexcept AttributeError as error:\n    print('NoSuchPipeline' in str(error))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["ARImagePipeline", "False", "True", "diffusers", "True"]
+
+
 def test_pipeline_classes_are_exposed_on_diffusers_without_replacing_its_names():
     import diffusers
 

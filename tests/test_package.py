@@ -21,6 +21,19 @@ def test_import_mmspec_pulls_no_optional_dependency():
     assert out.stdout.strip() == "ok"
 
 
+def test_python_dash_m_mmspec_is_the_cli():
+    """``python -m mmspec`` runs the same command line as the ``mmspec`` console script."""
+    import mmspec
+
+    out = subprocess.run([sys.executable, "-m", "mmspec", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"mmspec {mmspec.__version__}"
+    out = subprocess.run([sys.executable, "-m", "mmspec", "generate", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: mmspec generate") and "--outdir" in out.stdout
+
+
 def test_cli_info_runs():
     out = subprocess.run([sys.executable, "-m", "mmspec.cli", "info"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
