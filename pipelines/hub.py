@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -55,10 +56,21 @@ def zoo_dir() -> Path:
     return Path(zoo.__file__).resolve().parent
 
 
+#: What follows ``mmspec/`` in a zoo id: one folder name of the bundled zoo (no separators, no ``.``/``..``).
+ZOO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
 def resolve_pretrained(path_or_id: str | os.PathLike) -> str:
     """Map a zoo id ``mmspec/<name>`` to its bundled folder; return any other path or id unchanged.
 
+    A zoo id names one folder of the bundled zoo, so it can never reach a folder outside it. A relative folder
+    of the same spelling (``./mmspec/<name>`` in the working directory) is never shadowed silently: it is
+    returned when the zoo has no such entry, and refused when both exist (write ``./mmspec/<name>`` for the
+    folder).
+
     Raises:
+        ValueError: ``mmspec/<name>`` whose name is not a single zoo folder name (``mmspec/../x``,
+            ``mmspec/a/b``), or a zoo id that is also a folder in the working directory.
         FileNotFoundError: a zoo id whose folder is missing or has no ``model_index.json`` yet (the
             message names the recipe that builds it).
     """
@@ -66,7 +78,20 @@ def resolve_pretrained(path_or_id: str | os.PathLike) -> str:
     if not text.startswith("mmspec/"):
         return text
     name = text.split("/", 1)[1]
+    local = Path(text).is_dir()
+    if not ZOO_NAME.fullmatch(name) or ".." in name:
+        if local:
+            raise ValueError(f"pretrained_model_name_or_path {text!r} is not a zoo id (mmspec/<name> names one "
+                             f"folder of the bundled zoo); to load the local folder, pass ./{text}")
+        raise ValueError(f"pretrained_model_name_or_path {text!r} is not a zoo id: mmspec/<name> names one folder "
+                         f"of the bundled zoo ({zoo_dir()}), without path separators or '..'")
     folder = zoo_dir() / name
+    if local:
+        if folder.is_dir():
+            raise ValueError(f"pretrained_model_name_or_path {text!r} is both the zoo id of {folder} and the folder "
+                             f"{Path(text).resolve()} of the working directory: pass ./{text} for the local folder, "
+                             f"or {folder} for the zoo entry")
+        return text
     recipe = ZOO_RECIPES.get(name)
     how = (f" Its weights are built by `{recipe}`; the pipeline folder (model_index.json, transformer/, vqvae/, "
            "...) is then written with the pipeline's save_pretrained(folder).") if recipe else ""

@@ -184,3 +184,28 @@ def test_from_pretrained_names_the_missing_folder(pipeline_class, tmp_path):
     with pytest.raises((OSError, ValueError)) as caught:
         pipeline_class.from_pretrained("mmspec/shapes-nothing")
     assert "shapes-nothing" in str(caught.value)
+
+
+@pytest.mark.parametrize("zoo_id", ["mmspec/../../x", "mmspec/..", "mmspec/shapes-t2i/../shapes-vlm", "mmspec/a\\b"])
+def test_zoo_ids_cannot_leave_the_zoo(zoo_id, tmp_path, monkeypatch):
+    """A zoo id names one folder of the bundled zoo: a path out of it is refused before anything is read, even
+    when it reaches a real pipeline folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x").mkdir()
+    ARImagePipeline.from_pretrained("mmspec/shapes-t2i").save_pretrained(tmp_path / "x")  # a loadable target
+    refused(lambda: ARImagePipeline.from_pretrained(zoo_id), "pretrained_model_name_or_path")
+
+
+def test_a_local_folder_named_like_a_zoo_id_is_not_shadowed(tmp_path, monkeypatch):
+    """``mmspec/<name>`` that is also a folder of the working directory: loaded when the zoo has no such entry,
+    refused (naming both) when it has one; ``./mmspec/<name>`` always means the folder."""
+    monkeypatch.chdir(tmp_path)
+    pipe = ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
+    pipe.save_pretrained(tmp_path / "mmspec" / "my-pipe")
+    loaded = ARImagePipeline.from_pretrained("mmspec/my-pipe")
+    assert Path(loaded.config._name_or_path).resolve() == (tmp_path / "mmspec" / "my-pipe").resolve()
+    pipe.save_pretrained(tmp_path / "mmspec" / "shapes-t2i")
+    with pytest.raises(ValueError, match="both the zoo id.*pass ./mmspec/shapes-t2i"):
+        ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
+    loaded = ARImagePipeline.from_pretrained("./mmspec/shapes-t2i")
+    assert Path(loaded.config._name_or_path).resolve() == (tmp_path / "mmspec" / "shapes-t2i").resolve()
