@@ -50,6 +50,24 @@ def check_positive_int(value: int, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+#: The most outputs one pipeline call makes per prompt (``num_images_per_prompt``, ``num_videos_per_prompt``):
+#: every output is a row of one batched loop, so a count far beyond what fits in memory (10**6 images ask for
+#: terabytes) fails with an out-of-memory error deep inside torch instead; more outputs take more calls.
+MAX_OUTPUTS_PER_PROMPT = 256
+
+
+def check_count(value: int, name: str, maximum: int) -> None:
+    """``value`` is an integer (not a bool) in ``[1, maximum]``; the error names ``name`` and the bound."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise ValueError(f"{name} must be an integer in [1, {maximum}], got {value!r}")
+
+
+def check_bool(value: object, name: str) -> None:
+    """``value`` is a bool (``do_sample="yes"`` or ``1`` would otherwise be read by truthiness)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
 def positive_int_argument(text: str) -> int:
     """argparse ``type=`` of a count >= 1 (command-line options such as ``--quality-seeds``)."""
     value = int(text)

@@ -34,6 +34,7 @@ import torch
 from mmspec.models.video import NUM_TRAIN_TIMESTEPS, denoise_block, noised_to
 from mmspec.reward import RewardRouter
 from mmspec.stats import SpecStats
+from mmspec.validation import check_count
 
 SAMPLERS = ("euler", "renoise")
 
@@ -104,9 +105,9 @@ class VideoBlocksOutput:
 
 def evenly_spaced_timesteps(num_steps: int, name: str) -> list[float]:
     """``num_steps`` timesteps evenly spaced from 1000 (4: 1000/750/500/250; 1: 1000); ``name`` is the argument's
-    name for the error."""
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"{name} must be a positive integer, got {num_steps!r}")
+    name for the error. At most one step per training timestep (1000): more would only repeat fractions of the
+    same noise levels, and 10**5 steps per block run for hours."""
+    check_count(num_steps, name, NUM_TRAIN_TIMESTEPS)
     return [NUM_TRAIN_TIMESTEPS * (1 - k / num_steps) for k in range(num_steps)]
 
 

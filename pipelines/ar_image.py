@@ -67,7 +67,7 @@ from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
 from mmspec.speculate import SpeculativeOutput, speculative_generate
 from mmspec.stats import SpecStats
-from mmspec.validation import check_guidance_scale
+from mmspec.validation import MAX_OUTPUTS_PER_PROMPT, check_count, check_guidance_scale
 
 OUTPUT_TYPES = ("pil", "np", "pt", "tokens")
 
@@ -273,9 +273,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
                     raise ValueError(f"prompt {empty[0]} is empty")
         else:
             check_class_labels(class_labels, config.num_classes)
-        if isinstance(num_images_per_prompt, bool) or not isinstance(num_images_per_prompt, int) \
-                or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")
+        check_count(num_images_per_prompt, "num_images_per_prompt", MAX_OUTPUTS_PER_PROMPT)
         vocab = config.vocab_size
         if top_k is not None and top_k > vocab:
             raise ValueError(f"top_k={top_k} is larger than the image vocabulary ({vocab} tokens)")
@@ -314,7 +312,8 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
             do_sample / temperature / top_k / top_p: how the (guided) logits become distributions; greedy
                 decoding when ``do_sample=False``.
             guidance_scale: classifier-free guidance (1.0: no guidance, no doubled batch).
-            num_images_per_prompt: images per prompt (rows ``prompt0 x n, prompt1 x n, ...``).
+            num_images_per_prompt: images per prompt, at most :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT`
+                (256; rows ``prompt0 x n, prompt1 x n, ...``).
             generator: one ``torch.Generator`` for every random draw (drafts, acceptance, resampling), or a
                 list, one per image: each image is then decoded alone with its own generator, so it equals a
                 call for that image alone (:mod:`.generators`; slower than one batched loop; the callback sees

@@ -58,7 +58,7 @@ from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords,
 from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
-from mmspec.validation import check_guidance_scale
+from mmspec.validation import MAX_OUTPUTS_PER_PROMPT, check_count, check_guidance_scale
 from mmspec.video_blocks import (
     SAMPLERS,
     VideoBlocksOutput,
@@ -291,9 +291,7 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
             raise ValueError(f"num_blocks={num_blocks} exceeds the model's {self.max_blocks} blocks "
                              f"({self.transformer.config.num_frames} frames of {self.frames_per_block})")
         check_guidance_scale(guidance_scale, "guidance_scale")
-        if isinstance(num_videos_per_prompt, bool) or not isinstance(num_videos_per_prompt, int) \
-                or num_videos_per_prompt < 1:
-            raise ValueError(f"num_videos_per_prompt must be a positive integer, got {num_videos_per_prompt!r}")
+        check_count(num_videos_per_prompt, "num_videos_per_prompt", MAX_OUTPUTS_PER_PROMPT)
         check_generator(generator, "video")
         return prompts
 
@@ -342,13 +340,14 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
                 config's fields (:mod:`mmspec.methods.sdvg`); passing one as a keyword here raises a
                 ``TypeError`` that names the field.
             num_blocks: blocks per video (default: as many as the model's frames allow).
-            num_inference_steps: the target's denoising steps per block; timesteps evenly spaced from 1000
-                (4: 1000/750/500/250). ``denoising_timesteps`` gives them explicitly (decreasing, in (0, 1000]).
+            num_inference_steps: the target's denoising steps per block, at most 1000; timesteps evenly spaced
+                from 1000 (4: 1000/750/500/250). ``denoising_timesteps`` gives them explicitly (decreasing, in (0, 1000]).
             sampler: "euler" (flow ODE) or "renoise" (predict x0, re-noise with fresh noise: Self-Forcing's);
                 drafter and target both sample with it.
             guidance_scale: classifier-free guidance of the target, and of the drafter unless its config says
                 otherwise (1.0: none, the default; Self-Forcing-style few-step models run without).
-            num_videos_per_prompt: videos per prompt (rows ``prompt0 x n, prompt1 x n, ...``).
+            num_videos_per_prompt: videos per prompt, at most :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT`
+                (256; rows ``prompt0 x n, prompt1 x n, ...``).
             generator: one ``torch.Generator`` for all noise (per block, shared by drafter and target), or a list,
                 one per video: each video is then generated alone with its own generator, so it equals a call
                 for that video alone (:mod:`.generators`; slower than one batched loop; the callback sees each

@@ -58,7 +58,9 @@ from mmspec.sampling import SamplingConfig
 from mmspec.stats import SpecStats
 from mmspec.validation import (
     MAX_NOISE_TEMPERATURE,
+    MAX_OUTPUTS_PER_PROMPT,
     NonFiniteValuesError,
+    check_count,
     check_guidance_scale,
     check_temperature,
 )
@@ -352,8 +354,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
         check_guidance_scale(guidance_scale, "guidance_scale")
         if cfg_schedule not in CFG_SCHEDULES:
             raise ValueError(f"cfg_schedule must be one of {list(CFG_SCHEDULES)}, got {cfg_schedule!r}")
-        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")
+        check_count(num_images_per_prompt, "num_images_per_prompt", MAX_OUTPUTS_PER_PROMPT)
         check_generator(generator, "image")
 
     # -- generation -----------------------------------------------------------------------------------
@@ -381,7 +382,8 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
             num_diffusion_steps: respaced DDPM steps of the head (default: the target's ``num_sampling_steps``).
             temperature: MAR's sampling temperature (scales every denoising step's noise).
             guidance_scale / cfg_schedule: classifier-free guidance and MAR's "linear" ramp (or "constant").
-            num_images_per_prompt: images per prompt or class id.
+            num_images_per_prompt: images per prompt or class id, at most
+                :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT` (256).
             generator: one ``torch.Generator`` for every random draw (orders, per-token noise, acceptance,
                 residuals), or a list, one per image: each image is then generated alone with its own
                 generator, so it equals a call for that image alone (:mod:`.generators`; slower than one

@@ -64,6 +64,7 @@ CORE_CASES = {
     "SamplingConfig top_p": ("top_p", [0.0, 1.5, math.nan]),
     "SamplingConfig guidance_scale": ("guidance_scale", [-1.0, math.inf, math.nan]),
     "SamplingConfig top_k": ("top_k", [-1]),
+    "SamplingConfig do_sample": ("do_sample", ["yes", 1, None]),
 }
 
 
@@ -111,7 +112,8 @@ T2I_CASES = [
     ({"guidance_scale": -1.0}, "guidance_scale"), ({"guidance_scale": math.inf}, "guidance_scale"),
     ({"guidance_scale": math.nan}, "guidance_scale"), ({"guidance_scale": "x"}, "guidance_scale"),
     ({"num_images_per_prompt": 0}, "num_images_per_prompt"), ({"num_images_per_prompt": 1.5}, "num_images_per_prompt"),
-    ({"num_images_per_prompt": True}, "num_images_per_prompt"),
+    ({"num_images_per_prompt": True}, "num_images_per_prompt"), ({"num_images_per_prompt": 10**6}, "num_images_per_prompt"),
+    ({"do_sample": "yes"}, "do_sample"), ({"do_sample": 1}, "do_sample"),
     ({"output_type": "jpeg"}, "output_type"), ({"callback_on_step_end": 5}, "callback_on_step_end"),
     ({"generator": "seed"}, "generator"),
 ]
@@ -127,6 +129,7 @@ VLM_CASES = [
     ({"prompt": 123}, "prompt"), ({"prompt": ["describe the image.", 5]}, "prompt"),
     ({"method": "nope"}, "method"), ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"max_new_tokens": 1.5}, "max_new_tokens"), ({"max_new_tokens": -3}, "max_new_tokens"),
+    ({"do_sample": "yes"}, "do_sample"),
     ({"do_sample": True, "temperature": math.nan}, "temperature"),
     ({"do_sample": True, "temperature": 1e-45}, "temperature"), ({"top_p": 2.0}, "top_p"),
     ({"num_draft_tokens": 0}, "num_draft_tokens"), ({"images": "not an image"}, "images"),
@@ -149,7 +152,8 @@ CONTINUOUS_CASES = [
     ({"method": "nope"}, "method"), ({"temperature": math.inf}, "temperature"),
     ({"temperature": math.nan}, "temperature"), ({"temperature": 0.0}, "temperature"),
     ({"guidance_scale": math.inf}, "guidance_scale"), ({"guidance_scale": -1.0}, "guidance_scale"),
-    ({"num_images_per_prompt": 0}, "num_images_per_prompt"), ({"output_type": "jpeg"}, "output_type"),
+    ({"num_images_per_prompt": 0}, "num_images_per_prompt"), ({"num_images_per_prompt": 10**6}, "num_images_per_prompt"),
+    ({"output_type": "jpeg"}, "output_type"),
     ({"prompt": ""}, "prompt"), ({"prompt": 3}, "prompt"),
 ]
 
@@ -163,7 +167,8 @@ def test_continuous_pipeline_refuses(continuous, bad, argument):
 VIDEO_CASES = [
     ({"method": "nope"}, "method"), ({"guidance_scale": math.inf}, "guidance_scale"),
     ({"guidance_scale": math.nan}, "guidance_scale"), ({"num_videos_per_prompt": 0}, "num_videos_per_prompt"),
-    ({"num_inference_steps": 0}, "num_inference_steps"), ({"tau": "x"}, "tau"), ({"tau": math.nan}, "tau"),
+    ({"num_inference_steps": 0}, "num_inference_steps"), ({"num_inference_steps": 10**5}, "num_inference_steps"),
+    ({"num_videos_per_prompt": 10**6}, "num_videos_per_prompt"), ({"tau": "x"}, "tau"), ({"tau": math.nan}, "tau"),
     ({"output_type": "mp4"}, "output_type"), ({"prompt": 7}, "prompt"), ({"num_blocks": 0}, "num_blocks"),
     ({"num_blocks": 10**6}, "num_blocks"),
 ]
