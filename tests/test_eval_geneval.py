@@ -413,6 +413,21 @@ def test_interrupted_generation_is_resumed(tmp_path):
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("option", ["--n-per-category", "--images-per-prompt"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_cli_counts_below_one_are_refused_before_anything_is_written(option, value, tmp_path, capsys):
+    """A count of zero prompts or images would write an empty prompt file or an empty layout: argparse refuses it,
+    naming the option, and writes nothing."""
+    command = "prompts" if option == "--n-per-category" else "generate"
+    args = ["--world", "shapes", "--out", str(tmp_path / "p.jsonl")] if command == "prompts" else \
+        ["--world", "shapes", "--ground-truth", "--outdir", str(tmp_path / "gt")]
+    with pytest.raises(SystemExit) as caught:
+        gv.main([command, *args, option, value])
+    assert caught.value.code == 2
+    assert f"argument {option}: must be >= 1" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_cli_prompts_generate_evaluate_summary(tmp_path, capsys):
     coco = tmp_path / "coco.jsonl"
     assert gv.main(["prompts", "--world", "coco", "--out", str(coco)]) == 0
