@@ -81,6 +81,19 @@ def test_sample_refuses_rows_that_are_not_distributions(row):
     refused(lambda: sample(probs, torch.Generator().manual_seed(0)), "row [1]")
 
 
+@pytest.mark.parametrize("field", ["depth", "top_k", "total_tokens"])
+@pytest.mark.parametrize("value", [0, 10**6, 2.0, True])
+def test_tree_config_refuses_sizes_outside_its_limits(field, value):
+    """A tree of thousands of nodes makes every round slower than plain decoding (and 10**6 branches fail inside
+    ``topk``): each size is bounded by :data:`~mmspec.validation.TREE_LIMITS`, the largest still accepted."""
+    from mmspec import TreeConfig
+    from mmspec.validation import TREE_LIMITS
+
+    refused(lambda: TreeConfig(**{field: value}), f"TreeConfig.{field}")
+    assert TreeConfig(**{field: TREE_LIMITS[field]}) is not None
+    refused(lambda: TreeConfig(depth=10**6, top_k=10**6, total_tokens=10**6), "TreeConfig.depth")
+
+
 def test_verify_tokens_refuses_bad_shapes_ids_and_values():
     probs = torch.full((1, 3, 4), 0.25)
     drafts = torch.tensor([[1, 2]])
