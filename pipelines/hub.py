@@ -120,6 +120,15 @@ class ComponentLoadError(OSError):
     loader's own error."""
 
 
+def check_variant(variant: str | None) -> None:
+    """``variant`` (of ``from_pretrained`` or ``save_pretrained``) is None or a plain name such as ``"fp16"``: it
+    becomes part of weights file names (``diffusion_pytorch_model.<variant>.safetensors``), so a '.', '/' or
+    '\\' in it would read or write files elsewhere than the component's folder (``variant="../x"``)."""
+    if variant is not None and (not isinstance(variant, str) or not variant or any(c in variant for c in "./\\")):
+        raise ValueError(f"variant must be a non-empty name without '.', '/' or '\\' (e.g. 'fp16') or None, got "
+                         f"{variant!r}")
+
+
 # -- loading options --------------------------------------------------------------------------------------------
 
 
@@ -166,10 +175,7 @@ class LoadOptions:
         if not all(d is None or isinstance(d, torch.dtype) for d in dtypes):
             raise ValueError(f"dtype must be a torch.dtype (e.g. torch.float16), a mapping component -> dtype or None, "
                              f"got {self.dtype!r}")
-        if self.variant is not None and (not isinstance(self.variant, str) or not self.variant
-                                         or any(c in self.variant for c in "./\\")):
-            raise ValueError(f"variant must be a non-empty name without '.' or '/' (e.g. 'fp16') or None, got "
-                             f"{self.variant!r}")
+        check_variant(self.variant)
         if self.device_map is not None and self.device_map not in _supported_device_maps():
             raise ValueError(f"device_map={self.device_map!r} is not supported: use None or one of "
                              f"{_supported_device_maps()} (every component on that device; diffusers' 'balanced' "

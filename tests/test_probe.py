@@ -227,3 +227,17 @@ def test_a_local_folder_named_like_a_zoo_id_is_not_shadowed(tmp_path, monkeypatc
         ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
     loaded = ARImagePipeline.from_pretrained("./mmspec/shapes-t2i")
     assert Path(loaded.config._name_or_path).resolve() == (tmp_path / "mmspec" / "shapes-t2i").resolve()
+
+
+@pytest.mark.parametrize("variant", ["../x", "a/b", "fp16.x", "", 16])
+def test_save_pretrained_refuses_a_variant_that_is_not_a_plain_name(t2i, variant, tmp_path):
+    """The variant is part of every weights file's name: ``"../x"`` would write weights beside the folder. It is
+    refused before anything is written."""
+    refused(lambda: t2i.save_pretrained(tmp_path / "pipe", variant=variant), "variant")
+    assert not list(tmp_path.iterdir())
+
+
+def test_save_pretrained_refuses_a_file_as_the_folder(t2i, tmp_path):
+    (tmp_path / "pipe").write_text("not a folder")
+    refused(lambda: t2i.save_pretrained(tmp_path / "pipe"), "save_directory")
+    assert (tmp_path / "pipe").read_text() == "not a folder"
