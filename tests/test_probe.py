@@ -241,3 +241,31 @@ def test_save_pretrained_refuses_a_file_as_the_folder(t2i, tmp_path):
     (tmp_path / "pipe").write_text("not a folder")
     refused(lambda: t2i.save_pretrained(tmp_path / "pipe"), "save_directory")
     assert (tmp_path / "pipe").read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("returned", [None, {"drafter": None}, "plan"])
+def test_a_method_whose_build_returns_no_plan_is_named(t2i, returned):
+    """A method registered from outside whose ``build()`` returns something else than a MethodPlan: the error
+    names the method, its config class and what was expected, before the loop runs."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from mmspec import methods
+    from mmspec.methods import MethodConfig
+
+    @dataclass(frozen=True)
+    class NoPlan(MethodConfig):
+        pipelines: ClassVar[tuple[str, ...]] = ("ar_image",)
+
+        def build(self, pipeline, request):
+            return returned
+
+    methods.register("no_plan_probe", NoPlan)
+    try:
+        with pytest.raises(TypeError) as caught:
+            t2i("a red circle", method="no_plan_probe", output_type="tokens")
+    finally:
+        methods.unregister("no_plan_probe")
+    message = str(caught.value)
+    assert "'no_plan_probe'" in message and "NoPlan.build" in message and "expected a MethodPlan" in message
+    assert type(returned).__name__ in message
