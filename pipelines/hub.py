@@ -30,6 +30,7 @@ from diffusers.pipelines.pipeline_loading_utils import (
     load_sub_model,
 )
 from diffusers.pipelines.pipeline_utils import SUPPORTED_DEVICE_MAP
+from diffusers.utils import is_accelerate_available
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, HFValidationError
@@ -151,7 +152,9 @@ class LoadOptions:
         device_map: None or a device every component is loaded onto ("cpu", or the machine's accelerator);
             diffusers' "balanced" (components spread over several GPUs) is refused: a speculative loop runs
             the target and its drafters on one device.
-        low_cpu_mem_usage: build models without initialising their weights first (needs accelerate).
+        low_cpu_mem_usage: build models without initialising their weights first (needs accelerate; the default
+            is True where accelerate is installed, else False, so a load without it does not make diffusers
+            warn once per model that it falls back).
         use_safetensors: None (prefer safetensors), True (require them) or False (also load pickled weights).
         check_weights: refuse a model with NaN or infinite weights (:func:`check_finite_weights`).
         local_files_only / revision / cache_dir / token / force_download: where a hub id is looked up
@@ -161,7 +164,7 @@ class LoadOptions:
     dtype: torch.dtype | Mapping[str, torch.dtype] | None = None
     variant: str | None = None
     device_map: str | None = None
-    low_cpu_mem_usage: bool = _LOW_CPU_MEM_USAGE_DEFAULT
+    low_cpu_mem_usage: bool = _LOW_CPU_MEM_USAGE_DEFAULT and is_accelerate_available()
     use_safetensors: bool | None = None
     check_weights: bool = True
     local_files_only: bool | None = None
