@@ -225,6 +225,22 @@ def test_shapes_ground_truth_scores_one_and_wrong_images_drop(tmp_path):
     assert drop["color_attr"]["accuracy"] == 0.0 and drop["counting"]["accuracy"] == 0.0  # counts are >= 2
 
 
+def test_evaluate_reports_a_truncated_png_by_its_file_name(tmp_path):
+    """A sample PNG cut short fails the evaluation naming that file (PIL's own error names none), and the
+    command line writes no results file."""
+    rows = generate_shapes_metadata(n_per_category=1, seed=0)[:2]
+    generate_images(shapes_ground_truth_generator(), rows, tmp_path / "gt", 1, seed=0, progress=False)
+    sample = sorted((tmp_path / "gt").glob("*/samples/*.png"))[1]
+    data = sample.read_bytes()
+    sample.write_bytes(data[: len(data) // 2])
+    relative = sample.relative_to(tmp_path / "gt")
+    with pytest.raises(ValueError, match=f"cannot read the image .*{relative}"):
+        evaluate_folder(tmp_path / "gt", progress=False)
+    with pytest.raises(ValueError, match=str(relative)):
+        gv.main(["evaluate", str(tmp_path / "gt"), "--out", str(tmp_path / "r.jsonl"), "--no-progress"])
+    assert not (tmp_path / "r.jsonl").exists()
+
+
 def test_shapes_detector_matches_the_scene():
     from mmspec.world.prompts import make_prompt_set, scene_for_prompt
     from mmspec.world.render import render_scene
