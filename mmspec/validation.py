@@ -69,6 +69,40 @@ def check_count(value: int, name: str, maximum: int) -> None:
 TREE_LIMITS = {"depth": 64, "top_k": 64, "total_tokens": 512}
 
 
+def max_position_embeddings(model: object) -> int | None:
+    """``max_position_embeddings`` of a transformers (V)LM's language model or of a draft head's config (None
+    when it declares none)."""
+    config = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else \
+        getattr(config, "max_position_embeddings", None)
+    return int(value) if value is not None else None
+
+
+def check_position_limits(prompt_positions: int, max_new_tokens: int, limits: dict[str, int]) -> None:
+    """Refuse a generation whose prompt (``prompt_positions``, image and video tokens included) plus
+    ``max_new_tokens`` exceeds a model's ``max_position_embeddings`` (``limits``: model name -> limit, e.g.
+    ``{"target": 2048, "flash_head": 512}``): past it a model runs without error on positions it never learnt
+    and answers nonsense.
+
+    Raises:
+        ValueError: naming the prompt's positions, ``max_new_tokens``, the model and its limit.
+    """
+    for name, limit in limits.items():
+        if prompt_positions + max_new_tokens <= limit:
+            continue
+        model = "the target's" if name == "target" else f"the {name}'s"
+        if prompt_positions >= limit:
+            raise ValueError(f"the prompt takes {prompt_positions} positions (image and video tokens included), but "
+                             f"{model} max_position_embeddings is {limit}: shorten the prompt or use fewer images "
+                             "or video frames")
+        raise ValueError(f"the prompt takes {prompt_positions} positions (image and video tokens included) and "
+                         f"max_new_tokens={max_new_tokens} more, but {model} max_position_embeddings is {limit}: "
+                         f"lower max_new_tokens to at most {limit - prompt_positions}, shorten the prompt or use "
+                         "fewer images or video frames")
+
+
 def check_bool(value: object, name: str) -> None:
     """``value`` is a bool (``do_sample="yes"`` or ``1`` would otherwise be read by truthiness)."""
     if not isinstance(value, bool):

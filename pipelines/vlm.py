@@ -63,6 +63,7 @@ from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
+from mmspec.validation import check_position_limits, max_position_embeddings
 
 _DRAFTING = ("eagle", "flash", "vispec", "specvlm", "draft_vlm")
 #: The method keywords ``__call__`` took before methods became configs: keyword -> (config field, methods whose
@@ -254,7 +255,7 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
         declare one; :attr:`~mmspec.methods.vlm_heads.VLMDraftConfig.component`)."""
         component = draft_component(method)
         names = ["target"] + ([component] if component else [])
-        limits = {name: _max_positions(getattr(self, name)) for name in names}
+        limits = {name: max_position_embeddings(getattr(self, name)) for name in names}
         return {name: limit for name, limit in limits.items() if limit is not None}
 
     def check_context_length(self, batch: _Batch, max_new_tokens: int, method: str | MethodConfig | None) -> None:
@@ -269,18 +270,7 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
         mask = batch.inputs.get("attention_mask")
         ids = batch.inputs["input_ids"]
         prompt = int(mask.sum(-1).max()) if mask is not None else int(ids.shape[-1])
-        for name, limit in self.position_limits(method).items():
-            if prompt + max_new_tokens <= limit:
-                continue
-            model = "the target's" if name == "target" else f"the {name}'s"
-            if prompt >= limit:
-                raise ValueError(f"the prompt takes {prompt} positions (image and video tokens included), but "
-                                 f"{model} max_position_embeddings is {limit}: shorten the prompt or use fewer "
-                                 "images or video frames")
-            raise ValueError(f"the prompt takes {prompt} positions (image and video tokens included) and "
-                             f"max_new_tokens={max_new_tokens} more, but {model} max_position_embeddings is "
-                             f"{limit}: lower max_new_tokens to at most {limit - prompt}, shorten the prompt or "
-                             "use fewer images or video frames")
+        check_position_limits(prompt, max_new_tokens, self.position_limits(method))
 
     def check_inputs(self, method: Any, max_new_tokens: Any, sampling: SamplingConfig, generator: Any) -> None:
         """The checks that need no encoding: the method (a name of this family or one of its configs), the
@@ -494,17 +484,6 @@ class _IncrementalDecoder:
         previous = self.text.get(row, "")
         self.text[row] = text
         return text[len(previous):] if text.startswith(previous) else text
-
-
-def _max_positions(model: Any) -> int | None:
-    """``max_position_embeddings`` of a transformers VLM's language model or of a draft head's config (None
-    when it declares none)."""
-    config = getattr(model, "config", None)
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    value = config.get("max_position_embeddings") if isinstance(config, dict) else \
-        getattr(config, "max_position_embeddings", None)
-    return int(value) if value is not None else None
 
 
 def _prompts_and_frames(images: Any, prompt: Any, videos: Any) -> tuple[list[str], list[list[Any]], str]:
