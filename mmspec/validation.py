@@ -52,8 +52,9 @@ def check_positive_int(value: int, name: str) -> None:
 
 #: The most outputs one pipeline call makes per prompt (``num_images_per_prompt``, ``num_videos_per_prompt``):
 #: every output is a row of one batched loop, so a count far beyond what fits in memory (10**6 images ask for
-#: terabytes) fails with an out-of-memory error deep inside torch instead; more outputs take more calls.
-MAX_OUTPUTS_PER_PROMPT = 256
+#: terabytes) would fail with an out-of-memory error deep inside torch. Distribution checks of small models
+#: draw a few thousand rows of one prompt in one call; more outputs take more calls.
+MAX_OUTPUTS_PER_PROMPT = 4096
 
 
 def check_count(value: int, name: str, maximum: int) -> None:

@@ -313,7 +313,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
                 decoding when ``do_sample=False``.
             guidance_scale: classifier-free guidance (1.0: no guidance, no doubled batch).
             num_images_per_prompt: images per prompt, at most :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT`
-                (256; rows ``prompt0 x n, prompt1 x n, ...``).
+                (4096; rows ``prompt0 x n, prompt1 x n, ...``).
             generator: one ``torch.Generator`` for every random draw (drafts, acceptance, resampling), or a
                 list, one per image: each image is then decoded alone with its own generator, so it equals a
                 call for that image alone (:mod:`.generators`; slower than one batched loop; the callback sees

@@ -347,7 +347,7 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
             guidance_scale: classifier-free guidance of the target, and of the drafter unless its config says
                 otherwise (1.0: none, the default; Self-Forcing-style few-step models run without).
             num_videos_per_prompt: videos per prompt, at most :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT`
-                (256; rows ``prompt0 x n, prompt1 x n, ...``).
+                (4096; rows ``prompt0 x n, prompt1 x n, ...``).
             generator: one ``torch.Generator`` for all noise (per block, shared by drafter and target), or a list,
                 one per video: each video is then generated alone with its own generator, so it equals a call
                 for that video alone (:mod:`.generators`; slower than one batched loop; the callback sees each

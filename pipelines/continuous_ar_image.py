@@ -383,7 +383,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
             temperature: MAR's sampling temperature (scales every denoising step's noise).
             guidance_scale / cfg_schedule: classifier-free guidance and MAR's "linear" ramp (or "constant").
             num_images_per_prompt: images per prompt or class id, at most
-                :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT` (256).
+                :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT` (4096).
             generator: one ``torch.Generator`` for every random draw (orders, per-token noise, acceptance,
                 residuals), or a list, one per image: each image is then generated alone with its own
                 generator, so it equals a call for that image alone (:mod:`.generators`; slower than one
