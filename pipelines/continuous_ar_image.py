@@ -41,7 +41,7 @@ from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call
 from mmspec.methods import SETTINGS_FILE, BuildRequest, MethodConfig
 from mmspec.models.text import WordTokenizer
-from mmspec.pipelines.callbacks import StepCallback
+from mmspec.pipelines.callbacks import PipelineInterrupted, StepCallback
 from mmspec.pipelines.conditioning import (
     LEGACY_TEXT_VOCAB_FILE,
     WordVocabularyMixin,
@@ -393,7 +393,10 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
                 timestep, callback_kwargs) -> dict``; ``timestep`` is the tokens the furthest image has and
                 ``callback_kwargs`` the tensors named in ``callback_on_step_end_tensor_inputs``:
                 ``"num_generated"`` ``[B]``, ``"latents"`` ``[B, L, C]`` (tokens so far, generation order
-                ``orders``), ``"drafted"`` ``[B, L]`` (default: all three). Read-only.
+                ``orders``), ``"drafted"`` ``[B, L]`` (default: all three). Read-only. Setting
+                ``pipeline._interrupt = True`` in it stops the call after that pass, as in diffusers: the images
+                so far are returned, the tokens not generated yet zero (with a list of generators, the images
+                not started yet get their first pass only).
             return_dict: False returns the tuple ``(images, tokens, stats, drafted)``.
         Returns:
             :class:`ContinuousARImagePipelineOutput` (or the tuple).
@@ -427,9 +430,11 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
         state.progress = self.progress_bar(total=state.values.shape[0] * state.seq_len)
         try:
             loop(state.bind(self.transformer), plan.drafter, state)
+        except PipelineInterrupted:  # pipe._interrupt set by a callback: the tokens so far, the rest zero
+            pass
         finally:
             state.progress.close()
-        state.stats.tokens = state.values.shape[0] * state.seq_len
+        state.stats.tokens = int(state.done.sum())  # every token of every image unless interrupted
         # 5. Back to grid space; decode.
         output = self.decode_state(state, output_type)
         self.maybe_free_model_hooks()  # model CPU offload: every model back to the CPU
@@ -551,6 +556,8 @@ class MARState:
             self.callback(self.target_passes, int(self.done.max()),
                           {"num_generated": self.done.clone(), "latents": self.values, "drafted": self.drafted})
         self.target_passes += 1
+        if self.callback is not None:
+            self.callback.stop_if_interrupted()
 
     def target_iterations(self, target: BoundMAR, until: int) -> None:
         """Target-only MAR iterations (all rows in step) while fewer than ``until`` tokens exist."""
