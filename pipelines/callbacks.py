@@ -101,30 +101,31 @@ class PartialTokens:
     """
 
     def __init__(self, batch: int, max_new_tokens: int, pad_token_id: int) -> None:
-        self.tokens: list[list[int]] = [[] for _ in range(batch)]
-        self.drafted: list[list[bool]] = [[] for _ in range(batch)]
-        self.max_new_tokens, self.pad_token_id = max_new_tokens, pad_token_id
+        self.batch, self.max_new_tokens, self.pad_token_id = batch, max_new_tokens, pad_token_id
+        self.steps: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def add(self, new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
-        """Append one step's committed tokens of every row (the -1 padding left out)."""
-        for row, (tokens, flags) in enumerate(zip(new_tokens.tolist(), drafted.tolist())):
-            kept = [(token, bool(flag)) for token, flag in zip(tokens, flags) if token >= 0]
-            room = self.max_new_tokens - len(self.tokens[row])
-            self.tokens[row] += [token for token, _ in kept[:room]]
-            self.drafted[row] += [flag for _, flag in kept[:room]]
+        """Keep one step's tensors (no host work: they are assembled only if the call is interrupted)."""
+        self.steps.append((new_tokens.detach().clone(), drafted.detach().clone()))
 
     def output(self, stats: Any, device: torch.device | str = "cpu") -> Any:
         """A :class:`~mmspec.speculate.SpeculativeOutput` of the tokens so far (``sequences`` and ``drafted``
-        ``[B, max_new_tokens]``, ``lengths`` the tokens each row has) with ``stats``."""
+        ``[B, max_new_tokens]``, ``lengths`` the tokens each row has; the -1 padding of the steps left out)
+        with ``stats``."""
         from mmspec.speculate import SpeculativeOutput
 
-        batch = len(self.tokens)
-        sequences = torch.full((batch, self.max_new_tokens), self.pad_token_id, dtype=torch.long)
-        drafted = torch.zeros(batch, self.max_new_tokens, dtype=torch.bool)
-        for row, (tokens, flags) in enumerate(zip(self.tokens, self.drafted)):
-            sequences[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-            drafted[row, : len(flags)] = torch.tensor(flags, dtype=torch.bool)
-        lengths = torch.tensor([len(tokens) for tokens in self.tokens], dtype=torch.long)
+        sequences = torch.full((self.batch, self.max_new_tokens), self.pad_token_id, dtype=torch.long)
+        drafted = torch.zeros(self.batch, self.max_new_tokens, dtype=torch.bool)
+        lengths = torch.zeros(self.batch, dtype=torch.long)
+        for new_tokens, flags in self.steps:
+            for row in range(self.batch):
+                kept = new_tokens[row] >= 0
+                tokens, row_flags = new_tokens[row][kept].cpu(), flags[row][kept].cpu()
+                start = int(lengths[row])
+                count = min(tokens.numel(), self.max_new_tokens - start)
+                sequences[row, start:start + count] = tokens[:count]
+                drafted[row, start:start + count] = row_flags[:count]
+                lengths[row] = start + count
         return SpeculativeOutput(sequences.to(device), lengths.to(device), drafted.to(device), stats)
 
 

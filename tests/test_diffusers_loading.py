@@ -455,6 +455,21 @@ def test_interrupt_set_in_a_callback_stops_the_call_with_the_output_so_far(name,
     assert_same_output(short_call(pipe), reference(name))  # the flag is reset by the next call
 
 
+def test_partial_tokens_join_the_steps_rows_without_their_padding():
+    """An interrupted token call's output: each row's committed tokens in order (the -1 padding of every step
+    left out, at most max_new_tokens), the drafted flags beside them, the rest padded."""
+    from mmspec.pipelines.callbacks import PartialTokens
+
+    partial = PartialTokens(batch=2, max_new_tokens=4, pad_token_id=9)
+    partial.add(torch.tensor([[5], [6]]), torch.tensor([[False], [False]]))
+    partial.add(torch.tensor([[7, 8, -1], [1, -1, -1]]), torch.tensor([[True, False, False], [False] * 3]))
+    partial.add(torch.tensor([[2, 3], [4, -1]]), torch.tensor([[True, True], [True, False]]))
+    out = partial.output(stats="stats")
+    assert out.sequences.tolist() == [[5, 7, 8, 2], [6, 1, 4, 9]] and out.lengths.tolist() == [4, 3]
+    assert out.drafted.tolist() == [[False, True, False, True], [False, False, True, False]]
+    assert out.stats == "stats"
+
+
 def test_interrupt_ends_a_continuous_image_after_the_pass_whose_callback_set_it(zoo):
     """MAR's step is a target pass: the tokens generated so far are the uninterrupted call's (same seed), the
     others zero, and the statistics count what was generated."""
