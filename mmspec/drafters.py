@@ -117,6 +117,7 @@ class TreeConfig:
     adaptive: str | None = None
 
     def __post_init__(self) -> None:
+        check_positive_int(self.depth, "TreeConfig.depth")  # capped by total_tokens and what is left
         for name, maximum in TREE_LIMITS.items():
             check_count(getattr(self, name), f"TreeConfig.{name}", maximum)
         if self.adaptive not in ADAPTIVE_TREES:

@@ -63,11 +63,13 @@ def check_count(value: int, name: str, maximum: int) -> None:
         raise ValueError(f"{name} must be an integer in [1, {maximum}], got {value!r}")
 
 
-#: The largest draft tree a :class:`~mmspec.drafters.TreeConfig` may ask for: levels, branches per node and
-#: nodes verified per round. Published trees stay far below (EAGLE-2: depth 6, top_k 10, 60 nodes); every node
-#: is a row of the target's verification pass and of the tree attention mask, so a tree of thousands of
-#: nodes makes each round slower than decoding without drafts (4,096 nodes took 30 s for 16 tokens).
-TREE_LIMITS = {"depth": 64, "top_k": 64, "total_tokens": 512}
+#: The largest draft tree a :class:`~mmspec.drafters.TreeConfig` may ask for: branches per node and nodes
+#: verified per round. Published trees stay far below (EAGLE-2: top_k 10, 60 nodes); every node is a row of the
+#: target's verification pass and of the tree attention mask, so a tree of thousands of nodes makes each round
+#: slower than decoding without drafts (4,096 nodes took 30 s for 16 tokens), and a top_k past the vocabulary
+#: fails inside ``torch.topk``. The depth needs no bound of its own: a tree is never deeper than its nodes nor
+#: than what is left to generate.
+TREE_LIMITS = {"top_k": 64, "total_tokens": 512}
 
 
 def max_position_embeddings(model: object) -> int | None:

@@ -81,17 +81,20 @@ def test_sample_refuses_rows_that_are_not_distributions(row):
     refused(lambda: sample(probs, torch.Generator().manual_seed(0)), "row [1]")
 
 
-@pytest.mark.parametrize("field", ["depth", "top_k", "total_tokens"])
+@pytest.mark.parametrize("field", ["top_k", "total_tokens"])
 @pytest.mark.parametrize("value", [0, 10**6, 2.0, True])
 def test_tree_config_refuses_sizes_outside_its_limits(field, value):
     """A tree of thousands of nodes makes every round slower than plain decoding (and 10**6 branches fail inside
-    ``topk``): each size is bounded by :data:`~mmspec.validation.TREE_LIMITS`, the largest still accepted."""
+    ``topk``): each size is bounded by :data:`~mmspec.validation.TREE_LIMITS`, the largest still accepted. The
+    depth only has to be positive (a tree is never deeper than its nodes nor than what is left)."""
     from mmspec import TreeConfig
     from mmspec.validation import TREE_LIMITS
 
     refused(lambda: TreeConfig(**{field: value}), f"TreeConfig.{field}")
     assert TreeConfig(**{field: TREE_LIMITS[field]}) is not None
-    refused(lambda: TreeConfig(depth=10**6, top_k=10**6, total_tokens=10**6), "TreeConfig.depth")
+    refused(lambda: TreeConfig(depth=10**6, top_k=10**6, total_tokens=10**6), "TreeConfig.top_k")
+    refused(lambda: TreeConfig(depth=0), "TreeConfig.depth")
+    assert TreeConfig(depth=10**6, total_tokens=16).depth == 10**6
 
 
 def test_verify_tokens_refuses_bad_shapes_ids_and_values():
