@@ -34,4 +34,6 @@ setup(
         "mmspec.evaluation": ["weights/*.safetensors"],
     },
     include_package_data=True,
+    # the changelog travels with every install (the sdist takes it through MANIFEST.in)
+    data_files=[("share/doc/mmspec", ["CHANGELOG.md"])],
 )

@@ -72,9 +72,20 @@ def list_images(folder: str | os.PathLike, *, argument: str = "folder", recursiv
 
 
 def open_rgb(path: str | os.PathLike) -> Image.Image:
-    """Open an image file as RGB (loads it fully, so the file handle is closed)."""
-    with Image.open(path) as image:
-        return image.convert("RGB")
+    """Open an image file as RGB (loads it fully, so the file handle is closed).
+
+    Raises:
+        ValueError: a file PIL cannot decode (truncated, e.g. by a killed writer, or not an image), naming
+            the file: the metrics read whole folders, and PIL's own error names none.
+    """
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except FileNotFoundError:
+        raise
+    except (OSError, SyntaxError, ValueError) as error:  # UnidentifiedImageError is an OSError
+        raise ValueError(f"cannot read the image {os.fspath(path)}: {error} (truncated or not an image file; "
+                         "regenerate or remove it)") from error
 
 
 def check_same_size(images: Sequence[Image.Image], names: Sequence[str] | None = None, *, argument: str = "images"):

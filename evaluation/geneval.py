@@ -62,6 +62,8 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from mmspec.validation import positive_int_argument
+
 from .distributed import process_index_and_count, shard_indices
 from .files import (
     IMAGE_EXTENSIONS,
@@ -823,14 +825,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world", choices=("coco", "shapes"), default="coco")
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=None, help="coco: 43 (GenEval's); shapes: 0")
-    p.add_argument("--n-per-category", type=int, default=100,
+    p.add_argument("--n-per-category", type=positive_int_argument, default=100,
                    help="coco: draws per task (GenEval: 100); shapes: prompts per category")
 
     g = sub.add_parser("generate", help="generate images into the GenEval layout (shards under accelerate launch)")
     g.add_argument("--metadata", default=None, help="metadata file (default: the world's prompt set)")
     g.add_argument("--world", choices=("coco", "shapes"), default="shapes")
     g.add_argument("--outdir", required=True)
-    g.add_argument("--images-per-prompt", type=int, default=None, help="default: 1 for shapes, 4 for coco")
+    g.add_argument("--images-per-prompt", type=positive_int_argument, default=None, help="default: 1 for shapes, 4 for coco")
     g.add_argument("--seed", type=int, default=0)
     src = g.add_mutually_exclusive_group(required=True)
     src.add_argument("--ground-truth", action="store_true", help="shapes: render scenes that satisfy the prompts")

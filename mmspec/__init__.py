@@ -41,6 +41,11 @@ _LAZY = {
 }
 
 
+# diffusers.DiffusionPipeline.from_pretrained(saved_folder) finds the pipeline classes after `import mmspec` alone
+# (without importing diffusers or torch here): mmspec/diffusers_hook.py
+import_module("mmspec.diffusers_hook").install()
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         module = import_module(_LAZY[name])

@@ -24,7 +24,7 @@ from mmspec.runner import CausalLMRunner
 from mmspec.sampling import SamplingConfig, coupled_redraw, first_argmax, sample, top_token
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
 from mmspec.tree import DraftTree, StepFn, TreeAttentionBuilder, expand_dynamic_tree, expand_entropy_tree
-from mmspec.validation import check_positive_int, check_unit_interval
+from mmspec.validation import TREE_LIMITS, check_count, check_positive_int, check_unit_interval
 
 
 def one_hot_probs(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -117,8 +117,9 @@ class TreeConfig:
     adaptive: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("depth", "top_k", "total_tokens"):
-            check_positive_int(getattr(self, name), name)
+        check_positive_int(self.depth, "TreeConfig.depth")  # capped by total_tokens and what is left
+        for name, maximum in TREE_LIMITS.items():
+            check_count(getattr(self, name), f"TreeConfig.{name}", maximum)
         if self.adaptive not in ADAPTIVE_TREES:
             allowed = ", ".join(repr(name) for name in ADAPTIVE_TREES)
             raise ValueError(f"TreeConfig.adaptive must be one of {allowed}, got {self.adaptive!r}")

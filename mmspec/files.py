@@ -7,7 +7,10 @@ temporary file is on the same file system.
 
 Temporary files are named ``.<name>.tmp-<pid>-<random>`` (hidden, and without the final suffix unless a
 writer needs it, see ``keep_suffix``), so one left behind by a killed process is never taken for an output
-by the tools that list a folder's images or reports (:func:`is_temporary`).
+by the tools that list a folder's images or reports (:func:`is_temporary`). None is left behind by SIGTERM or
+SIGHUP either: while a write is under way in the main thread, those signals (when they still have their
+default, process-ending action) first remove the temporary file, then end the process as the signal would
+have (:func:`_removed_on_termination`). SIGKILL cannot be caught; its leftovers stay hidden.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -49,6 +54,47 @@ def _flush_to_disk(path: Path) -> None:
         os.close(handle)
 
 
+#: signals whose default action ends the process and that a write cleans up after (SIGHUP: POSIX only)
+_TERMINATING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class _Terminated(BaseException):
+    """Raised inside a write by a terminating signal, so the write's cleanup runs before the process ends."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated(signum)
+
+
+@contextlib.contextmanager
+def _removed_on_termination() -> Iterator[None]:
+    """During the block, SIGTERM / SIGHUP raise inside it (only where they would have ended the process: the
+    default handler, in the main thread) and, once the block's cleanup has run, end the process with that
+    signal's own status. Handlers a program installed itself are left alone."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    replaced = {}
+    for signum in _TERMINATING_SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            replaced[signum] = signal.signal(signum, _raise_terminated)
+    try:
+        yield
+    except _Terminated as terminated:
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+        replaced = {}
+        os.kill(os.getpid(), terminated.signum)  # the default action: the process ends here
+        raise  # pragma: no cover - only where the signal did not end the process
+    finally:
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, keep_suffix: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside ``path`` to write to; it is renamed onto ``path`` when the block ends
@@ -60,14 +106,17 @@ def atomic_path(path: str | os.PathLike, *, keep_suffix: bool = False) -> Iterat
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = _temporary_file(path, keep_suffix)
-    try:
-        yield temporary
-        os.chmod(temporary, _default_permissions())
-        _flush_to_disk(temporary)
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    temporary: Path | None = None
+    with _removed_on_termination():
+        try:
+            temporary = _temporary_file(path, keep_suffix)
+            yield temporary
+            os.chmod(temporary, _default_permissions())
+            _flush_to_disk(temporary)
+            os.replace(temporary, path)
+        finally:
+            if temporary is not None:
+                temporary.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from numbers import Integral
 import torch
 
 from mmspec.validation import (
+    check_bool,
     check_finite_rows,
     check_guidance_scale,
     check_positive_int,
@@ -57,6 +58,7 @@ class SamplingConfig:
     guidance_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        check_bool(self.do_sample, "do_sample")
         if self.do_sample:
             check_temperature(self.temperature, "temperature", hint=" when sampling (near 0 the scaled "
                               "logits overflow float32; for greedy decoding pass do_sample=False)")

@@ -34,6 +34,7 @@ from mmspec.methods.base import BuildRequest
 from mmspec.runner import CausalLMRunner
 from mmspec.sampling import SamplingConfig
 from mmspec.speculate import speculative_generate
+from mmspec.validation import check_position_limits, max_position_embeddings
 
 #: the processors and criteria ``generate()`` builds from the settings the core's sampling reproduces
 _SAMPLING_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper")
@@ -51,9 +52,7 @@ def speculative_custom_generate(model: Any, input_ids: torch.LongTensor, logits_
     """``model.generate(..., custom_generate=speculative_custom_generate, draft_model=...)``: see the module
     docstring. Returns the prompt followed by the generated tokens ``[B, T + L]`` (rows that stopped early
     padded with the pad token), or a ``GenerateDecoderOnlyOutput`` with ``return_dict_in_generate=True``."""
-    if draft_model is None:
-        raise ValueError("speculative_custom_generate needs draft_model=: an mmspec draft head or a small "
-                         "transformers model with the target's tokenizer")
+    _check_draft_model(draft_model)
     if synced_gpus:
         raise NotImplementedError("speculative_custom_generate runs on one device: synced_gpus is not supported")
     config = generation_config
@@ -68,6 +67,10 @@ def speculative_custom_generate(model: Any, input_ids: torch.LongTensor, logits_
     if max_new_tokens < 1:
         raise ValueError(f"nothing to generate: max_length={config.max_length} is not above the prompt's "
                          f"{input_ids.shape[1]} tokens")
+    attention_mask = model_kwargs.get("attention_mask")
+    prompt = int(attention_mask.sum(-1).max()) if attention_mask is not None else int(input_ids.shape[1])
+    limits = {"target": max_position_embeddings(model), "draft_model": max_position_embeddings(draft_model)}
+    check_position_limits(prompt, max_new_tokens, {name: limit for name, limit in limits.items() if limit})
     eos = _token_list(config.eos_token_id)
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
 
@@ -131,6 +134,18 @@ def _target_and_drafter(model: Any, draft_model: Any, draft_config: Any, samplin
         penultimate = bool(getattr(draft_config, "needs_penultimate", False))
         return VLMRunner(model, return_hidden=hidden, return_penultimate=penultimate), drafter
     return CausalLMRunner(model, return_hidden=hidden), drafter
+
+
+def _check_draft_model(draft_model: Any) -> None:
+    """``draft_model`` is a draft head (a module with ``bind_target``) or a transformers model (a module with
+    output embeddings to compare vocabularies), checked before anything runs."""
+    what = ("an mmspec draft head (mmspec.models.vlm_drafters, EagleHead) or a small transformers model with the "
+            "target's tokenizer")
+    if draft_model is None:
+        raise ValueError(f"speculative_custom_generate needs draft_model=: {what}")
+    if not isinstance(draft_model, torch.nn.Module) or not (
+            hasattr(draft_model, "bind_target") or callable(getattr(draft_model, "get_output_embeddings", None))):
+        raise TypeError(f"draft_model must be {what}, got {type(draft_model).__name__} {draft_model!r:.60}")
 
 
 def _check_supported(kind: str, items: Any, supported: tuple[str, ...]) -> None:

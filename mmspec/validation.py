@@ -50,6 +50,68 @@ def check_positive_int(value: int, name: str) -> None:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+#: The most outputs one pipeline call makes per prompt (``num_images_per_prompt``, ``num_videos_per_prompt``):
+#: every output is a row of one batched loop, so a count far beyond what fits in memory (10**6 images ask for
+#: terabytes) would fail with an out-of-memory error deep inside torch. Distribution checks of small models
+#: draw a few thousand rows of one prompt in one call; more outputs take more calls.
+MAX_OUTPUTS_PER_PROMPT = 4096
+
+
+def check_count(value: int, name: str, maximum: int) -> None:
+    """``value`` is an integer (not a bool) in ``[1, maximum]``; the error names ``name`` and the bound."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise ValueError(f"{name} must be an integer in [1, {maximum}], got {value!r}")
+
+
+#: The largest draft tree a :class:`~mmspec.drafters.TreeConfig` may ask for: branches per node and nodes
+#: verified per round. Published trees stay far below (EAGLE-2: top_k 10, 60 nodes); every node is a row of the
+#: target's verification pass and of the tree attention mask, so a tree of thousands of nodes makes each round
+#: slower than decoding without drafts (4,096 nodes took 30 s for 16 tokens), and a top_k past the vocabulary
+#: fails inside ``torch.topk``. The depth needs no bound of its own: a tree is never deeper than its nodes nor
+#: than what is left to generate.
+TREE_LIMITS = {"top_k": 64, "total_tokens": 512}
+
+
+def max_position_embeddings(model: object) -> int | None:
+    """``max_position_embeddings`` of a transformers (V)LM's language model or of a draft head's config (None
+    when it declares none)."""
+    config = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else \
+        getattr(config, "max_position_embeddings", None)
+    return int(value) if value is not None else None
+
+
+def check_position_limits(prompt_positions: int, max_new_tokens: int, limits: dict[str, int]) -> None:
+    """Refuse a generation whose prompt (``prompt_positions``, image and video tokens included) plus
+    ``max_new_tokens`` exceeds a model's ``max_position_embeddings`` (``limits``: model name -> limit, e.g.
+    ``{"target": 2048, "flash_head": 512}``): past it a model runs without error on positions it never learnt
+    and answers nonsense.
+
+    Raises:
+        ValueError: naming the prompt's positions, ``max_new_tokens``, the model and its limit.
+    """
+    for name, limit in limits.items():
+        if prompt_positions + max_new_tokens <= limit:
+            continue
+        model = "the target's" if name == "target" else f"the {name}'s"
+        if prompt_positions >= limit:
+            raise ValueError(f"the prompt takes {prompt_positions} positions (image and video tokens included), but "
+                             f"{model} max_position_embeddings is {limit}: shorten the prompt or use fewer images "
+                             "or video frames")
+        raise ValueError(f"the prompt takes {prompt_positions} positions (image and video tokens included) and "
+                         f"max_new_tokens={max_new_tokens} more, but {model} max_position_embeddings is {limit}: "
+                         f"lower max_new_tokens to at most {limit - prompt_positions}, shorten the prompt or use "
+                         "fewer images or video frames")
+
+
+def check_bool(value: object, name: str) -> None:
+    """``value`` is a bool (``do_sample="yes"`` or ``1`` would otherwise be read by truthiness)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+
+
 def positive_int_argument(text: str) -> int:
     """argparse ``type=`` of a count >= 1 (command-line options such as ``--quality-seeds``)."""
     value = int(text)

@@ -34,6 +34,7 @@ import torch
 from mmspec.models.video import NUM_TRAIN_TIMESTEPS, denoise_block, noised_to
 from mmspec.reward import RewardRouter
 from mmspec.stats import SpecStats
+from mmspec.validation import check_count
 
 SAMPLERS = ("euler", "renoise")
 
@@ -104,9 +105,9 @@ class VideoBlocksOutput:
 
 def evenly_spaced_timesteps(num_steps: int, name: str) -> list[float]:
     """``num_steps`` timesteps evenly spaced from 1000 (4: 1000/750/500/250; 1: 1000); ``name`` is the argument's
-    name for the error."""
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"{name} must be a positive integer, got {num_steps!r}")
+    name for the error. At most one step per training timestep (1000): more would only repeat fractions of the
+    same noise levels, and 10**5 steps per block run for hours."""
+    check_count(num_steps, name, NUM_TRAIN_TIMESTEPS)
     return [NUM_TRAIN_TIMESTEPS * (1 - k / num_steps) for k in range(num_steps)]
 
 
@@ -221,7 +222,8 @@ def generate_blocks(target: Any, drafter: VideoDrafter | None, prompt_ids: torch
         decode: latents ``[B, F, C, h, w]`` -> frames ``[B, F, 3, H, W]`` in [0, 1], for the router's reward.
         prompts: the prompt of each video, handed to the router's reward.
         callback: ``fn(block_index, {"latents": [B, F, C, h, w] so far, "accepted": bool [B], "target_cache",
-            "draft_cache"})`` after every generated block.
+            "draft_cache"})`` after every generated block; returning True ends the loop there (an interrupted
+            call: the output and its statistics hold the blocks generated so far).
         router: SDVG's reward router (needs a drafter and ``decode``); None with a drafter: draft-only.
         refine_rejected_from: with a router, one of the target's timesteps below the first: the target refines
             a rejected draft from it (the draft noised back along its path to the block's noise) instead of
@@ -296,10 +298,15 @@ def generate_blocks(target: Any, drafter: VideoDrafter | None, prompt_ids: torch
             cache = caches("target")
             with stats.phase("cache"):
                 stats.target_calls += catch_up(target, cache, video, frame + fb, guidance_scale)
-        if callback is not None:
-            callback(n, {"latents": video[:, :frame + fb], "accepted": accepted[:, n].clone(),
-                         "target_cache": caches.built.get("target"), "draft_cache": caches.built.get("draft")})
+        if callback is not None and callback(n, {"latents": video[:, :frame + fb], "accepted": accepted[:, n].clone(),
+                                                 "target_cache": caches.built.get("target"),
+                                                 "draft_cache": caches.built.get("draft")}) is True:
+            num_blocks = n + 1  # stopped: what follows describes the blocks generated so far
+            break
 
+    video, frame_rewards = video[:, :num_blocks * fb], frame_rewards[:, :num_blocks * fb]
+    accepted, routed, scored, block_scores = (values[:, :num_blocks] for values in (accepted, routed, scored,
+                                                                                     block_scores))
     stats.tokens = batch * (num_blocks - start_block) * fb  # generated frames (a context is not generated)
     stats.source = [["context" if k < start_block else "draft" if a else "target" for k, a in enumerate(row)]
                     for row in accepted.tolist()]

@@ -48,7 +48,7 @@ from mmspec.methods import SETTINGS_FILE, BuildRequest, MethodConfig
 from mmspec.models.llamagen_text import caption_features, check_text_encoder
 from mmspec.models.mulo import check_mulo_pair
 from mmspec.models.text import WordTokenizer
-from mmspec.pipelines.callbacks import StepCallback
+from mmspec.pipelines.callbacks import PartialTokens, PipelineInterrupted, StepCallback
 from mmspec.pipelines.conditioning import (
     LEGACY_TEXT_VOCAB_FILE,
     WordVocabularyMixin,
@@ -67,7 +67,7 @@ from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
 from mmspec.speculate import SpeculativeOutput, speculative_generate
 from mmspec.stats import SpecStats
-from mmspec.validation import check_guidance_scale
+from mmspec.validation import MAX_OUTPUTS_PER_PROMPT, check_count, check_guidance_scale
 
 OUTPUT_TYPES = ("pil", "np", "pt", "tokens")
 
@@ -273,9 +273,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
                     raise ValueError(f"prompt {empty[0]} is empty")
         else:
             check_class_labels(class_labels, config.num_classes)
-        if isinstance(num_images_per_prompt, bool) or not isinstance(num_images_per_prompt, int) \
-                or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")
+        check_count(num_images_per_prompt, "num_images_per_prompt", MAX_OUTPUTS_PER_PROMPT)
         vocab = config.vocab_size
         if top_k is not None and top_k > vocab:
             raise ValueError(f"top_k={top_k} is larger than the image vocabulary ({vocab} tokens)")
@@ -314,7 +312,8 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
             do_sample / temperature / top_k / top_p: how the (guided) logits become distributions; greedy
                 decoding when ``do_sample=False``.
             guidance_scale: classifier-free guidance (1.0: no guidance, no doubled batch).
-            num_images_per_prompt: images per prompt (rows ``prompt0 x n, prompt1 x n, ...``).
+            num_images_per_prompt: images per prompt, at most :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT`
+                (4096; rows ``prompt0 x n, prompt1 x n, ...``).
             generator: one ``torch.Generator`` for every random draw (drafts, acceptance, resampling), or a
                 list, one per image: each image is then decoded alone with its own generator, so it equals a
                 call for that image alone (:mod:`.generators`; slower than one batched loop; the callback sees
@@ -327,7 +326,10 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
                 ``timestep`` is the tokens the furthest image has so far and ``callback_kwargs`` holds the
                 tensors named in ``callback_on_step_end_tensor_inputs``: ``"new_tokens"`` ``[B, M]`` (-1 pad),
                 ``"drafted"`` ``[B, M]``, ``"num_generated"`` ``[B]`` (default: all three). diffusers'
-                ``PipelineCallback`` objects work too. The tensors are read-only (:mod:`.callbacks`).
+                ``PipelineCallback`` objects work too. The tensors are read-only (:mod:`.callbacks`). Setting
+                ``pipeline._interrupt = True`` in it stops the call after that round, as in diffusers: the
+                images so far are returned, the positions not generated yet holding token 0 (``drafted``
+                False there); with a list of generators the images not started yet get their first token only.
             return_dict: False returns the tuple ``(images, tokens, stats, drafted)`` instead.
         Returns:
             :class:`ARImagePipelineOutput` (or the tuple).
@@ -355,10 +357,14 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
         target = self.target_runner(plan.drafter, guidance_scale)
         # 4. Run the loop: block_size tokens per row; every accept/reject happens in the core.
         loop = plan.loop or speculative_generate
-        with self._round_callback(batch, step_callback) as on_round:
-            out = loop(target, plan.drafter, None, mask, max_new_tokens=self.transformer.config.block_size,
-                       sampling=sampling, rule=rule if rule is not None else plan.rule, generator=generator,
-                       callback=on_round, **inputs)
+        partial, stats = PartialTokens(batch, self.transformer.config.block_size, 0), SpecStats()
+        with self._round_callback(batch, step_callback, partial) as on_round:
+            try:
+                out = loop(target, plan.drafter, None, mask, max_new_tokens=self.transformer.config.block_size,
+                           sampling=sampling, rule=rule if rule is not None else plan.rule, generator=generator,
+                           stats=stats, callback=on_round, **inputs)
+            except PipelineInterrupted:  # pipe._interrupt set by a callback: the tokens so far
+                out = partial.output(stats, mask.device)
         # 5. Decode the token grids.
         output = self.decode_tokens(out, output_type)
         self.maybe_free_model_hooks()  # model CPU offload: every model back to the CPU
@@ -395,14 +401,17 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
         return target
 
     @contextmanager
-    def _round_callback(self, batch: int, step_callback: StepCallback) -> Iterator[Callable]:
-        """The loop's per-round callback: advances the progress bar and calls ``callback_on_step_end``."""
+    def _round_callback(self, batch: int, step_callback: StepCallback, partial: PartialTokens
+                        ) -> Iterator[Callable]:
+        """The loop's per-round callback: records the round's tokens (``partial``), advances the progress bar,
+        calls ``callback_on_step_end`` and then stops the loop if the pipeline was interrupted."""
         tokens_per_image = self.transformer.config.block_size
         progress = self.progress_bar(total=batch * tokens_per_image)
         generated = [0] * batch  # per image, on the host (this runs every round)
         rounds = [0]
 
         def on_round(new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
+            partial.add(new_tokens, drafted)
             before = sum(generated)
             for row, gained in enumerate((new_tokens >= 0).sum(1).tolist()):
                 generated[row] = min(generated[row] + gained, tokens_per_image)
@@ -411,6 +420,7 @@ class ARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
                 step_callback(rounds[0], max(generated), {"new_tokens": new_tokens, "drafted": drafted,
                                                           "num_generated": torch.tensor(generated)})
             rounds[0] += 1
+            step_callback.stop_if_interrupted()
 
         try:
             yield on_round

@@ -58,7 +58,7 @@ from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords,
 from mmspec.pipelines.pretrained import PretrainedPipelineMixin
 from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
-from mmspec.validation import check_guidance_scale
+from mmspec.validation import MAX_OUTPUTS_PER_PROMPT, check_count, check_guidance_scale
 from mmspec.video_blocks import (
     SAMPLERS,
     VideoBlocksOutput,
@@ -291,9 +291,7 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
             raise ValueError(f"num_blocks={num_blocks} exceeds the model's {self.max_blocks} blocks "
                              f"({self.transformer.config.num_frames} frames of {self.frames_per_block})")
         check_guidance_scale(guidance_scale, "guidance_scale")
-        if isinstance(num_videos_per_prompt, bool) or not isinstance(num_videos_per_prompt, int) \
-                or num_videos_per_prompt < 1:
-            raise ValueError(f"num_videos_per_prompt must be a positive integer, got {num_videos_per_prompt!r}")
+        check_count(num_videos_per_prompt, "num_videos_per_prompt", MAX_OUTPUTS_PER_PROMPT)
         check_generator(generator, "video")
         return prompts
 
@@ -342,13 +340,14 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
                 config's fields (:mod:`mmspec.methods.sdvg`); passing one as a keyword here raises a
                 ``TypeError`` that names the field.
             num_blocks: blocks per video (default: as many as the model's frames allow).
-            num_inference_steps: the target's denoising steps per block; timesteps evenly spaced from 1000
-                (4: 1000/750/500/250). ``denoising_timesteps`` gives them explicitly (decreasing, in (0, 1000]).
+            num_inference_steps: the target's denoising steps per block, at most 1000; timesteps evenly spaced
+                from 1000 (4: 1000/750/500/250). ``denoising_timesteps`` gives them explicitly (decreasing, in (0, 1000]).
             sampler: "euler" (flow ODE) or "renoise" (predict x0, re-noise with fresh noise: Self-Forcing's);
                 drafter and target both sample with it.
             guidance_scale: classifier-free guidance of the target, and of the drafter unless its config says
                 otherwise (1.0: none, the default; Self-Forcing-style few-step models run without).
-            num_videos_per_prompt: videos per prompt (rows ``prompt0 x n, prompt1 x n, ...``).
+            num_videos_per_prompt: videos per prompt, at most :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT`
+                (4096; rows ``prompt0 x n, prompt1 x n, ...``).
             generator: one ``torch.Generator`` for all noise (per block, shared by drafter and target), or a list,
                 one per video: each video is then generated alone with its own generator, so it equals a call
                 for that video alone (:mod:`.generators`; slower than one batched loop; the callback sees each
@@ -364,7 +363,9 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
                 and ``callback_kwargs`` the entries named in ``callback_on_step_end_tensor_inputs``:
                 ``"latents"`` ``[B, F, C, h, w]`` so far, ``"accepted"`` bool ``[B]``, ``"target_cache"`` and
                 ``"draft_cache"`` (:class:`~mmspec.models.video.VideoCache` objects or None, for inspection;
-                default: all four). Read-only.
+                default: all four). Read-only. Setting ``pipeline._interrupt = True`` in it stops the call after
+                that block, as in diffusers: the videos so far are returned (with a list of generators, the
+                videos not started yet are made to the same number of blocks, without callbacks).
             return_dict: False returns the tuple ``(frames, latents, stats)``.
         Returns:
             :class:`ARVideoPipelineOutput` (or the tuple).
@@ -380,12 +381,16 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
         if generators is not None:  # each video alone with its own random stream
             videos = [p for p in prompts for _ in range(num_videos_per_prompt)]
             callbacks = row_callbacks(step_callback, len(videos), self._callback_tensor_fill)
-            parts = [self(video, method, num_blocks=num_blocks, num_inference_steps=num_inference_steps,
-                          denoising_timesteps=denoising_timesteps, sampler=sampler, guidance_scale=guidance_scale,
-                          generator=g, output_type=output_type,
-                          context_frames=_context_of(context_frames, row, len(videos), num_videos_per_prompt),
-                          callback_on_step_end=callbacks[row])
-                     for row, (video, g) in enumerate(zip(videos, generators))]
+            parts, blocks, interrupted = [], num_blocks, False
+            for row, (video, g) in enumerate(zip(videos, generators)):
+                parts.append(self(video, method, num_blocks=blocks, num_inference_steps=num_inference_steps,
+                                  denoising_timesteps=denoising_timesteps, sampler=sampler,
+                                  guidance_scale=guidance_scale, generator=g, output_type=output_type,
+                                  context_frames=_context_of(context_frames, row, len(videos), num_videos_per_prompt),
+                                  callback_on_step_end=None if interrupted else callbacks[row]))
+                if self._interrupt and not interrupted:  # the videos still to make stop at the same block
+                    interrupted, blocks = True, parts[-1].latents.shape[1] // self.frames_per_block
+            self._interrupt = interrupted
             output = ARVideoPipelineOutput(frames=concat_outputs([p.frames for p in parts]),
                                            latents=torch.cat([p.latents for p in parts]),
                                            stats=merge_video_stats([p.stats for p in parts]))
@@ -414,13 +419,15 @@ class ARVideoPipeline(MethodSettingsMixin, WordVocabularyMixin, PretrainedPipeli
 
     @contextmanager
     def _block_callback(self, total: int, step_callback: StepCallback) -> Iterator[Callable]:
-        """The loop's per-block callback: advances the progress bar and calls ``callback_on_step_end``."""
+        """The loop's per-block callback: advances the progress bar, calls ``callback_on_step_end`` and returns
+        True (the block loop then ends) when the pipeline was interrupted."""
         progress = self.progress_bar(total=total)
 
-        def on_block(block: int, state: dict[str, Any]) -> None:
+        def on_block(block: int, state: dict[str, Any]) -> bool:
             if step_callback.active:
                 step_callback(block, block, state)
             progress.update(1)
+            return step_callback.interrupted
 
         try:
             yield on_block

@@ -7,6 +7,9 @@ the pipeline class's ``_callback_tensor_inputs``), and the callback returns a di
 their tensors themselves (``tensor_inputs``). :class:`StepCallback` does that resolution and the checks once
 per call, so a pipeline's loop only hands it the step's tensors.
 
+Interrupting a call is diffusers' way too: a callback sets ``pipeline._interrupt = True`` and the call stops
+after that step, returning what it has generated so far (:class:`PipelineInterrupted`, :class:`PartialTokens`).
+
 A speculative step is a verification round (a block for video); its tensors describe what the round
 committed and are read-only: the returned dict is checked (it must be one) but not fed back, because a
 changed token would invalidate the drafts already verified. ``timestep`` is the pipeline's own measure of
@@ -17,6 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import torch
+
+from mmspec.pipelines.generators import RowCallback
+
+
+class PipelineInterrupted(Exception):  # noqa: N818 (a signal, not an error: the call returns partial output)
+    """Raised by :meth:`StepCallback.stop_if_interrupted` at the end of a step once ``pipeline._interrupt`` is
+    set; the pipeline catches it around its loop and returns the partial output."""
 
 
 class StepCallback:
@@ -48,6 +60,8 @@ class StepCallback:
             raise ValueError(f"callback_on_step_end_tensor_inputs has {unknown}, which {type(pipeline).__name__} does "
                              f"not offer; it offers {offered}")
         self.pipeline, self.callback, self.tensor_inputs = pipeline, callback, names
+        if not isinstance(callback, RowCallback):  # a new call starts uninterrupted (one output's call of a
+            pipeline._interrupt = False           # call with a list of generators keeps the outer call's flag)
 
     @property
     def active(self) -> bool:
@@ -62,6 +76,57 @@ class StepCallback:
             raise TypeError(f"callback_on_step_end must return a dict (diffusers' convention: the callback_kwargs it "
                             f"was given, possibly changed), got {type(result).__name__}")
         return result
+
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether ``pipeline._interrupt`` is set (by the callback, as in diffusers): the loop should end."""
+        return bool(getattr(self.pipeline, "_interrupt", False))
+
+    def stop_if_interrupted(self) -> None:
+        """Raise :class:`PipelineInterrupted` when ``pipeline._interrupt`` is set (by the callback, as in
+        diffusers): the loop ends after the step that just finished."""
+        if self.interrupted:
+            raise PipelineInterrupted
+
+
+class PartialTokens:
+    """What a token loop committed so far, per row, from its per-step ``(new_tokens [B, M] (-1 pad),
+    drafted [B, M])``: the output of an interrupted call (rows padded with ``pad_token_id``).
+
+    Args:
+        batch: rows of the call.
+        max_new_tokens: the most tokens a row can have.
+        pad_token_id: the token written past each row's end.
+    """
+
+    def __init__(self, batch: int, max_new_tokens: int, pad_token_id: int) -> None:
+        self.batch, self.max_new_tokens, self.pad_token_id = batch, max_new_tokens, pad_token_id
+        self.steps: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def add(self, new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
+        """Keep one step's tensors (no host work: they are assembled only if the call is interrupted)."""
+        self.steps.append((new_tokens.detach().clone(), drafted.detach().clone()))
+
+    def output(self, stats: Any, device: torch.device | str = "cpu") -> Any:
+        """A :class:`~mmspec.speculate.SpeculativeOutput` of the tokens so far (``sequences`` and ``drafted``
+        ``[B, max_new_tokens]``, ``lengths`` the tokens each row has; the -1 padding of the steps left out)
+        with ``stats``."""
+        from mmspec.speculate import SpeculativeOutput
+
+        sequences = torch.full((self.batch, self.max_new_tokens), self.pad_token_id, dtype=torch.long)
+        drafted = torch.zeros(self.batch, self.max_new_tokens, dtype=torch.bool)
+        lengths = torch.zeros(self.batch, dtype=torch.long)
+        for new_tokens, flags in self.steps:
+            for row in range(self.batch):
+                kept = new_tokens[row] >= 0
+                tokens, row_flags = new_tokens[row][kept].cpu(), flags[row][kept].cpu()
+                start = int(lengths[row])
+                count = min(tokens.numel(), self.max_new_tokens - start)
+                sequences[row, start:start + count] = tokens[:count]
+                drafted[row, start:start + count] = row_flags[:count]
+                lengths[row] = start + count
+        return SpeculativeOutput(sequences.to(device), lengths.to(device), drafted.to(device), stats)
 
 
 def _is_diffusers_callback(callback: Any) -> bool:

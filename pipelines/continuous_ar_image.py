@@ -41,7 +41,7 @@ from mmspec.cpu_gemm import PackedCPUGemmMixin
 from mmspec.inference_mode import inference_call
 from mmspec.methods import SETTINGS_FILE, BuildRequest, MethodConfig
 from mmspec.models.text import WordTokenizer
-from mmspec.pipelines.callbacks import StepCallback
+from mmspec.pipelines.callbacks import PipelineInterrupted, StepCallback
 from mmspec.pipelines.conditioning import (
     LEGACY_TEXT_VOCAB_FILE,
     WordVocabularyMixin,
@@ -58,7 +58,9 @@ from mmspec.sampling import SamplingConfig
 from mmspec.stats import SpecStats
 from mmspec.validation import (
     MAX_NOISE_TEMPERATURE,
+    MAX_OUTPUTS_PER_PROMPT,
     NonFiniteValuesError,
+    check_count,
     check_guidance_scale,
     check_temperature,
 )
@@ -352,8 +354,7 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
         check_guidance_scale(guidance_scale, "guidance_scale")
         if cfg_schedule not in CFG_SCHEDULES:
             raise ValueError(f"cfg_schedule must be one of {list(CFG_SCHEDULES)}, got {cfg_schedule!r}")
-        if not isinstance(num_images_per_prompt, int) or num_images_per_prompt < 1:
-            raise ValueError(f"num_images_per_prompt must be a positive integer, got {num_images_per_prompt!r}")
+        check_count(num_images_per_prompt, "num_images_per_prompt", MAX_OUTPUTS_PER_PROMPT)
         check_generator(generator, "image")
 
     # -- generation -----------------------------------------------------------------------------------
@@ -381,7 +382,8 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
             num_diffusion_steps: respaced DDPM steps of the head (default: the target's ``num_sampling_steps``).
             temperature: MAR's sampling temperature (scales every denoising step's noise).
             guidance_scale / cfg_schedule: classifier-free guidance and MAR's "linear" ramp (or "constant").
-            num_images_per_prompt: images per prompt or class id.
+            num_images_per_prompt: images per prompt or class id, at most
+                :data:`~mmspec.validation.MAX_OUTPUTS_PER_PROMPT` (4096).
             generator: one ``torch.Generator`` for every random draw (orders, per-token noise, acceptance,
                 residuals), or a list, one per image: each image is then generated alone with its own
                 generator, so it equals a call for that image alone (:mod:`.generators`; slower than one
@@ -391,7 +393,10 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
                 timestep, callback_kwargs) -> dict``; ``timestep`` is the tokens the furthest image has and
                 ``callback_kwargs`` the tensors named in ``callback_on_step_end_tensor_inputs``:
                 ``"num_generated"`` ``[B]``, ``"latents"`` ``[B, L, C]`` (tokens so far, generation order
-                ``orders``), ``"drafted"`` ``[B, L]`` (default: all three). Read-only.
+                ``orders``), ``"drafted"`` ``[B, L]`` (default: all three). Read-only. Setting
+                ``pipeline._interrupt = True`` in it stops the call after that pass, as in diffusers: the images
+                so far are returned, the tokens not generated yet zero (with a list of generators, the images
+                not started yet get their first pass only).
             return_dict: False returns the tuple ``(images, tokens, stats, drafted)``.
         Returns:
             :class:`ContinuousARImagePipelineOutput` (or the tuple).
@@ -425,9 +430,11 @@ class ContinuousARImagePipeline(MethodSettingsMixin, WordVocabularyMixin, Pretra
         state.progress = self.progress_bar(total=state.values.shape[0] * state.seq_len)
         try:
             loop(state.bind(self.transformer), plan.drafter, state)
+        except PipelineInterrupted:  # pipe._interrupt set by a callback: the tokens so far, the rest zero
+            pass
         finally:
             state.progress.close()
-        state.stats.tokens = state.values.shape[0] * state.seq_len
+        state.stats.tokens = int(state.done.sum())  # every token of every image unless interrupted
         # 5. Back to grid space; decode.
         output = self.decode_state(state, output_type)
         self.maybe_free_model_hooks()  # model CPU offload: every model back to the CPU
@@ -549,6 +556,8 @@ class MARState:
             self.callback(self.target_passes, int(self.done.max()),
                           {"num_generated": self.done.clone(), "latents": self.values, "drafted": self.drafted})
         self.target_passes += 1
+        if self.callback is not None:
+            self.callback.stop_if_interrupted()
 
     def target_iterations(self, target: BoundMAR, until: int) -> None:
         """Target-only MAR iterations (all rows in step) while fewer than ``until`` tokens exist."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import torch
 from mmspec.cpu_gemm import add_cpu_gemm_argument
 from mmspec.devices import add_device_arguments, load_pipeline, resolved_device
 from mmspec.files import save_image_atomic
-from mmspec.methods import available
+from mmspec.methods import available, get
 from mmspec.pipelines.ar_image import MOVED_KEYWORDS, ARImagePipeline
 from mmspec.validation import guidance_scale_argument, positive_int_argument
 
@@ -27,32 +28,69 @@ from mmspec.validation import guidance_scale_argument, positive_int_argument
 MAX_OUTPUT_SIDE = 4096
 
 
+def lossless_methods(family: str = "ar_image") -> list[str]:
+    """The registered methods of ``family`` that sample exactly the target's distribution at their default
+    settings (:attr:`~mmspec.methods.MethodConfig.lossless`), with "none" (the target alone)."""
+    return ["none", *(name for name in available(family) if get(name, family).lossless)]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Generate images from prompts with a discrete AR image pipeline, speculatively, and "
+                          "compare with target-only decoding of the same prompts and seed.")
+    lossless = lossless_methods()
+    lossy = [name for name in ["none", *available("ar_image")] if name not in lossless]
     parser.add_argument("prompts", nargs="+", help="text prompts (the shapes zoo knows the shapes world's words)")
-    parser.add_argument("--pipeline", default="mmspec/shapes-t2i", help="zoo id or a saved pipeline folder")
-    parser.add_argument("--method", default="eagle", choices=["none", *available("ar_image")])
-    parser.add_argument("--outdir", type=Path, default=Path("outputs"))
-    parser.add_argument("--num-images", type=int, default=1, help="images per prompt")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pipeline", default="mmspec/shapes-t2i",
+                        help="zoo id or a saved pipeline folder (default: %(default)s)")
+    parser.add_argument("--method", default="eagle", choices=["none", *available("ar_image")],
+                        help=f"speculative method (default: %(default)s) with the checkpoint's stored settings; "
+                             f"lossless (exactly the target's distribution): {', '.join(lossless)}; lossy "
+                             f"(relaxed acceptance, faster): {', '.join(lossy)}")
+    parser.add_argument("--outdir", type=Path, default=Path("outputs"),
+                        help="folder for the PNGs, created if needed; checked before generating "
+                             "(default: %(default)s)")
+    parser.add_argument("--num-images", type=positive_int_argument, default=1,
+                        help="images per prompt (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: %(default)s)")
     parser.add_argument("--greedy", action="store_true", help="greedy decoding (default: sampling)")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--guidance-scale", type=guidance_scale_argument, default=3.0)
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="sampling temperature (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="sample from the k most likely tokens (default: no limit)")
+    parser.add_argument("--top-p", type=float, default=1.0,
+                        help="nucleus sampling mass in (0, 1] (default: %(default)s, no limit)")
+    parser.add_argument("--guidance-scale", type=guidance_scale_argument, default=3.0,
+                        help="classifier-free guidance scale, 1.0 for none (default: %(default)s)")
     parser.add_argument("--method-kwargs", default="{}",
                         help='JSON of the method\'s config fields, e.g. \'{"delta": 0.3}\' for lantern, over the '
                              "checkpoint's stored settings (pipe.method_config(method, ...).replace(**fields); "
-                             '"tree" as a JSON object)')
+                             '"tree" as a JSON object; default: none)')
     parser.add_argument("--scale", type=int, default=8,
-                        help=f"nearest-neighbour upscaling of the written PNGs (at most {MAX_OUTPUT_SIDE} px a side)")
+                        help=f"nearest-neighbour upscaling of the written PNGs (at most {MAX_OUTPUT_SIDE} px a side; "
+                             "default: %(default)s)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the target-only comparison run")
     parser.add_argument("--repeats", type=positive_int_argument, default=3,
                         help="timed runs of the method and of the baseline, alternating, after one warm-up each "
-                             "(the speedup printed is the ratio of the medians, with the range over the runs)")
+                             "(the speedup printed is the ratio of the medians, with the range over the runs; "
+                             "default: %(default)s)")
     add_device_arguments(parser, dtype_help="compute precision, float32 (default) or bfloat16 (faster verification "
                                             "on GPUs and CPUs with bfloat16 instructions; the baseline runs in "
                                             "the same precision)")
     add_cpu_gemm_argument(parser)
+
+
+def check_outdir(outdir: Path) -> None:
+    """``--outdir`` can take the PNGs: an existing folder, or a path whose nearest existing parent is a folder,
+    writable in either case. Checked before the pipeline loads, so a bad path does not cost a whole run."""
+    existing = outdir
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if existing == outdir and not outdir.is_dir():
+        raise SystemExit(f"--outdir {outdir} is a file, not a folder")
+    if not existing.is_dir():
+        raise SystemExit(f"--outdir {outdir} cannot be created: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise SystemExit(f"--outdir {outdir} is not writable ({existing} does not allow writing)")
 
 
 def image_side(pipe: ARImagePipeline) -> int | None:
@@ -136,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     if not isinstance(extra, dict):
         raise SystemExit("--method-kwargs must be a JSON object")
     check_scale(args.scale)
+    check_outdir(args.outdir)
     try:
         pipe = load_pipeline(ARImagePipeline, args.pipeline, device=resolved_device(args), dtype=args.dtype)
     except (FileNotFoundError, OSError, ValueError) as error:

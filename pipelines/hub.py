@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -29,6 +30,7 @@ from diffusers.pipelines.pipeline_loading_utils import (
     load_sub_model,
 )
 from diffusers.pipelines.pipeline_utils import SUPPORTED_DEVICE_MAP
+from diffusers.utils import is_accelerate_available
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, HFValidationError
@@ -55,10 +57,21 @@ def zoo_dir() -> Path:
     return Path(zoo.__file__).resolve().parent
 
 
+#: What follows ``mmspec/`` in a zoo id: one folder name of the bundled zoo (no separators, no ``.``/``..``).
+ZOO_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
 def resolve_pretrained(path_or_id: str | os.PathLike) -> str:
     """Map a zoo id ``mmspec/<name>`` to its bundled folder; return any other path or id unchanged.
 
+    A zoo id names one folder of the bundled zoo, so it can never reach a folder outside it. A relative folder
+    of the same spelling (``./mmspec/<name>`` in the working directory) is never shadowed silently: it is
+    returned when the zoo has no such entry, and refused when both exist (write ``./mmspec/<name>`` for the
+    folder).
+
     Raises:
+        ValueError: ``mmspec/<name>`` whose name is not a single zoo folder name (``mmspec/../x``,
+            ``mmspec/a/b``), or a zoo id that is also a folder in the working directory.
         FileNotFoundError: a zoo id whose folder is missing or has no ``model_index.json`` yet (the
             message names the recipe that builds it).
     """
@@ -66,7 +79,20 @@ def resolve_pretrained(path_or_id: str | os.PathLike) -> str:
     if not text.startswith("mmspec/"):
         return text
     name = text.split("/", 1)[1]
+    local = Path(text).is_dir()
+    if not ZOO_NAME.fullmatch(name) or ".." in name:
+        if local:
+            raise ValueError(f"pretrained_model_name_or_path {text!r} is not a zoo id (mmspec/<name> names one "
+                             f"folder of the bundled zoo); to load the local folder, pass ./{text}")
+        raise ValueError(f"pretrained_model_name_or_path {text!r} is not a zoo id: mmspec/<name> names one folder "
+                         f"of the bundled zoo ({zoo_dir()}), without path separators or '..'")
     folder = zoo_dir() / name
+    if local:
+        if folder.is_dir():
+            raise ValueError(f"pretrained_model_name_or_path {text!r} is both the zoo id of {folder} and the folder "
+                             f"{Path(text).resolve()} of the working directory: pass ./{text} for the local folder, "
+                             f"or {folder} for the zoo entry")
+        return text
     recipe = ZOO_RECIPES.get(name)
     how = (f" Its weights are built by `{recipe}`; the pipeline folder (model_index.json, transformer/, vqvae/, "
            "...) is then written with the pipeline's save_pretrained(folder).") if recipe else ""
@@ -95,6 +121,15 @@ class ComponentLoadError(OSError):
     loader's own error."""
 
 
+def check_variant(variant: str | None) -> None:
+    """``variant`` (of ``from_pretrained`` or ``save_pretrained``) is None or a plain name such as ``"fp16"``: it
+    becomes part of weights file names (``diffusion_pytorch_model.<variant>.safetensors``), so a '.', '/' or
+    '\\' in it would read or write files elsewhere than the component's folder (``variant="../x"``)."""
+    if variant is not None and (not isinstance(variant, str) or not variant or any(c in variant for c in "./\\")):
+        raise ValueError(f"variant must be a non-empty name without '.', '/' or '\\' (e.g. 'fp16') or None, got "
+                         f"{variant!r}")
+
+
 # -- loading options --------------------------------------------------------------------------------------------
 
 
@@ -117,7 +152,9 @@ class LoadOptions:
         device_map: None or a device every component is loaded onto ("cpu", or the machine's accelerator);
             diffusers' "balanced" (components spread over several GPUs) is refused: a speculative loop runs
             the target and its drafters on one device.
-        low_cpu_mem_usage: build models without initialising their weights first (needs accelerate).
+        low_cpu_mem_usage: build models without initialising their weights first (needs accelerate; the default
+            is True where accelerate is installed, else False, so a load without it does not make diffusers
+            warn once per model that it falls back).
         use_safetensors: None (prefer safetensors), True (require them) or False (also load pickled weights).
         check_weights: refuse a model with NaN or infinite weights (:func:`check_finite_weights`).
         local_files_only / revision / cache_dir / token / force_download: where a hub id is looked up
@@ -127,7 +164,7 @@ class LoadOptions:
     dtype: torch.dtype | Mapping[str, torch.dtype] | None = None
     variant: str | None = None
     device_map: str | None = None
-    low_cpu_mem_usage: bool = _LOW_CPU_MEM_USAGE_DEFAULT
+    low_cpu_mem_usage: bool = _LOW_CPU_MEM_USAGE_DEFAULT and is_accelerate_available()
     use_safetensors: bool | None = None
     check_weights: bool = True
     local_files_only: bool | None = None
@@ -141,10 +178,7 @@ class LoadOptions:
         if not all(d is None or isinstance(d, torch.dtype) for d in dtypes):
             raise ValueError(f"dtype must be a torch.dtype (e.g. torch.float16), a mapping component -> dtype or None, "
                              f"got {self.dtype!r}")
-        if self.variant is not None and (not isinstance(self.variant, str) or not self.variant
-                                         or any(c in self.variant for c in "./\\")):
-            raise ValueError(f"variant must be a non-empty name without '.' or '/' (e.g. 'fp16') or None, got "
-                             f"{self.variant!r}")
+        check_variant(self.variant)
         if self.device_map is not None and self.device_map not in _supported_device_maps():
             raise ValueError(f"device_map={self.device_map!r} is not supported: use None or one of "
                              f"{_supported_device_maps()} (every component on that device; diffusers' 'balanced' "

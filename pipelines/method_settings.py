@@ -100,9 +100,21 @@ class MethodSettingsMixin:
                               lambda name: self.speculation_settings.config_for(name, request))
 
     def build_method(self, method: str | MethodConfig, request: BuildRequest) -> tuple[MethodConfig | None, MethodPlan]:
-        """Resolve ``method`` and build its drafter, rule and loop for one call (target-only for "none")."""
+        """Resolve ``method`` and build its drafter, rule and loop for one call (target-only for "none").
+
+        Raises:
+            TypeError: a method (one registered from outside, typically) whose ``build()`` returned something
+                other than a :class:`~mmspec.methods.MethodPlan`, naming the method and its config class.
+        """
         config = self.resolve_method(method, request)
-        return config, (MethodPlan() if config is None else config.build(self, request))
+        if config is None:
+            return None, MethodPlan()
+        plan = config.build(self, request)
+        if not isinstance(plan, MethodPlan):
+            raise TypeError(f"method {config.name!r} ({type(config).__name__}.build) returned "
+                            f"{type(plan).__name__}, expected a MethodPlan (drafter, rule, loop) for "
+                            f"{type(self).__name__}")
+        return config, plan
 
     def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
         """The pipeline folder plus ``speculation_config.json`` (when any method has stored settings)."""

@@ -33,6 +33,7 @@ from diffusers.pipelines.pipeline_loading_utils import ALL_IMPORTABLE_CLASSES, L
 
 from mmspec.pipelines.hub import (
     LoadOptions,
+    check_variant,
     is_allowed_library,
     load_components,
     locate_pretrained,
@@ -159,6 +160,16 @@ class PretrainedPipelineMixin:
         elif settings is not None:
             raise ValueError(f"{cls.__name__} has no stored method settings: speculation_settings is not an argument")
         return pipe
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs: Any) -> None:
+        """diffusers' ``save_pretrained``, after checking what would otherwise fail half-way or write outside the
+        folder: ``variant`` must be a plain name (:func:`~.hub.check_variant`: it is part of every weights
+        file's name) and ``save_directory`` must not be an existing file. Raises ValueError naming either."""
+        check_variant(kwargs.get("variant"))
+        if Path(save_directory).is_file():
+            raise ValueError(f"save_directory {os.fspath(save_directory)!r} is a file, not a folder to save the "
+                             "pipeline in")
+        super().save_pretrained(save_directory, **kwargs)  # type: ignore[misc]
 
     @classmethod
     def _fallback_component(cls, name: str, folder: Path, components: dict[str, Any]) -> Any:

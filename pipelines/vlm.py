@@ -55,7 +55,7 @@ from mmspec.methods import SETTINGS_FILE, BuildRequest, MethodConfig
 from mmspec.methods.vlm_heads import bind_head, draft_component
 from mmspec.models.vlm_prompts import format_vlm_prompt
 from mmspec.models.vlm_targets import VLMRunner, vlm_family
-from mmspec.pipelines.callbacks import StepCallback
+from mmspec.pipelines.callbacks import PartialTokens, PipelineInterrupted, StepCallback
 from mmspec.pipelines.generators import check_generator, row_callbacks, split_generators
 from mmspec.pipelines.method_settings import MethodSettingsMixin, MovedKeywords, reject_removed_keywords
 from mmspec.pipelines.pretrained import PretrainedPipelineMixin
@@ -63,6 +63,7 @@ from mmspec.sampling import SamplingConfig
 from mmspec.shared_locks import shared_lock
 from mmspec.speculate import speculative_generate
 from mmspec.stats import SpecStats
+from mmspec.validation import check_position_limits, max_position_embeddings
 
 _DRAFTING = ("eagle", "flash", "vispec", "specvlm", "draft_vlm")
 #: The method keywords ``__call__`` took before methods became configs: keyword -> (config field, methods whose
@@ -254,7 +255,7 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
         declare one; :attr:`~mmspec.methods.vlm_heads.VLMDraftConfig.component`)."""
         component = draft_component(method)
         names = ["target"] + ([component] if component else [])
-        limits = {name: _max_positions(getattr(self, name)) for name in names}
+        limits = {name: max_position_embeddings(getattr(self, name)) for name in names}
         return {name: limit for name, limit in limits.items() if limit is not None}
 
     def check_context_length(self, batch: _Batch, max_new_tokens: int, method: str | MethodConfig | None) -> None:
@@ -269,18 +270,7 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
         mask = batch.inputs.get("attention_mask")
         ids = batch.inputs["input_ids"]
         prompt = int(mask.sum(-1).max()) if mask is not None else int(ids.shape[-1])
-        for name, limit in self.position_limits(method).items():
-            if prompt + max_new_tokens <= limit:
-                continue
-            model = "the target's" if name == "target" else f"the {name}'s"
-            if prompt >= limit:
-                raise ValueError(f"the prompt takes {prompt} positions (image and video tokens included), but "
-                                 f"{model} max_position_embeddings is {limit}: shorten the prompt or use fewer "
-                                 "images or video frames")
-            raise ValueError(f"the prompt takes {prompt} positions (image and video tokens included) and "
-                             f"max_new_tokens={max_new_tokens} more, but {model} max_position_embeddings is "
-                             f"{limit}: lower max_new_tokens to at most {limit - prompt}, shorten the prompt or "
-                             "use fewer images or video frames")
+        check_position_limits(prompt, max_new_tokens, self.position_limits(method))
 
     def check_inputs(self, method: Any, max_new_tokens: Any, sampling: SamplingConfig, generator: Any) -> None:
         """The checks that need no encoding: the method (a name of this family or one of its configs), the
@@ -328,6 +318,9 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
                 timestep, callback_kwargs) -> dict``; ``timestep`` is the tokens the longest answer has so far and
                 ``callback_kwargs`` holds the tensors named in ``callback_on_step_end_tensor_inputs``:
                 ``"new_tokens"`` ``[B, M]`` (-1 pad), ``"drafted"`` ``[B, M]`` (default: both). Read-only.
+                Setting ``pipeline._interrupt = True`` in it stops the call after that round, as in diffusers:
+                the answers so far are returned (with a list of generators, the prompts not started yet get
+                their first token only).
             streamer: a transformers streamer (``put(ids)``, ``end()``), batch 1 only. It gets the prompt's ids
                 first, then the answer round by round, as from transformers' ``generate`` (so ``skip_prompt``
                 works).
@@ -361,11 +354,15 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         if streamer is not None:
             streamer.put(input_ids.cpu())  # the prompt first, as transformers' generate does
-        with self._round_callback(max_new_tokens, step_callback, streamer) as on_round:
-            out = (plan.loop or speculative_generate)(
-                target, plan.drafter, input_ids, attention_mask, max_new_tokens=max_new_tokens, sampling=sampling,
-                rule=plan.rule, eos_token_id=self.eos_token_ids or None, pad_token_id=pad, generator=generator,
-                callback=on_round, **inputs)
+        partial, stats = PartialTokens(rows, max_new_tokens, pad), SpecStats()
+        with self._round_callback(max_new_tokens, step_callback, streamer, partial) as on_round:
+            try:
+                out = (plan.loop or speculative_generate)(
+                    target, plan.drafter, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                    sampling=sampling, rule=plan.rule, eos_token_id=self.eos_token_ids or None, pad_token_id=pad,
+                    generator=generator, stats=stats, callback=on_round, **inputs)
+            except PipelineInterrupted:  # pipe._interrupt set by a callback: the answers so far
+                out = partial.output(stats, input_ids.device)
         # 5. Decode the text.
         output = self.decode_output(out, config, plan.drafter, target)
         self.maybe_free_model_hooks()  # model CPU offload: every model back to the CPU
@@ -399,14 +396,16 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
                          return_penultimate=bool(getattr(config, "needs_penultimate", False)))
 
     @contextmanager
-    def _round_callback(self, max_new_tokens: int, step_callback: StepCallback,
-                        streamer: Any) -> Iterator[Callable[[torch.Tensor, torch.Tensor], None]]:
-        """The loop's per-round callback: advances the progress bar (by the longest row), feeds the streamer
-        (row 0) and calls ``callback_on_step_end``; the streamer is ended once the loop has returned."""
+    def _round_callback(self, max_new_tokens: int, step_callback: StepCallback, streamer: Any,
+                        partial: PartialTokens) -> Iterator[Callable[[torch.Tensor, torch.Tensor], None]]:
+        """The loop's per-round callback: records the round's tokens (``partial``), advances the progress bar
+        (by the longest row), feeds the streamer (row 0), calls ``callback_on_step_end`` and then stops the
+        loop if the pipeline was interrupted; the streamer is ended once the loop has returned."""
         progress = self.progress_bar(total=max_new_tokens)
         rounds, longest = [0], [0]
 
         def on_round(new_tokens: torch.Tensor, drafted: torch.Tensor) -> None:
+            partial.add(new_tokens, drafted)
             counts = (new_tokens >= 0).sum(1)
             step = int(counts.max())
             progress.update(min(step, max_new_tokens - longest[0]))
@@ -416,6 +415,7 @@ class VLMPipeline(MethodSettingsMixin, PretrainedPipelineMixin, PackedCPUGemmMix
             if step_callback.active:
                 step_callback(rounds[0], longest[0], {"new_tokens": new_tokens, "drafted": drafted})
             rounds[0] += 1
+            step_callback.stop_if_interrupted()
 
         try:
             yield on_round
@@ -494,17 +494,6 @@ class _IncrementalDecoder:
         previous = self.text.get(row, "")
         self.text[row] = text
         return text[len(previous):] if text.startswith(previous) else text
-
-
-def _max_positions(model: Any) -> int | None:
-    """``max_position_embeddings`` of a transformers VLM's language model or of a draft head's config (None
-    when it declares none)."""
-    config = getattr(model, "config", None)
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    value = config.get("max_position_embeddings") if isinstance(config, dict) else \
-        getattr(config, "max_position_embeddings", None)
-    return int(value) if value is not None else None
 
 
 def _prompts_and_frames(images: Any, prompt: Any, videos: Any) -> tuple[list[str], list[list[Any]], str]:

@@ -140,7 +140,7 @@ def test_sigterm_mid_write_leaves_the_old_file_or_nothing(tmp_path, existing):
     """, str(path))
     _terminate_after(child, "writing")
     assert (path.read_bytes() == b"old") if existing else not path.exists()
-    assert len(_leftovers(tmp_path)) == 1  # the killed writer's hidden temporary file, not an output
+    assert not _leftovers(tmp_path)  # the signal removed the temporary file before ending the process
 
 
 def test_sigterm_during_a_loop_of_png_writes_leaves_a_whole_png(tmp_path):
@@ -159,4 +159,30 @@ def test_sigterm_during_a_loop_of_png_writes_leaves_a_whole_png(tmp_path):
     with PIL.Image.open(path) as image:
         image.load()  # a truncated PNG raises here
         assert image.size == (256, 256)
-    assert all(name.startswith(".image.png.tmp-") for name in _leftovers(tmp_path))
+    assert not _leftovers(tmp_path)
+
+
+def test_a_program_that_handles_sigterm_itself_keeps_its_handler(tmp_path):
+    """The cleanup only replaces the default action: a program's own SIGTERM handler runs as before (here it
+    only records the signal, and the write completes)."""
+    path = tmp_path / "out.bin"
+    child = _start_child("""
+        import signal
+        seen = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
+        with files.atomic_write(sys.argv[1], "wb") as handle:
+            print("writing", flush=True)
+            while not seen:
+                time.sleep(0.01)
+            handle.write(b"whole")
+        assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+        print("done", flush=True)
+    """, str(path))
+    try:
+        assert child.stdout.readline().strip() == "writing"
+        child.send_signal(signal.SIGTERM)
+        assert child.stdout.readline().strip() == "done" and child.wait(timeout=30) == 0
+    finally:
+        child.kill()
+        child.stdout.close()
+    assert path.read_bytes() == b"whole" and not _leftovers(tmp_path)

@@ -13,7 +13,7 @@ from mmspec.models import shapes_vlm as sv
 from mmspec.models.vlm_drafters import EagleVLMHead
 from mmspec.pipelines import VLMPipeline
 from mmspec.pipelines.generate_cli import MAX_OUTPUT_SIDE, check_scale
-from mmspec.pipelines.vlm import _max_positions
+from mmspec.validation import max_position_embeddings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 LIMIT = 1024  # the zoo captioner's max_position_embeddings
@@ -75,8 +75,8 @@ def test_a_context_that_fits_exactly_runs(vlm):
 def test_position_limits_cover_the_target_and_the_methods_draft_model():
     """The target's language model and the drafting component's own limit (heads read the target's positions)."""
     head = EagleVLMHead(32, 40, max_position_embeddings=300)
-    assert _max_positions(head) == 300
-    assert _max_positions(object()) is None
+    assert max_position_embeddings(head) == 300
+    assert max_position_embeddings(object()) is None
 
 
 def test_zoo_position_limits(vlm):

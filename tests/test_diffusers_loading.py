@@ -135,6 +135,22 @@ def test_a_fresh_interpreter_needs_only_the_pipeline_import():
     assert result.stdout.split() == ["ARVideoPipeline", "ContinuousTokenizer", "WordTokenizer"]
 
 
+@pytest.mark.parametrize("order", ["import mmspec\nimport diffusers", "import diffusers\nimport mmspec"])
+def test_a_fresh_interpreter_needs_only_import_mmspec(order):
+    """After ``import mmspec`` alone (before or after diffusers), ``DiffusionPipeline.from_pretrained`` resolves
+    the folder's ``_class_name`` on diffusers, importing only the pipeline module it names; diffusers' own names
+    and its error for an unknown name are untouched."""
+    script = (f"import sys\n{order}\n"
+              "assert 'mmspec.pipelines.ar_image' not in sys.modules\n"
+              f"pipe = diffusers.DiffusionPipeline.from_pretrained({str(hub.zoo_dir() / 'shapes-t2i')!r})\n"
+              "print(type(pipe).__name__, 'mmspec.pipelines.ar_video' in sys.modules)\n"
+              "print(diffusers.ARImagePipeline is type(pipe), diffusers.UNet2DModel.__module__.split('.')[0])\n"
+              "try:\n    diffusers.NoSuchPipeline\nexcept AttributeError as error:\n    print('NoSuchPipeline' in str(error))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["ARImagePipeline", "False", "True", "diffusers", "True"]
+
+
 def test_pipeline_classes_are_exposed_on_diffusers_without_replacing_its_names():
     import diffusers
 
@@ -407,6 +423,93 @@ class Recorder(PipelineCallback):
     def callback_fn(self, pipeline, step_index, timestep, callback_kwargs):
         self.calls.append((step_index, sorted(callback_kwargs)))
         return callback_kwargs
+
+
+def _interrupt_at(step_to_stop: int, seen: list):
+    """A callback that sets ``pipeline._interrupt`` (diffusers' way to stop a call) at ``step_to_stop``."""
+
+    def callback(pipeline, step, timestep, callback_kwargs):
+        seen.append(step)
+        if step == step_to_stop:
+            pipeline._interrupt = True
+        return callback_kwargs
+
+    return callback
+
+
+@pytest.mark.parametrize("name, stop", [("ARImagePipeline", 1), ("VLMPipeline", 0)])
+def test_interrupt_set_in_a_callback_stops_the_call_with_the_output_so_far(name, stop, zoo, reference):
+    """As in diffusers: the call ends after the step whose callback set ``_interrupt`` and returns what it has
+    generated (a prefix of the uninterrupted greedy output; an image's other positions hold token 0); the next
+    call starts uninterrupted."""
+    pipe, seen, full = zoo(name), [], reference(name).flatten()
+    partial = short_call(pipe, callback_on_step_end=_interrupt_at(stop, seen)).flatten()
+    assert seen == list(range(stop + 1)) and pipe._interrupt
+    if name == "ARImagePipeline":
+        generated = int((partial != 0).nonzero().max()) + 1  # token 0 past what was generated
+        assert 1 < generated < full.numel() and torch.equal(partial[generated:], torch.zeros_like(partial[generated:]))
+    else:
+        generated = partial.numel()
+        assert 1 <= generated < full.numel()
+    assert torch.equal(partial[:generated], full[:generated])
+    assert_same_output(short_call(pipe), reference(name))  # the flag is reset by the next call
+
+
+def test_partial_tokens_join_the_steps_rows_without_their_padding():
+    """An interrupted token call's output: each row's committed tokens in order (the -1 padding of every step
+    left out, at most max_new_tokens), the drafted flags beside them, the rest padded."""
+    from mmspec.pipelines.callbacks import PartialTokens
+
+    partial = PartialTokens(batch=2, max_new_tokens=4, pad_token_id=9)
+    partial.add(torch.tensor([[5], [6]]), torch.tensor([[False], [False]]))
+    partial.add(torch.tensor([[7, 8, -1], [1, -1, -1]]), torch.tensor([[True, False, False], [False] * 3]))
+    partial.add(torch.tensor([[2, 3], [4, -1]]), torch.tensor([[True, True], [True, False]]))
+    out = partial.output(stats="stats")
+    assert out.sequences.tolist() == [[5, 7, 8, 2], [6, 1, 4, 9]] and out.lengths.tolist() == [4, 3]
+    assert out.drafted.tolist() == [[False, True, False, True], [False, False, True, False]]
+    assert out.stats == "stats"
+
+
+def test_interrupt_ends_a_continuous_image_after_the_pass_whose_callback_set_it(zoo):
+    """MAR's step is a target pass: the tokens generated so far are the uninterrupted call's (same seed), the
+    others zero, and the statistics count what was generated."""
+    pipe, prompt, seen = zoo("ContinuousARImagePipeline"), PROMPT["ContinuousARImagePipeline"], []
+    kwargs = dict(num_iter=4, num_diffusion_steps=2, output_type="latent")
+    full = pipe(prompt, generator=_seed(), **kwargs)
+    out = pipe(prompt, generator=_seed(), callback_on_step_end=_interrupt_at(1, seen), **kwargs)
+    assert seen == [0, 1]
+    made = out.tokens.flatten(1, 2).abs().sum(-1) > 0  # [1, L]: the grid positions generated
+    assert 0 < int(made.sum()) < made.numel() and out.stats.tokens == int(made.sum())
+    assert_same_output(out.tokens.flatten(1, 2)[made], full.tokens.flatten(1, 2)[made])
+
+
+def test_interrupt_ends_a_video_after_the_block_whose_callback_set_it(zoo):
+    """The video pipeline's step is a block: the call returns the blocks so far (the uninterrupted call's first
+    blocks, same seed) with their statistics; with a list of generators every video has that many blocks."""
+    pipe, prompt = zoo("ARVideoPipeline"), PROMPT["ARVideoPipeline"]
+    fb, seen = pipe.frames_per_block, []
+    kwargs = dict(num_blocks=3, num_inference_steps=1, output_type="latent")
+    full = pipe(prompt, generator=_seed(), **kwargs).latents
+    out = pipe(prompt, generator=_seed(), callback_on_step_end=_interrupt_at(1, seen), **kwargs)
+    assert seen == [0, 1] and out.latents.shape[1] == 2 * fb and out.stats.tokens == 2 * fb
+    assert_same_output(out.latents, full[:, :2 * fb])
+    assert out.stats.accepted.shape == (1, 2)
+    seen = []
+    both = pipe([prompt, prompt], generator=[_seed(1), _seed(2)], callback_on_step_end=_interrupt_at(0, seen),
+                **kwargs)
+    assert seen == [0] and both.latents.shape[:2] == (2, fb) and pipe._interrupt
+
+
+def test_interrupt_with_a_list_of_generators_ends_the_images_not_started_yet():
+    """With a list of generators each image is its own call: the interrupt ends the current one, and the images
+    not started yet stop after their first token."""
+    pipe, seen = _quiet(mmspec.pipelines.ARImagePipeline.from_pretrained("mmspec/shapes-t2i")), []
+    out = pipe(["a red circle", "a blue square"], method="eagle", do_sample=False, guidance_scale=1.0,
+               output_type="tokens", generator=[_seed(1), _seed(2)], callback_on_step_end=_interrupt_at(1, seen))
+    flat = out.tokens.flatten(1)
+    assert seen == [0, 1, 0]  # the first image's rounds 0 and 1, the second image's first token
+    assert int((flat[1] != 0).sum()) <= 1 and int((flat[0] != 0).sum()) > 1
+    assert not out.drafted.flatten(1)[1].any()
 
 
 @pytest.mark.parametrize("name", list(ZOO))

@@ -159,6 +159,22 @@ def test_no_citations_of_files_outside_the_repository(where):
     assert not hits, "citations of documents that are not in the repository:\n" + "\n".join(hits)
 
 
+#: An absolute path on a developer's or CI machine (``/work/main/...``, ``/home/me/...``): meaningless in a clone.
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:work|home|Users|root)/")
+
+
+def test_no_absolute_paths_of_a_developers_machine():
+    """The docs and scripts name paths relative to the checkout (or a variable such as ``$REPO``). The recorded
+    benchmark outputs under ``docs/benchmarks/`` are left out: they log the command exactly as it ran."""
+    files = [ROOT / "README.md", ROOT / "CHANGELOG.md",
+             *(p for p in (ROOT / "docs").rglob("*.md") if "benchmarks" not in p.relative_to(ROOT / "docs").parts),
+             *(p for p in (ROOT / "scripts").rglob("*") if p.is_file() and p.suffix in {".sh", ".py", ".md"})]
+    hits = [f"{_rel(path)}:{lineno}: {line.strip()[:120]}" for path in files
+            for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+            if MACHINE_PATH.search(line)]
+    assert not hits, "absolute paths of a developer's machine:\n" + "\n".join(hits)
+
+
 def test_slug_rules():
     assert github_slug("The full table (2026-11-28): every goal met, twice") == \
         "the-full-table-2026-11-28-every-goal-met-twice"

@@ -133,6 +133,12 @@ def test_bad_input(tmp_path, weights, scorer):
         cs.main([str(folder), "--prompts", str(tmp_path / "three.txt"), "--model", TINY,
                  "--pretrained", str(weights), "--output", str(out), "--no-progress"])
     assert not out.exists()
+    # a truncated PNG is reported by its name (PIL's own error names no file)
+    data = (folder / "b.png").read_bytes()
+    (folder / "b.png").write_bytes(data[: len(data) // 2])
+    (tmp_path / "two.txt").write_text("a\nb\n")
+    with pytest.raises(ValueError, match=r"cannot read the image .*imgs/b\.png"):
+        compute_clip_score(folder, tmp_path / "two.txt", scorer=scorer)
 
 
 def test_register_clip_config_leaves_no_temporary_files(tmp_path, monkeypatch):

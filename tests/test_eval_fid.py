@@ -173,6 +173,25 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
         load_feature_extractor(nn.Identity())
 
 
+def test_a_truncated_png_is_reported_by_its_file_name(tmp_path):
+    """A PNG cut short (a killed writer outside mmspec's atomic writes) fails with the file's name, not PIL's
+    bare "image file is truncated", and the command line writes nothing."""
+    (tmp_path / "ok").mkdir()
+    for i in range(3):
+        Image.new("RGB", (8, 8), (i * 50, 0, 0)).save(tmp_path / "ok" / f"{i}.png")
+    (tmp_path / "cut").mkdir()
+    for i in range(3):
+        Image.effect_noise((64, 64), 50).convert("RGB").save(tmp_path / "cut" / f"{i}.png")
+    data = (tmp_path / "cut" / "1.png").read_bytes()
+    (tmp_path / "cut" / "1.png").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"cannot read the image .*cut/1\.png.*truncated"):
+        compute_fid(tmp_path / "ok", tmp_path / "cut", MeanColor())
+    out = tmp_path / "fid.json"
+    with pytest.raises(ValueError, match=r"cut/1\.png"):
+        fidmod.main([str(tmp_path / "ok"), str(tmp_path / "cut"), "--output", str(out), "--no-progress"])
+    assert not out.exists()
+
+
 def test_cli_failure_leaves_no_output(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "ok").mkdir()

@@ -225,6 +225,22 @@ def test_shapes_ground_truth_scores_one_and_wrong_images_drop(tmp_path):
     assert drop["color_attr"]["accuracy"] == 0.0 and drop["counting"]["accuracy"] == 0.0  # counts are >= 2
 
 
+def test_evaluate_reports_a_truncated_png_by_its_file_name(tmp_path):
+    """A sample PNG cut short fails the evaluation naming that file (PIL's own error names none), and the
+    command line writes no results file."""
+    rows = generate_shapes_metadata(n_per_category=1, seed=0)[:2]
+    generate_images(shapes_ground_truth_generator(), rows, tmp_path / "gt", 1, seed=0, progress=False)
+    sample = sorted((tmp_path / "gt").glob("*/samples/*.png"))[1]
+    data = sample.read_bytes()
+    sample.write_bytes(data[: len(data) // 2])
+    relative = sample.relative_to(tmp_path / "gt")
+    with pytest.raises(ValueError, match=f"cannot read the image .*{relative}"):
+        evaluate_folder(tmp_path / "gt", progress=False)
+    with pytest.raises(ValueError, match=str(relative)):
+        gv.main(["evaluate", str(tmp_path / "gt"), "--out", str(tmp_path / "r.jsonl"), "--no-progress"])
+    assert not (tmp_path / "r.jsonl").exists()
+
+
 def test_shapes_detector_matches_the_scene():
     from mmspec.world.prompts import make_prompt_set, scene_for_prompt
     from mmspec.world.render import render_scene
@@ -411,6 +427,21 @@ def test_interrupted_generation_is_resumed(tmp_path):
 # --------------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--n-per-category", "--images-per-prompt"])
+@pytest.mark.parametrize("value", ["0", "-3"])
+def test_cli_counts_below_one_are_refused_before_anything_is_written(option, value, tmp_path, capsys):
+    """A count of zero prompts or images would write an empty prompt file or an empty layout: argparse refuses it,
+    naming the option, and writes nothing."""
+    command = "prompts" if option == "--n-per-category" else "generate"
+    args = ["--world", "shapes", "--out", str(tmp_path / "p.jsonl")] if command == "prompts" else \
+        ["--world", "shapes", "--ground-truth", "--outdir", str(tmp_path / "gt")]
+    with pytest.raises(SystemExit) as caught:
+        gv.main([command, *args, option, value])
+    assert caught.value.code == 2
+    assert f"argument {option}: must be >= 1" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 def test_cli_prompts_generate_evaluate_summary(tmp_path, capsys):

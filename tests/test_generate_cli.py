@@ -299,3 +299,68 @@ def test_benchmark_case_mulo_models_replace_the_drafter_and_up_sampler(folder, t
         with bench_ar_image.drafting_with_mulo(pipe, str(tmp_path / "misfit")):
             pass
     assert (pipe.mulo_drafter, pipe.mulo_upsampler) == own
+
+
+@pytest.mark.parametrize("layout", ["file", "under_a_file", "read_only"])
+def test_generate_checks_the_outdir_before_loading_anything(tmp_path, capsys, monkeypatch, layout):
+    """A bad ``--outdir`` ends the command before the pipeline loads (no run is wasted), naming the folder."""
+    import os
+
+    from mmspec.pipelines import generate_cli
+
+    loads = []
+    monkeypatch.setattr(generate_cli, "load_pipeline", lambda *args, **kwargs: loads.append(args))
+    target, expected = {"file": (tmp_path / "taken", "is a file, not a folder"),
+                        "under_a_file": (tmp_path / "taken" / "sub", "cannot be created"),
+                        "read_only": (tmp_path / "locked" / "sub", "is not writable")}[layout]
+    (tmp_path / "taken").write_text("x")
+    (tmp_path / "locked").mkdir(mode=0o500)
+    if layout == "read_only" and os.access(tmp_path / "locked", os.W_OK):
+        pytest.skip("this user writes into read-only folders (root)")
+    with pytest.raises(SystemExit) as info:
+        cli_main(["generate", "a red circle", "--outdir", str(target)])
+    assert f"--outdir {target}" in str(info.value) and expected in str(info.value)
+    assert loads == []
+    assert (tmp_path / "taken").read_text() == "x" and not (tmp_path / "locked" / "sub").exists()
+
+
+def test_generate_help_gives_every_option_help_and_its_default_and_the_lossless_methods(capsys):
+    from mmspec.cli import build_parser
+    from mmspec.pipelines.generate_cli import lossless_methods
+
+    with pytest.raises(SystemExit):
+        cli_main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
+    assert set(lossless_methods()) == {"none", "eagle", "sjd", "scd"}
+    assert "lossless (exactly the target's distribution): none, eagle, scd, sjd" in text
+    sub = next(action for action in build_parser("generate")._actions if action.dest == "command").choices["generate"]
+    for action in sub._actions:
+        if action.dest == "help":
+            continue
+        assert action.help, f"{action.option_strings or action.dest} has no help"
+        if action.option_strings and action.nargs != 0:  # a value option states its default
+            assert "default" in action.help, f"{action.option_strings} does not state its default"
+
+
+def test_generate_without_accelerate_prints_no_low_memory_warning(tmp_path, folder):
+    """Without accelerate the pipelines load with ``low_cpu_mem_usage=False`` by default, so diffusers does not
+    warn once per model that it falls back."""
+    import subprocess
+    import sys
+
+    script = (
+        "import importlib.machinery, sys\n"
+        "find = importlib.machinery.PathFinder.find_spec\n"
+        "def hide(*args, **kwargs):\n"
+        "    args = [a for a in args if not isinstance(a, importlib.machinery.PathFinder)]\n"
+        "    return None if args[0].split('.')[0] == 'accelerate' else find(*args, **kwargs)\n"
+        "importlib.machinery.PathFinder.find_spec = hide\n"
+        "from mmspec.cli import main\n"
+        "from mmspec.pipelines.hub import LoadOptions\n"
+        "assert 'accelerate' not in sys.modules and LoadOptions().low_cpu_mem_usage is False\n"
+        "sys.exit(main(sys.argv[1:]))\n")
+    result = subprocess.run([sys.executable, "-c", script, "generate", "a red circle", "--pipeline", str(folder),
+                             "--outdir", str(tmp_path / "out"), "--repeats", "1", "--no-baseline", "--greedy"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "accelerate" not in result.stderr and "wrote 1 images" in result.stdout

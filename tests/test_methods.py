@@ -87,6 +87,15 @@ def test_stored_settings_resolve_by_decoding_mode_and_batch():
     ({"eagle": {"settings": {}, "extra": 1}}, "'settings' and optional 'variants'"),
     ({"nope": {"settings": {}}}, "unknown method 'nope'"),
     ({"cspd": {"settings": {}}}, "cspd"),
+    ({"eagle": {"variants": [{"when": {"greedy": "yes"}, "settings": {}}]}},
+     "variant 0 of 'eagle': condition 'greedy' must be true or false, got 'yes'"),
+    ({"eagle": {"variants": [{"when": {"batch_size": 0}, "settings": {}}]}}, "'batch_size' must be an integer >= 1"),
+    ({"eagle": {"variants": [{"when": {"min_batch_size": True}, "settings": {}}]}}, "'min_batch_size' must be an"),
+    ({"eagle": {"settings": [1, 2]}}, "the 'settings' of 'eagle' must be a JSON object.*got list"),
+    ({"eagle": {"variants": {"when": {}}}}, "the 'variants' of 'eagle' must be a list"),
+    ({"eagle": {"variants": [[1]]}}, "variant 0 of 'eagle' must be an object"),
+    ({"eagle": {"variants": [{"when": {}, "settings": 3}]}}, "variant 0 of 'eagle': its 'settings' must be a JSON"),
+    ({"eagle": {"variants": [{"when": [], "settings": {}}]}}, "variant 0 of 'eagle': its 'when' must be a JSON"),
 ])
 def test_bad_stored_settings_name_what_is_wrong(data, match):
     with pytest.raises(ValueError, match=match):
@@ -101,6 +110,14 @@ def test_settings_files_round_trip(tmp_path):
     assert SpeculationSettings.load("ar_image", tmp_path / "empty").config_for("mulo", SAMPLED) == MuLoConfig()
     (tmp_path / methods.SETTINGS_FILE).write_text("{not json")
     with pytest.raises(ValueError, match="speculation_config.json is not valid JSON"):
+        SpeculationSettings.load("ar_image", tmp_path)
+
+
+def test_a_folder_named_like_the_settings_file_is_refused(tmp_path):
+    """A directory where ``speculation_config.json`` should be is not "no stored settings": it is refused, naming
+    the path, so a broken checkpoint does not silently run every method at its defaults."""
+    (tmp_path / methods.SETTINGS_FILE).mkdir()
+    with pytest.raises(ValueError, match=f"{methods.SETTINGS_FILE} is not a file"):
         SpeculationSettings.load("ar_image", tmp_path)
 
 

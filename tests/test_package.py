@@ -21,6 +21,19 @@ def test_import_mmspec_pulls_no_optional_dependency():
     assert out.stdout.strip() == "ok"
 
 
+def test_python_dash_m_mmspec_is_the_cli():
+    """``python -m mmspec`` runs the same command line as the ``mmspec`` console script."""
+    import mmspec
+
+    out = subprocess.run([sys.executable, "-m", "mmspec", "--version"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"mmspec {mmspec.__version__}"
+    out = subprocess.run([sys.executable, "-m", "mmspec", "generate", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("usage: mmspec generate") and "--outdir" in out.stdout
+
+
 def test_cli_info_runs():
     out = subprocess.run([sys.executable, "-m", "mmspec.cli", "info"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -138,3 +151,40 @@ def test_wheel_installs_and_decodes_like_the_checkout():
                          timeout=1200)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "wheel smoke test passed: vlm, ar_image, continuous, video" in out.stdout
+
+
+def test_sdist_and_wheel_carry_the_changelog_and_complete_metadata(tmp_path):
+    """Built as a release is (the sdist from the tracked files, the wheel from the unpacked sdist): CHANGELOG.md
+    is in both, and the wheel's METADATA names the authors, the classifiers and the license."""
+    import shutil
+    import tarfile
+    import zipfile
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    source = tmp_path / "source"
+    for name in filter(None, listed.stdout.split("\0")):
+        if (root / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / name, source / name)
+    build = "from setuptools import build_meta as b; import sys; print(getattr(b, sys.argv[1])(sys.argv[2]))"
+    sdist = subprocess.run([sys.executable, "-c", build, "build_sdist", str(tmp_path)], cwd=source,
+                           capture_output=True, text=True, timeout=300)
+    assert sdist.returncode == 0, sdist.stderr[-2000:]
+    archive = tmp_path / sdist.stdout.strip().splitlines()[-1]
+    with tarfile.open(archive) as tar:
+        assert any(name.endswith("/CHANGELOG.md") for name in tar.getnames())
+        tar.extractall(tmp_path / "unpacked", filter="data")
+    unpacked = next((tmp_path / "unpacked").iterdir())
+    wheel = subprocess.run([sys.executable, "-c", build, "build_wheel", str(tmp_path)], cwd=unpacked,
+                           capture_output=True, text=True, timeout=300)
+    assert wheel.returncode == 0, wheel.stderr[-2000:]
+    with zipfile.ZipFile(tmp_path / wheel.stdout.strip().splitlines()[-1]) as whl:
+        names = whl.namelist()
+        metadata = whl.read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert any(name.endswith("data/share/doc/mmspec/CHANGELOG.md") for name in names)
+    assert "Author: The mmspec authors" in metadata and "License-Expression: Apache-2.0" in metadata
+    assert "Classifier: Programming Language :: Python :: 3.11" in metadata and "Classifier: Typing :: Typed" in metadata

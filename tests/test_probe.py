@@ -64,6 +64,7 @@ CORE_CASES = {
     "SamplingConfig top_p": ("top_p", [0.0, 1.5, math.nan]),
     "SamplingConfig guidance_scale": ("guidance_scale", [-1.0, math.inf, math.nan]),
     "SamplingConfig top_k": ("top_k", [-1]),
+    "SamplingConfig do_sample": ("do_sample", ["yes", 1, None]),
 }
 
 
@@ -78,6 +79,22 @@ def test_sampling_config_refuses_out_of_range_values(case):
 def test_sample_refuses_rows_that_are_not_distributions(row):
     probs = torch.tensor([[0.2, 0.3, 0.5], row])
     refused(lambda: sample(probs, torch.Generator().manual_seed(0)), "row [1]")
+
+
+@pytest.mark.parametrize("field", ["top_k", "total_tokens"])
+@pytest.mark.parametrize("value", [0, 10**6, 2.0, True])
+def test_tree_config_refuses_sizes_outside_its_limits(field, value):
+    """A tree of thousands of nodes makes every round slower than plain decoding (and 10**6 branches fail inside
+    ``topk``): each size is bounded by :data:`~mmspec.validation.TREE_LIMITS`, the largest still accepted. The
+    depth only has to be positive (a tree is never deeper than its nodes nor than what is left)."""
+    from mmspec import TreeConfig
+    from mmspec.validation import TREE_LIMITS
+
+    refused(lambda: TreeConfig(**{field: value}), f"TreeConfig.{field}")
+    assert TreeConfig(**{field: TREE_LIMITS[field]}) is not None
+    refused(lambda: TreeConfig(depth=10**6, top_k=10**6, total_tokens=10**6), "TreeConfig.top_k")
+    refused(lambda: TreeConfig(depth=0), "TreeConfig.depth")
+    assert TreeConfig(depth=10**6, total_tokens=16).depth == 10**6
 
 
 def test_verify_tokens_refuses_bad_shapes_ids_and_values():
@@ -111,7 +128,8 @@ T2I_CASES = [
     ({"guidance_scale": -1.0}, "guidance_scale"), ({"guidance_scale": math.inf}, "guidance_scale"),
     ({"guidance_scale": math.nan}, "guidance_scale"), ({"guidance_scale": "x"}, "guidance_scale"),
     ({"num_images_per_prompt": 0}, "num_images_per_prompt"), ({"num_images_per_prompt": 1.5}, "num_images_per_prompt"),
-    ({"num_images_per_prompt": True}, "num_images_per_prompt"),
+    ({"num_images_per_prompt": True}, "num_images_per_prompt"), ({"num_images_per_prompt": 10**6}, "num_images_per_prompt"),
+    ({"do_sample": "yes"}, "do_sample"), ({"do_sample": 1}, "do_sample"),
     ({"output_type": "jpeg"}, "output_type"), ({"callback_on_step_end": 5}, "callback_on_step_end"),
     ({"generator": "seed"}, "generator"),
 ]
@@ -127,6 +145,7 @@ VLM_CASES = [
     ({"prompt": 123}, "prompt"), ({"prompt": ["describe the image.", 5]}, "prompt"),
     ({"method": "nope"}, "method"), ({"max_new_tokens": 0}, "max_new_tokens"),
     ({"max_new_tokens": 1.5}, "max_new_tokens"), ({"max_new_tokens": -3}, "max_new_tokens"),
+    ({"do_sample": "yes"}, "do_sample"),
     ({"do_sample": True, "temperature": math.nan}, "temperature"),
     ({"do_sample": True, "temperature": 1e-45}, "temperature"), ({"top_p": 2.0}, "top_p"),
     ({"num_draft_tokens": 0}, "num_draft_tokens"), ({"images": "not an image"}, "images"),
@@ -149,7 +168,8 @@ CONTINUOUS_CASES = [
     ({"method": "nope"}, "method"), ({"temperature": math.inf}, "temperature"),
     ({"temperature": math.nan}, "temperature"), ({"temperature": 0.0}, "temperature"),
     ({"guidance_scale": math.inf}, "guidance_scale"), ({"guidance_scale": -1.0}, "guidance_scale"),
-    ({"num_images_per_prompt": 0}, "num_images_per_prompt"), ({"output_type": "jpeg"}, "output_type"),
+    ({"num_images_per_prompt": 0}, "num_images_per_prompt"), ({"num_images_per_prompt": 10**6}, "num_images_per_prompt"),
+    ({"output_type": "jpeg"}, "output_type"),
     ({"prompt": ""}, "prompt"), ({"prompt": 3}, "prompt"),
 ]
 
@@ -163,7 +183,8 @@ def test_continuous_pipeline_refuses(continuous, bad, argument):
 VIDEO_CASES = [
     ({"method": "nope"}, "method"), ({"guidance_scale": math.inf}, "guidance_scale"),
     ({"guidance_scale": math.nan}, "guidance_scale"), ({"num_videos_per_prompt": 0}, "num_videos_per_prompt"),
-    ({"num_inference_steps": 0}, "num_inference_steps"), ({"tau": "x"}, "tau"), ({"tau": math.nan}, "tau"),
+    ({"num_inference_steps": 0}, "num_inference_steps"), ({"num_inference_steps": 10**5}, "num_inference_steps"),
+    ({"num_videos_per_prompt": 10**6}, "num_videos_per_prompt"), ({"tau": "x"}, "tau"), ({"tau": math.nan}, "tau"),
     ({"output_type": "mp4"}, "output_type"), ({"prompt": 7}, "prompt"), ({"num_blocks": 0}, "num_blocks"),
     ({"num_blocks": 10**6}, "num_blocks"),
 ]
@@ -184,3 +205,70 @@ def test_from_pretrained_names_the_missing_folder(pipeline_class, tmp_path):
     with pytest.raises((OSError, ValueError)) as caught:
         pipeline_class.from_pretrained("mmspec/shapes-nothing")
     assert "shapes-nothing" in str(caught.value)
+
+
+@pytest.mark.parametrize("zoo_id", ["mmspec/../../x", "mmspec/..", "mmspec/shapes-t2i/../shapes-vlm", "mmspec/a\\b"])
+def test_zoo_ids_cannot_leave_the_zoo(zoo_id, tmp_path, monkeypatch):
+    """A zoo id names one folder of the bundled zoo: a path out of it is refused before anything is read, even
+    when it reaches a real pipeline folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x").mkdir()
+    ARImagePipeline.from_pretrained("mmspec/shapes-t2i").save_pretrained(tmp_path / "x")  # a loadable target
+    refused(lambda: ARImagePipeline.from_pretrained(zoo_id), "pretrained_model_name_or_path")
+
+
+def test_a_local_folder_named_like_a_zoo_id_is_not_shadowed(tmp_path, monkeypatch):
+    """``mmspec/<name>`` that is also a folder of the working directory: loaded when the zoo has no such entry,
+    refused (naming both) when it has one; ``./mmspec/<name>`` always means the folder."""
+    monkeypatch.chdir(tmp_path)
+    pipe = ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
+    pipe.save_pretrained(tmp_path / "mmspec" / "my-pipe")
+    loaded = ARImagePipeline.from_pretrained("mmspec/my-pipe")
+    assert Path(loaded.config._name_or_path).resolve() == (tmp_path / "mmspec" / "my-pipe").resolve()
+    pipe.save_pretrained(tmp_path / "mmspec" / "shapes-t2i")
+    with pytest.raises(ValueError, match="both the zoo id.*pass ./mmspec/shapes-t2i"):
+        ARImagePipeline.from_pretrained("mmspec/shapes-t2i")
+    loaded = ARImagePipeline.from_pretrained("./mmspec/shapes-t2i")
+    assert Path(loaded.config._name_or_path).resolve() == (tmp_path / "mmspec" / "shapes-t2i").resolve()
+
+
+@pytest.mark.parametrize("variant", ["../x", "a/b", "fp16.x", "", 16])
+def test_save_pretrained_refuses_a_variant_that_is_not_a_plain_name(t2i, variant, tmp_path):
+    """The variant is part of every weights file's name: ``"../x"`` would write weights beside the folder. It is
+    refused before anything is written."""
+    refused(lambda: t2i.save_pretrained(tmp_path / "pipe", variant=variant), "variant")
+    assert not list(tmp_path.iterdir())
+
+
+def test_save_pretrained_refuses_a_file_as_the_folder(t2i, tmp_path):
+    (tmp_path / "pipe").write_text("not a folder")
+    refused(lambda: t2i.save_pretrained(tmp_path / "pipe"), "save_directory")
+    assert (tmp_path / "pipe").read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("returned", [None, {"drafter": None}, "plan"])
+def test_a_method_whose_build_returns_no_plan_is_named(t2i, returned):
+    """A method registered from outside whose ``build()`` returns something else than a MethodPlan: the error
+    names the method, its config class and what was expected, before the loop runs."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from mmspec import methods
+    from mmspec.methods import MethodConfig
+
+    @dataclass(frozen=True)
+    class NoPlan(MethodConfig):
+        pipelines: ClassVar[tuple[str, ...]] = ("ar_image",)
+
+        def build(self, pipeline, request):
+            return returned
+
+    methods.register("no_plan_probe", NoPlan)
+    try:
+        with pytest.raises(TypeError) as caught:
+            t2i("a red circle", method="no_plan_probe", output_type="tokens")
+    finally:
+        methods.unregister("no_plan_probe")
+    message = str(caught.value)
+    assert "'no_plan_probe'" in message and "NoPlan.build" in message and "expected a MethodPlan" in message
+    assert type(returned).__name__ in message

@@ -93,6 +93,38 @@ def test_a_draft_is_required_and_must_share_the_vocabulary(zoo_vlm):
                              draft_model=tiny_llama(dtype=torch.float32))
 
 
+@pytest.mark.parametrize("draft", ["foo", 3, torch.zeros(2)])
+def test_a_draft_model_that_is_no_model_is_refused_by_name(zoo_vlm, draft):
+    pipe, inputs = zoo_vlm
+    with pytest.raises(TypeError, match=f"draft_model must be an mmspec draft head .*got {type(draft).__name__}"):
+        pipe.target.generate(**inputs, max_new_tokens=4, custom_generate=speculative_custom_generate,
+                             draft_model=draft)
+
+
+def test_generation_past_a_models_position_limit_is_refused(zoo_vlm, monkeypatch):
+    """As in VLMPipeline: the prompt plus max_new_tokens must fit the target's and the draft's
+    max_position_embeddings, checked before any forward (past it a model answers nonsense without error)."""
+    from mmspec.validation import max_position_embeddings
+
+    pipe, inputs = zoo_vlm
+    limit = max_position_embeddings(pipe.target)
+    prompt = int(inputs["attention_mask"].sum(-1).max())
+    with pytest.raises(ValueError, match=f"max_new_tokens={limit - prompt + 1} more, but the target's "
+                                         f"max_position_embeddings is {limit}"):
+        pipe.target.generate(**inputs, max_new_tokens=limit - prompt + 1, custom_generate=speculative_custom_generate,
+                             draft_model=pipe.flash_head)
+    # a draft with a shorter limit than the target's bounds the generation too
+    config = pipe.flash_head.config
+    if isinstance(config, dict):
+        monkeypatch.setitem(config, "max_position_embeddings", prompt + 8)
+    else:
+        monkeypatch.setattr(config, "max_position_embeddings", prompt + 8)
+    assert max_position_embeddings(pipe.flash_head) == prompt + 8
+    with pytest.raises(ValueError, match="max_new_tokens=9 more, but the draft_model's max_position_embeddings"):
+        pipe.target.generate(**inputs, max_new_tokens=9, custom_generate=speculative_custom_generate,
+                             draft_model=pipe.flash_head)
+
+
 def test_qwen2_vl_through_generate_is_refused_with_the_reason():
     """Qwen2-VL's M-RoPE positions need the image grid, which generate() drops before a custom_generate runs:
     a clear NotImplementedError, not a wrong answer."""

@@ -440,7 +440,7 @@ def test_drafter_sampling_defaults_are_saved_with_the_pipeline(pipe, tmp_path):
     assert_same_across_instances(overridden.latents, pipe(PROMPTS[0], "draft", guidance_scale=3.0, generator=gen(),
                                                           output_type="latent").latents)
     assert pipe.config.draft_num_inference_steps is None  # a pipeline without settings drafts as the target
-    for bad, match in (({"draft_num_inference_steps": 0}, "draft_num_inference_steps must be a positive integer"),
+    for bad, match in (({"draft_num_inference_steps": 0}, "draft_num_inference_steps must be an integer in \\[1, 1000\\]"),
                        ({"draft_guidance_scale": float("nan")}, "draft_guidance_scale must be a number")):
         with pytest.raises(ValueError, match=match):
             ARVideoPipeline(pipe.transformer, pipe.vae, pipe.drafter, pipe.text_tokenizer, **bad)

@@ -78,6 +78,9 @@ class MethodConfig:
     name: ClassVar[str] = ""
     #: the pipeline families the method runs in: "ar_image", "vlm", "continuous", "video"
     pipelines: ClassVar[tuple[str, ...]] = ()
+    #: whether the method, at its default settings, samples exactly the target's distribution (greedy: the
+    #: target's tokens); False for relaxed or routed acceptance. Command lines list the lossless methods.
+    lossless: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         self.validate()

@@ -48,6 +48,8 @@ class EagleConfig(MethodConfig):
             and verifies the tail alone (one image per call). None: the head drafts every round.
     """
 
+    lossless: ClassVar[bool] = True
+
     pipelines: ClassVar[tuple[str, ...]] = ("ar_image",)
     _nested_fields: ClassVar[dict[str, type]] = {"tree": TreeConfig}
 
@@ -98,6 +100,8 @@ class LanternConfig(EagleConfig):
         tree_path: how greedy decoding picks its path through an EAGLE-2 tree: "first_accepted" or
             "longest" (the released code's; see :attr:`~mmspec.rules.AcceptanceRule.tree_path`).
     """
+
+    lossless: ClassVar[bool] = False
 
     k: int | None = None
     delta: float = 0.1

@@ -38,6 +38,8 @@ class SJDConfig(MethodConfig):
         init: how fresh slots are filled: "random" (uniform tokens) or "left" (a copy of the slot before).
     """
 
+    lossless: ClassVar[bool] = True
+
     pipelines: ClassVar[tuple[str, ...]] = ("ar_image",)
 
     window: int = 16
@@ -78,6 +80,8 @@ class GSDConfig(SJDConfig):
     distance_space="input_embeddings", distance_threshold=math.sqrt(0.5)`` (it thresholds squared distances
     at 0.5).
     """
+
+    lossless: ClassVar[bool] = False
 
     group_size: int = 10
     prob_threshold: float = 0.15

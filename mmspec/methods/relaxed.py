@@ -8,7 +8,7 @@ The pipeline provides what :class:`~mmspec.methods.eagle.EagleConfig` needs, ``c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -33,6 +33,8 @@ class _RelaxedEagleConfig(EagleConfig):
         relaxation: "neighbors" (LANTERN++'s relaxed mass: p(x~) plus the nearest neighbours' mass within
             (lam - 1) p(x~)) or "scaled" (lam p(x~), no codebook needed).
     """
+
+    lossless: ClassVar[bool] = False
 
     k: int | None = None
     relaxation: str = "neighbors"

@@ -36,6 +36,24 @@ SETTINGS_FILE = "speculation_config.json"
 CONDITIONS = ("greedy", "batch_size", "min_batch_size")
 
 
+def _mapping(value: Any, what: str) -> Mapping[str, Any]:
+    """``value`` as a JSON object of a settings file, else ValueError naming ``what`` and what it got."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{what} must be a JSON object of field: value, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_condition(name: str, value: Any, what: str) -> None:
+    """A variant condition's value has the type its comparison needs: ``greedy`` a bool, ``batch_size`` and
+    ``min_batch_size`` an integer >= 1 (``{"greedy": "yes"}`` would otherwise never match, silently)."""
+    if name == "greedy":
+        ok, wanted = isinstance(value, bool), "true or false"
+    else:
+        ok, wanted = isinstance(value, int) and not isinstance(value, bool) and value >= 1, "an integer >= 1"
+    if not ok:
+        raise ValueError(f"{what}: condition {name!r} must be {wanted}, got {value!r}")
+
+
 @dataclass(frozen=True)
 class Variant:
     """Settings that apply when every condition of ``when`` holds for a call."""
@@ -92,14 +110,24 @@ class SpeculationSettings:
             if not isinstance(entry, Mapping) or set(entry) - {"settings", "variants"}:
                 raise ValueError(f"{where}: the entry of {name!r} must be an object with 'settings' and optional "
                                  f"'variants', got {entry!r}")
+            settings = _mapping(entry.get("settings", {}), f"{where}: the 'settings' of {name!r}")
+            variant_list = entry.get("variants", [])
+            if not isinstance(variant_list, list):
+                raise ValueError(f"{where}: the 'variants' of {name!r} must be a list of objects "
+                                 f"{{'when': ..., 'settings': ...}}, got {type(variant_list).__name__}")
             variants = []
-            for variant in entry.get("variants", []):
-                when = variant.get("when", {}) if isinstance(variant, Mapping) else None
-                if not isinstance(when, Mapping) or set(when) - set(CONDITIONS):
-                    raise ValueError(f"{where}: a variant of {name!r} has conditions {when!r}; allowed: "
-                                     f"{', '.join(CONDITIONS)}")
-                variants.append(Variant(dict(when), dict(variant.get("settings", {}))))
-            methods[name] = MethodSettings(dict(entry.get("settings", {})), tuple(variants))
+            for index, variant in enumerate(variant_list):
+                what = f"{where}: variant {index} of {name!r}"
+                if not isinstance(variant, Mapping) or set(variant) - {"when", "settings"}:
+                    raise ValueError(f"{what} must be an object with 'when' and 'settings', got {variant!r}")
+                when = _mapping(variant.get("when", {}), f"{what}: its 'when'")
+                if set(when) - set(CONDITIONS):
+                    raise ValueError(f"{what} has conditions {dict(when)!r}; allowed: {', '.join(CONDITIONS)}")
+                for condition, value in when.items():
+                    _check_condition(condition, value, what)
+                variants.append(Variant(dict(when), dict(_mapping(variant.get("settings", {}),
+                                                                  f"{what}: its 'settings'"))))
+            methods[name] = MethodSettings(dict(settings), tuple(variants))
         settings = cls(pipeline, methods, where)
         settings.check()
         return settings
@@ -123,6 +151,9 @@ class SpeculationSettings:
     def load(cls, pipeline: str, folder: str | os.PathLike) -> SpeculationSettings:
         """The settings saved in ``folder`` (none stored: an empty set, every method at its defaults)."""
         path = Path(folder) / SETTINGS_FILE
+        if path.exists() and not path.is_file():
+            raise ValueError(f"{path} is not a file: a pipeline folder's {SETTINGS_FILE} holds its stored method "
+                             "settings (remove or rename what is there)")
         if not path.is_file():
             return cls(pipeline, source=str(path))
         try:

@@ -47,6 +47,8 @@ class VLMDraftConfig(MethodConfig):
             there and no further forward runs); 0 always drafts K. Chains only (a tree is dynamic already).
     """
 
+    lossless: ClassVar[bool] = True
+
     pipelines: ClassVar[tuple[str, ...]] = (FAMILY,)
     _nested_fields: ClassVar[dict[str, type]] = {"tree": TreeConfig}
     #: the pipeline component that holds the draft model (its position limit bounds the context)
