@@ -159,12 +159,13 @@ class SJDPACDrafter(JacobiDrafter):
         old, before = old[:, :keep], before[:, :keep]
         vocab = result.target_probs.shape[-1]
         target = result.target_probs.gather(1, (before + 1).unsqueeze(-1).expand(-1, -1, vocab)).to(self._dtype)
-        new = self._redraw(old, target, follow, width)
-        self._tokens = new
+        self._tokens = self._redraw(old, target, follow, width)
         self._probs = target if self.sampling.do_sample else None
-        levels = min(self.levels, keep)
-        self._extras = self._extra_candidates(target[:, :levels], new[:, :levels]) if levels else None
         self._fill(result.next_tokens)
+        # a tree after a rejection: when some row has a cached column (rows without one get candidates from
+        # their fresh slots' law, so the rows of a batch share one tree)
+        levels = min(self.levels, self.window) if bool(cached[:, 0].any()) else 0
+        self._extras = self._extra_candidates(levels, target) if levels else None
 
     def _continuation(self, result: RoundResult, parents: torch.Tensor, ranks: torch.Tensor,
                       width: int) -> torch.Tensor:
@@ -205,15 +206,20 @@ class SJDPACDrafter(JacobiDrafter):
         verdict = verify_positions(tokens, q, target, ExactRule(), self.generator).tokens
         return torch.where(has_old, verdict, fresh)
 
-    def _extra_candidates(self, target: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        """``[B, T, K-1]`` candidates 1..K-1 of the first T columns: drawn without replacement from the
-        column's q given candidate 0 (which follows q), so all K follow successive sampling without
-        replacement from q, the law the tree's verification assumes; greedy: the next best tokens."""
+    def _extra_candidates(self, levels: int, cached: torch.Tensor) -> torch.Tensor:
+        """``[B, T, K-1]`` candidates 1..K-1 of the first ``T = levels`` columns: drawn without replacement
+        from the column's q given candidate 0 (which follows q), so all K follow successive sampling without
+        replacement from q, the law the tree's verification assumes (a point-mass q, a "left" or "one_hot"
+        fresh slot, gives repeats, which verification skips). Greedy: the next best tokens of the cached
+        distributions ``cached [B, J, V]`` (any other tokens in fresh columns)."""
+        first = self._tokens[:, :levels].unsqueeze(-1)
         if self.sampling.do_sample:
-            return sample_without_replacement(target, self.tree_width - 1, self.generator,
-                                              exclude=first.unsqueeze(-1), name="target distribution")
-        masked = target.scatter(-1, first.unsqueeze(-1), -1.0)
-        return masked.topk(self.tree_width - 1, dim=-1).indices
+            return sample_without_replacement(self._probs[:, :levels], self.tree_width - 1, self.generator,
+                                              exclude=first, name="target distribution")
+        scores = cached.new_zeros(first.shape[0], levels, self.vocab_size)
+        known = min(levels, cached.shape[1])
+        scores[:, :known] = cached[:, :known]
+        return scores.scatter(-1, first, -1.0).topk(self.tree_width - 1, dim=-1).indices
 
 
 @register("sjd_pac")
