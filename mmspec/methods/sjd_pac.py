@@ -121,6 +121,7 @@ class SJDPACDrafter(JacobiDrafter):
         self.adaptive_continuation = bool(adaptive_continuation)
         self._extras: torch.Tensor | None = None  # [B, T, K-1] extra candidates of the first T columns
         self._layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # the last proposal's
+        self._levels = 0  # the last proposal's tree columns
 
     def prefill(self, context: PrefillContext) -> None:
         super().prefill(context)
@@ -131,7 +132,7 @@ class SJDPACDrafter(JacobiDrafter):
         levels = 0 if self._extras is None else min(self._extras.shape[1], width)
         parents, columns, ranks = (torch.tensor(values, device=pending.device)
                                    for values in tree_layout(width, levels, self.tree_width))
-        self._layout = parents, columns, ranks
+        self._layout, self._levels = (parents, columns, ranks), levels
         probs = self._probs[:, :width] if self.sampling.do_sample else None
         if levels == 0:
             return DraftChain(self._tokens[:, :width].clone(), probs)
@@ -148,7 +149,7 @@ class SJDPACDrafter(JacobiDrafter):
         parents, columns, ranks = self._layout
         width = int(columns.max()) + 1
         device = result.num_accepted.device
-        follow = self._continuation(result, parents, ranks, width)  # [B, W]: node of each column, or _GONE
+        follow = self._continuation(result, parents, columns, ranks)  # [B, W]: node of each column, or _GONE
         # New column j is old column c = emitted + j; its distribution is the target's after the node at c - 1
         # on the continuation path (c = width: the position after the last draft, a free draw).
         emitted = result.num_accepted + 1
@@ -167,16 +168,24 @@ class SJDPACDrafter(JacobiDrafter):
         levels = min(self.levels, self.window) if bool(cached[:, 0].any()) else 0
         self._extras = self._extra_candidates(levels, target) if levels else None
 
-    def _continuation(self, result: RoundResult, parents: torch.Tensor, ranks: torch.Tensor,
-                      width: int) -> torch.Tensor:
-        """``[B, W]``: the node of each column on the accepted path, then, past it, each node's first candidate
-        child (the slots the continuation verifies on); ``_GONE`` once that path leaves the tree."""
+    def _continuation(self, result: RoundResult, parents: torch.Tensor, columns: torch.Tensor,
+                      ranks: torch.Tensor) -> torch.Tensor:
+        """``[B, W]``: the node of each column on the accepted path, then, past it, the first candidate child of
+        the node before (the slots the continuation verifies on; the round never tested them). A leaf of the
+        tree's last level other than the all-first one has the chain's head as its first child: the chain's
+        distributions stay exact drafting laws for any row (they depend on earlier columns' drafts only), so a
+        path through other siblings still continues on the chain. ``_GONE`` past the window (never else)."""
         batch, device = result.num_accepted.shape[0], result.num_accepted.device
-        nodes = parents.shape[0]
+        nodes, width = parents.shape[0], int(columns.max()) + 1
         first_child = torch.full((nodes + 2,), _GONE, dtype=torch.long, device=device)  # rows: root, nodes, gone
         order = torch.arange(nodes, device=device)
         is_first = ranks == 0
         first_child[(parents[is_first] + 1)] = order[is_first]
+        levels = self._levels
+        if levels and width > levels:  # a tree with a chain under it: every leaf continues on it
+            head = order[columns == levels][0]
+            leaves = order[(columns == levels - 1) & (first_child[1:nodes + 1] == _GONE)]
+            first_child[leaves + 1] = head
         if result.path is not None:
             path = result.path
         else:  # a chain: node c is column c
