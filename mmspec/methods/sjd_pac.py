@@ -122,6 +122,7 @@ class SJDPACDrafter(JacobiDrafter):
         self._extras: torch.Tensor | None = None  # [B, T, K-1] extra candidates of the first T columns
         self._layout: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # the last proposal's
         self._levels = 0  # the last proposal's tree columns
+        self._layouts: dict[tuple[int, int, torch.device], tuple[torch.Tensor, ...]] = {}
 
     def prefill(self, context: PrefillContext) -> None:
         super().prefill(context)
@@ -130,8 +131,11 @@ class SJDPACDrafter(JacobiDrafter):
     def propose(self, pending: torch.Tensor) -> DraftChain | DraftTree:
         width = self.capped(self.window)
         levels = 0 if self._extras is None else min(self._extras.shape[1], width)
-        parents, columns, ranks = (torch.tensor(values, device=pending.device)
-                                   for values in tree_layout(width, levels, self.tree_width))
+        key = (width, levels, pending.device)
+        if key not in self._layouts:  # a few shapes per call: built once each
+            self._layouts[key] = tuple(torch.tensor(values, device=pending.device)
+                                       for values in tree_layout(width, levels, self.tree_width))
+        parents, columns, ranks = self._layouts[key]
         self._layout, self._levels = (parents, columns, ranks), levels
         probs = self._probs[:, :width] if self.sampling.do_sample else None
         if levels == 0:
