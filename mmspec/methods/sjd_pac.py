@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from mmspec.drafters import FRESH_Q, JacobiDrafter
+from mmspec.drafters import FRESH_Q, JacobiDrafter, one_hot_probs
 from mmspec.methods.base import (
     BuildRequest,
     MethodPlan,
@@ -101,8 +101,9 @@ class SJDPACDrafter(JacobiDrafter):
             independent redraw of every slot from them).
 
     The target's draw after the last draft is kept as a draft (``keep_last_draw``). Greedy decoding takes the
-    cached distributions' top-K tokens as candidates. In a batch, columns align across rows: a round keeps the
-    cached columns every row has, and the tree is drafted when every row has at least one cached column.
+    cached distributions' top-K tokens as candidates. In a batch, columns align across rows: a round keeps as
+    many columns as the row with the most cached ones, the other rows filling theirs with fresh slots, and the
+    tree is drafted when some row has a cached column.
     """
 
     def __init__(self, vocab_size: int, window: int = 16, sampling: SamplingConfig = SamplingConfig(do_sample=False),
@@ -160,17 +161,42 @@ class SJDPACDrafter(JacobiDrafter):
         old = emitted.unsqueeze(1) + torch.arange(width, device=device)  # [B, W] (at most W new columns)
         before = follow.gather(1, (old - 1).clamp(max=width - 1))
         cached = (old <= width) & (before != _GONE)
-        keep = int(cached.long().cumprod(1).sum(1).min())
-        old, before = old[:, :keep], before[:, :keep]
+        counts = cached.long().cumprod(1).sum(1)  # [B] cached columns per row
+        keep = int(counts.max())
+        # Every row keeps its cached columns; a row with fewer fills the rest of the kept ones with fresh slots
+        # (their own law), so no row loses cached columns to align with another.
+        valid = torch.arange(keep, device=device) < counts.unsqueeze(1)  # [B, J]
+        old, before = old[:, :keep], torch.where(valid, before[:, :keep], ROOT)
         vocab = result.target_probs.shape[-1]
         target = result.target_probs.gather(1, (before + 1).unsqueeze(-1).expand(-1, -1, vocab)).to(self._dtype)
-        self._tokens = self._redraw(old, target, follow, width)
+        tokens = self._redraw(old, target, follow, width)
+        if not bool(valid.all()):
+            tokens, target = self._fresh_where(~valid, tokens, target, counts, result.next_tokens)
+        self._tokens = tokens
         self._probs = target if self.sampling.do_sample else None
         self._fill(result.next_tokens)
-        # a tree after a rejection: when some row has a cached column (rows without one get candidates from
+        # a tree after a rejection, over the kept columns (rows without a cached one there draw candidates from
         # their fresh slots' law, so the rows of a batch share one tree)
-        levels = min(self.levels, self.window) if bool(cached[:, 0].any()) else 0
+        levels = min(self.levels, keep)
         self._extras = self._extra_candidates(levels, target) if levels else None
+
+    def _fresh_where(self, fresh: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor, counts: torch.Tensor,
+                     next_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``tokens [B, J]`` and their q ``target [B, J, V]`` with the entries marked in ``fresh [B, J]`` (a row's
+        columns past its ``counts`` cached ones) replaced by fresh slots as :meth:`_fill` makes them: uniform
+        draws (q uniform, or one-hot with ``fresh_q="one_hot"``), or copies of the row's last kept token (the
+        pending one when it kept none) with one-hot q."""
+        batch, keep = tokens.shape
+        if self.init == "random" and self.sampling.do_sample:
+            law = self._uniform(batch, keep, tokens)
+            drawn = sample(law, self.generator)
+            if self.fresh_q == "one_hot":
+                law = one_hot_probs(drawn, self.vocab_size).to(self._dtype)
+        else:
+            last = tokens.gather(1, (counts - 1).clamp(min=0, max=keep - 1).unsqueeze(1)).squeeze(1)
+            drawn = torch.where(counts > 0, last, next_tokens).unsqueeze(1).expand(batch, keep)
+            law = one_hot_probs(drawn, self.vocab_size).to(self._dtype) if self.sampling.do_sample else target
+        return torch.where(fresh, drawn, tokens), torch.where(fresh.unsqueeze(-1), law, target)
 
     def _continuation(self, result: RoundResult, parents: torch.Tensor, columns: torch.Tensor,
                       ranks: torch.Tensor) -> torch.Tensor:
