@@ -175,9 +175,10 @@ class SJDPACDrafter(JacobiDrafter):
         self._tokens = tokens
         self._probs = target if self.sampling.do_sample else None
         self._fill(result.next_tokens)
-        # a tree after a rejection, over the kept columns (rows without a cached one there draw candidates from
-        # their fresh slots' law, so the rows of a batch share one tree)
-        levels = min(self.levels, keep)
+        # a tree after a rejection (some row kept a cached column); tree columns without a cached distribution draw
+        # their candidates from their fresh slot's law (a point mass gives repeats, which verification skips,
+        # but the tree still gives every sibling of the columns before children to continue on)
+        levels = min(self.levels, self.window) if keep else 0
         self._extras = self._extra_candidates(levels, target) if levels else None
 
     def _fresh_where(self, fresh: torch.Tensor, tokens: torch.Tensor, target: torch.Tensor, counts: torch.Tensor,
