@@ -96,16 +96,18 @@ def test_sjd_pac_samples_the_targets_exact_law(name):
         assert chi_square_pvalue(seen, law) >= P_VALUE_FLOOR, f"prompt {p}"
 
 
-@pytest.mark.parametrize("keep_last_draw", [True, False])
-@pytest.mark.parametrize("fresh_q", ["uniform", "one_hot"])
-def test_scd_refill_choices_sample_the_targets_exact_law(keep_last_draw, fresh_q):
+@pytest.mark.parametrize("keep_last_draw,fresh_q,coupling", [(True, "uniform", "maximal"), (False, "uniform", "maximal"),
+                                                              (True, "one_hot", "maximal"), (False, "one_hot", "maximal"),
+                                                              (True, "uniform", "gumbel"), (False, "one_hot", "gumbel")])
+def test_scd_refill_choices_sample_the_targets_exact_law(keep_last_draw, fresh_q, coupling):
     """SCD with the target's draw after the last draft kept (the release's refill) or discarded, fresh slots
-    with a uniform or a one-hot q: the joint of the first four tokens is the target's exactly."""
+    with a uniform or a one-hot q, maximal or Gumbel coupling: the joint of the first four tokens is the
+    target's exactly."""
     target = _softened_target()
     prompt = torch.tensor([3, 5, 1, 2])
     sampling = SamplingConfig(do_sample=True)
     drafter = JacobiDrafter(VOCAB, window=2, sampling=sampling, generator=torch.Generator().manual_seed(1),
-                            coupled=True, keep_last_draw=keep_last_draw, fresh_q=fresh_q)
+                            coupled=True, keep_last_draw=keep_last_draw, fresh_q=fresh_q, coupling=coupling)
     out = speculative_generate(CausalLMRunner(target), drafter, prompt.expand(20_000, -1).contiguous(),
                                max_new_tokens=LENGTH, sampling=sampling, generator=torch.Generator().manual_seed(2))
     assert 1.05 < out.stats.mean_accepted_length

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mmspec.drafters import FRESH_Q, JacobiDrafter
+from mmspec.drafters import COUPLINGS, FRESH_Q, JacobiDrafter
 from mmspec.methods.base import BuildRequest, check_bool_field, check_choice_field, register
 from mmspec.methods.jacobi import SJDConfig
 
@@ -29,19 +29,23 @@ class SCDConfig(SJDConfig):
             rejection) instead of a fresh slot (False, mmspec before issue 68). Lossless either way.
         fresh_q: the q of fresh random slots, "uniform" (their law) or "one_hot" (a point mass at the drawn
             token, the release's choice); both lossless, see :class:`~mmspec.drafters.JacobiDrafter`.
+        coupling: "maximal" (keep the old token with probability min(1, p/q), else a residual draw) or "gumbel"
+            (the release's Gumbel mode: a slot's fixed Gumbel noise, argmax(log p + g)); both lossless.
 
     Greedy decoding redraws by argmax either way, so greedy SCD is greedy SJD (Jacobi decoding).
     """
 
     keep_last_draw: bool = True
     fresh_q: str = "uniform"
+    coupling: str = "maximal"
 
     def validate(self) -> None:
         super().validate()
         check_bool_field(self, "keep_last_draw")
         check_choice_field(self, "fresh_q", FRESH_Q)
+        check_choice_field(self, "coupling", COUPLINGS)
 
     def drafter(self, pipeline: Any, request: BuildRequest) -> JacobiDrafter:
         return JacobiDrafter(int(pipeline.transformer.config.vocab_size), window=self.window,
                              sampling=request.sampling, init=self.init, generator=request.generator, coupled=True,
-                             keep_last_draw=self.keep_last_draw, fresh_q=self.fresh_q)
+                             keep_last_draw=self.keep_last_draw, fresh_q=self.fresh_q, coupling=self.coupling)
