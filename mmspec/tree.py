@@ -500,9 +500,9 @@ def sibling_laws_without_replacement(tree: DraftTree) -> tuple[torch.Tensor | No
     if tree.draft_probs is None:  # point masses: a repeated sibling is skipped, the others are unchanged
         return None, repeated
     vocab = tree.draft_probs.shape[-1]
-    seen = torch.nn.functional.one_hot(tree.tokens, vocab).to(tree.draft_probs.dtype)  # [B, N, V]
-    removed = torch.bmm(siblings.to(seen.dtype), seen) > 0  # [B, N, V]: tokens of earlier siblings
-    laws = tree.draft_probs.masked_fill(removed, 0.0)
+    # zero each node's law at its earlier siblings' tokens: one scatter into a spare column V for the others
+    earlier_tokens = torch.where(siblings, tree.tokens.unsqueeze(1).expand(-1, num_nodes, -1), vocab)  # [B, N, N]
+    laws = torch.nn.functional.pad(tree.draft_probs, (0, 1)).scatter_(-1, earlier_tokens, 0.0)[..., :vocab]
     total = laws.sum(-1, keepdim=True)
     return torch.where(total > 0, laws / total.clamp_min(torch.finfo(laws.dtype).tiny), laws), repeated
 
