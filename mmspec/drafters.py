@@ -21,7 +21,7 @@ import torch
 
 from mmspec.cache import keep_valid_slots
 from mmspec.runner import CausalLMRunner
-from mmspec.sampling import SamplingConfig, coupled_redraw, first_argmax, sample, top_token
+from mmspec.sampling import SamplingConfig, coupled_redraw, draw_uniforms, first_argmax, sample, top_token
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult, target_probs_fn
 from mmspec.tree import DraftTree, StepFn, TreeAttentionBuilder, expand_dynamic_tree, expand_entropy_tree
 from mmspec.validation import TREE_LIMITS, check_count, check_positive_int, check_unit_interval
@@ -224,6 +224,12 @@ class ModelDrafter(Drafter):
             if last_draft.shape[1] else last_draft
 
 
+#: JacobiDrafter's choices for the q of fresh random slots
+FRESH_Q = ("uniform", "one_hot")
+#: how JacobiDrafter(coupled=True) couples a slot's redraw with its previous token
+COUPLINGS = ("maximal", "gumbel")
+
+
 class JacobiDrafter(Drafter):
     """Speculative Jacobi Decoding: a window of ``window`` draft slots refined by the target itself.
 
@@ -248,14 +254,37 @@ class JacobiDrafter(Drafter):
         token_range: ``(low, high)`` ids random initialisation draws from (e.g. the image-token range).
         generator: random source for initialisation and redraws.
         coupled: redraw slots coupled with their previous tokens (SCD) instead of independently (SJD).
+        keep_last_draw: also keep a draw from the target's distribution after the last draft (which the
+            round computes anyway) as the next window's draft at that position, with that distribution as
+            its q, instead of a fresh random slot there: every released SCD variant does; lossless like
+            any redraw (the draw's law is a function of the tokens before its position).
+        fresh_q: the q of fresh random slots: "uniform" (the law they are drawn from) or "one_hot" (a point
+            mass at the drawn token, as the released SCD code declares it). Both are exact (a drawn token
+            with q its law, or a token fixed before its position is verified with q its point mass); the
+            uniform q accepts more (min(1, p(x) * n) instead of p(x) over n tokens) and, under coupled
+            redraws, keeps the token more often.
+        coupling: how ``coupled`` redraws couple a slot with its previous token: "maximal" (keep it with
+            probability min(1, p/q), else draw from the residual: the largest probability of keeping it) or
+            "gumbel" (the released SCD code's Gumbel mode: every slot holds fixed Gumbel noise g [V] from the
+            moment it is filled until it is consumed, and each redraw is argmax(log p + g), an exact draw from
+            p; the noise is never read by a verification before the slot's own, so the draw is still
+            distributed as p given everything verification has seen).
     """
 
     def __init__(self, vocab_size: int, window: int = 16, sampling: SamplingConfig = SamplingConfig(do_sample=False),
                  init: str = "random", token_range: tuple[int, int] | None = None,
-                 generator: torch.Generator | None = None, coupled: bool = False) -> None:
+                 generator: torch.Generator | None = None, coupled: bool = False, keep_last_draw: bool = False,
+                 fresh_q: str = "uniform", coupling: str = "maximal") -> None:
         check_positive_int(window, "window")
+        if coupling not in COUPLINGS:
+            raise ValueError(f"coupling must be one of {list(COUPLINGS)}, got {coupling!r}")
+        self.gumbel = bool(coupled) and coupling == "gumbel" and sampling.do_sample
+        self._noise: torch.Tensor | None = None  # [B, L, V] the Gumbel noise of each slot (coupling="gumbel")
         if init not in ("random", "left"):
             raise ValueError(f"init must be 'random' or 'left', got {init!r}")
+        if fresh_q not in FRESH_Q:
+            raise ValueError(f"fresh_q must be one of {list(FRESH_Q)}, got {fresh_q!r}")
+        self.keep_last_draw, self.fresh_q = bool(keep_last_draw), fresh_q
         low, high = token_range if token_range is not None else (0, vocab_size)
         if not 0 <= low < high <= vocab_size:
             raise ValueError(f"token_range must satisfy 0 <= low < high <= vocab_size={vocab_size}, got {token_range}")
@@ -273,7 +302,13 @@ class JacobiDrafter(Drafter):
         self._dtype = torch.float32 if logits_dtype in (torch.float16, torch.bfloat16) else logits_dtype
         self._tokens = context.first_tokens.new_zeros(batch, 0)
         self._probs = None
+        self._noise = None
         self._fill(context.first_tokens)
+
+    def _gumbel_noise(self, batch: int, slots: int, like: torch.Tensor) -> torch.Tensor:
+        """Fresh Gumbel noise ``[batch, slots, V]`` (``-log(-log(u))``, u from the generator)."""
+        u = draw_uniforms((batch, slots, self.vocab_size), like, self.generator)
+        return -torch.log(-torch.log(u.clamp_min(torch.finfo(u.dtype).tiny)))
 
     def _uniform(self, batch: int, slots: int, like: torch.Tensor) -> torch.Tensor:
         probs = torch.zeros(batch, slots, self.vocab_size, dtype=self._dtype, device=like.device)
@@ -286,9 +321,14 @@ class JacobiDrafter(Drafter):
         missing = self.window - have
         if missing <= 0:
             return
+        if self.gumbel:
+            noise = self._gumbel_noise(batch, missing, torch.empty(0, dtype=self._dtype, device=self._tokens.device))
+            self._noise = noise if self._noise is None else torch.cat([self._noise, noise], 1)
         if self.init == "random" and self.sampling.do_sample:
             probs = self._uniform(batch, missing, self._tokens)
             new = sample(probs, self.generator)
+            if self.fresh_q == "one_hot":  # the drawn token is then verified as a point mass
+                probs = None
         else:  # copies of the left neighbour (also the greedy Jacobi default): point masses
             left = self._tokens[:, -1] if have else last_committed
             new = left.unsqueeze(1).expand(batch, missing)
@@ -311,23 +351,36 @@ class JacobiDrafter(Drafter):
         # Redraw every proposed slot (the window, or its first draft_limit) from the target distribution
         # this round computed for it; slots past the proposed ones are dropped and refilled below.
         proposed = result.target_probs.shape[1] - 1
-        target = result.target_probs[:, :proposed].to(self._dtype)  # [B, L, V] q for the next round
+        # with keep_last_draw, also the position after the last draft: [B, L+1, V] (no draft held it)
+        width = proposed + 1 if self.keep_last_draw else proposed
+        target = result.target_probs[:, :width].to(self._dtype)  # [B, width, V] q for the next round
         if not self.sampling.do_sample:
             redrawn = first_argmax(target)
+        elif self.gumbel:  # each slot's fixed noise: argmax(log p + g) is an exact draw from p
+            noise = self._noise[:, :width]
+            if noise.shape[1] < width:
+                noise = torch.cat([noise, self._gumbel_noise(noise.shape[0], width - noise.shape[1], target)], 1)
+            redrawn = first_argmax(target.log() + noise)
         elif self.coupled:  # the slots held this round's drafts, drawn from self._probs
-            redrawn = coupled_redraw(self._tokens[:, :proposed], self._probs[:, :proposed], target, self.generator,
-                                     name="target distribution")
+            redrawn = coupled_redraw(self._tokens[:, :proposed], self._probs[:, :proposed], target[:, :proposed],
+                                     self.generator, name="target distribution")
+            if width > proposed:
+                redrawn = torch.cat([redrawn, sample(target[:, proposed:], self.generator,
+                                                     name="target distribution")], 1)
         else:
             redrawn = sample(target, self.generator, name="target distribution")
         # Drop the consumed slots per row (shift left by `emitted`), then refill the end.
-        index = (torch.arange(proposed, device=redrawn.device).unsqueeze(0) + emitted.unsqueeze(1))
-        valid = index < proposed
-        tokens = redrawn.gather(1, index.clamp(max=proposed - 1))
+        index = (torch.arange(width, device=redrawn.device).unsqueeze(0) + emitted.unsqueeze(1))
+        valid = index < width
+        tokens = redrawn.gather(1, index.clamp(max=width - 1))
         keep = int(valid.sum(1).min())
         self._tokens = tokens[:, :keep]
         if self.sampling.do_sample:
-            probs = target.gather(1, index.clamp(max=proposed - 1).unsqueeze(-1).expand(-1, -1, target.shape[-1]))
+            probs = target.gather(1, index.clamp(max=width - 1).unsqueeze(-1).expand(-1, -1, target.shape[-1]))
             self._probs = probs[:, :keep]
+        if self.gumbel:
+            self._noise = noise.gather(1, index.clamp(max=width - 1).unsqueeze(-1).expand(-1, -1, noise.shape[-1]))
+            self._noise = self._noise[:, :keep]
         # Rows that consumed fewer slots than the batch maximum lose their extra kept slots: their
         # tokens were drawn from valid distributions, but slots must align across rows.
         self._fill(result.next_tokens)

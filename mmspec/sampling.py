@@ -253,3 +253,30 @@ def top_k_tokens(probs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     check_positive_int(k, "k")
     values, tokens = torch.topk(probs, min(k, probs.shape[-1]), dim=-1)
     return tokens, values
+
+
+def sample_without_replacement(probs: torch.Tensor, k: int, generator: torch.Generator | None = None,
+                               exclude: torch.Tensor | None = None, name: str = "probs") -> torch.Tensor:
+    """``k`` distinct tokens per row of ``probs [..., V]``, drawn one after another, each from ``probs`` with
+    the tokens drawn before it (and ``exclude [..., m]``, tokens drawn earlier from the same law) removed:
+    successive sampling without replacement, the law :func:`~mmspec.tree.verify_tree` assumes for siblings of
+    a tree with ``without_replacement=True``. Returns LongTensor ``[..., k]``.
+
+    A row whose support is exhausted (fewer tokens with mass than it needs) repeats its first remaining token
+    from then on: verification skips a sibling equal to an earlier one, which is exact (a tree with fewer
+    siblings). One uniform per draw, from ``generator``.
+    """
+    check_positive_int(k, "k")
+    remaining = probs.clone()
+    if exclude is not None:
+        remaining.scatter_(-1, exclude, 0.0)
+    drawn = []
+    for _ in range(k):
+        empty = remaining.sum(-1, keepdim=True) <= 0
+        weights = torch.where(empty, probs, remaining)
+        token = sample_inverse_cdf(weights, draw_uniforms(weights.shape[:-1], weights, generator), name)
+        if exclude is not None:  # an exhausted row repeats an excluded (earlier) token, never a new one
+            token = torch.where(empty.squeeze(-1), exclude[..., 0], token)
+        drawn.append(token)
+        remaining.scatter_(-1, token.unsqueeze(-1), 0.0)
+    return torch.stack(drawn, -1)

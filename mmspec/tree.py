@@ -53,11 +53,18 @@ class DraftTree:
         parents: LongTensor ``[B, N]``; ``-1`` for children of the root, else an index < the node's own.
         draft_probs: ``[B, N, V]`` the draft distribution each node was drawn from (at its parent), or
             None for deterministic drafts (top-k expansion).
+        without_replacement: the siblings of each parent were drawn one after another *without replacement*
+            from their shared ``draft_probs`` (:func:`~mmspec.sampling.sample_without_replacement`, as
+            SJD-PAC's proactive trees draw them): verification then tests the k-th sibling against its own
+            law, ``draft_probs`` with the earlier siblings' tokens removed and renormalised, and skips a
+            sibling that repeats an earlier one (what a sampler returns once the support is exhausted).
+            With it False, siblings are independent draws from their ``draft_probs``.
     """
 
     tokens: torch.Tensor
     parents: torch.Tensor
     draft_probs: torch.Tensor | None = None
+    without_replacement: bool = False
 
     def __post_init__(self) -> None:
         check_ndim(self.tokens, 2, "tree.tokens", "[B, N]")
@@ -440,7 +447,12 @@ def verify_tree(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRul
     sample_u = draw_uniforms((batch,), target_probs, generator)
     walk = _longest_path if rule.greedy and rule.tree_path == "longest" else _walk
     with value_checks(False):  # checked above: the rule need not scan the rows at every sibling
-        num_accepted, path, current = walk(tree, target_probs, rule, accept_u)
+        if tree.without_replacement:
+            laws, repeated = sibling_laws_without_replacement(tree)
+            num_accepted, path, current = _walk(DraftTree(tree.tokens, tree.parents, laws), target_probs, rule,
+                                                accept_u, skip=repeated)
+        else:
+            num_accepted, path, current = walk(tree, target_probs, rule, accept_u)
     try:
         next_tokens = draw(current, rule.greedy, uniforms=sample_u, name="residual")
     except NonFiniteProbabilitiesError as error:  # name the distribution the bad row came from
@@ -469,11 +481,39 @@ def children_table(parents: torch.Tensor) -> torch.Tensor:
     return table
 
 
-def _walk(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule, accept_u: torch.Tensor):
+def sibling_laws_without_replacement(tree: DraftTree) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The law each node of a ``without_replacement`` tree was drawn from given its earlier siblings:
+    ``(laws [B, N, V], repeated [B, N])``.
+
+    Node n's law is its ``draft_probs`` with the tokens of the siblings before it (same parent, smaller
+    index) zeroed and renormalised: successive sampling without replacement draws the k-th sibling from it.
+    ``repeated`` marks siblings whose token an earlier sibling already holds (an exhausted support, or
+    deterministic duplicates); verification skips them, so their law (zero mass, left unnormalised) is
+    never read. Multi-draft speculative sampling with these laws (recursive rejection sampling: test sibling
+    k against the residual left by siblings 0..k-1, with q_k its own law) outputs the target exactly.
+    """
+    batch, num_nodes = tree.tokens.shape
+    earlier = torch.ones(num_nodes, num_nodes, dtype=torch.bool, device=tree.tokens.device).tril(-1)
+    siblings = (tree.parents.unsqueeze(2) == tree.parents.unsqueeze(1)) & earlier  # [B, N(node), N(before)]
+    same_token = tree.tokens.unsqueeze(2) == tree.tokens.unsqueeze(1)
+    repeated = (siblings & same_token).any(-1)
+    if tree.draft_probs is None:  # point masses: a repeated sibling is skipped, the others are unchanged
+        return None, repeated
+    vocab = tree.draft_probs.shape[-1]
+    # zero each node's law at its earlier siblings' tokens: one scatter into a spare column V for the others
+    earlier_tokens = torch.where(siblings, tree.tokens.unsqueeze(1).expand(-1, num_nodes, -1), vocab)  # [B, N, N]
+    laws = torch.nn.functional.pad(tree.draft_probs, (0, 1)).scatter_(-1, earlier_tokens, 0.0)[..., :vocab]
+    total = laws.sum(-1, keepdim=True)
+    return torch.where(total > 0, laws / total.clamp_min(torch.finfo(laws.dtype).tiny), laws), repeated
+
+
+def _walk(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule, accept_u: torch.Tensor,
+          skip: torch.Tensor | None = None):
     """Vectorised walk from the root over all rows at once.
 
     At each depth, every row tries the children of its current node in sibling order; a rejected
-    sibling turns the row's distribution into the rule's (normalised) residual. Returns
+    sibling turns the row's distribution into the rule's (normalised) residual. Nodes marked in ``skip``
+    ``[B, N]`` are never tried (repeated siblings of a tree drawn without replacement). Returns
     ``(num_accepted [B], path [B, D], final distribution [B, V])``.
     """
     batch, num_nodes = tree.tokens.shape
@@ -493,6 +533,8 @@ def _walk(tree: DraftTree, target_probs: torch.Tensor, rule: AcceptanceRule, acc
             if not trying.any():
                 break
             safe = child.clamp_min(0)
+            if skip is not None:
+                trying = trying & ~skip[rows, safe]
             token = tree.tokens[rows, safe]
             q = None if tree.draft_probs is None else tree.draft_probs[rows, safe]
             depths = torch.tensor(depth + 1) if rule.uses_depths else None

@@ -199,3 +199,39 @@ def assemble_tokens(draft_tokens: torch.Tensor, num_accepted: torch.Tensor,
     padded = torch.cat([draft_tokens, draft_tokens.new_full((batch, 1), -1)], dim=1)
     tokens = torch.where(positions < num_accepted.unsqueeze(-1), padded, -1)
     return tokens.scatter_(1, num_accepted.unsqueeze(-1), next_tokens.unsqueeze(-1))
+
+
+def verify_positions(draft_tokens: torch.Tensor, draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
+                     rule: AcceptanceRule = ExactRule(), generator: torch.Generator | None = None
+                     ) -> Verification:
+    """Per-position verdicts that go on past a rejection: each position is verified on its own.
+
+    Position i keeps ``draft_tokens[:, i]`` with probability ``min(1, p_i / q_i)`` (the rule's masses) and
+    otherwise draws from the rule's residual at i, whatever happened at the positions before it: a chain of
+    one draft per position, verified by :func:`verify_tokens` (rows ``B * K``, K = 1). Under
+    :class:`ExactRule` each output token follows ``target_probs[:, i]`` exactly (and equals the draft with
+    the largest probability a coupling allows, 1 - TV(p_i, q_i)). SJD-PAC's adaptive continuation re-verifies
+    a window's tail this way against distributions the target computed under a context that a rejection
+    then changed; the tail becomes the next round's drafts with those distributions as their q.
+
+    Args:
+        draft_tokens: LongTensor ``[B, K]``; draft_probs: ``[B, K, V]`` the laws they were drawn from (None:
+            point masses); target_probs: ``[B, K, V]``, one distribution per position (no bonus position).
+    Returns:
+        :class:`Verification` with ``tokens [B, K]`` (the verdict of every position) and ``num_accepted [B]``
+        (how many positions kept their draft, anywhere in the row).
+    """
+    check_ndim(draft_tokens, 2, "draft_tokens", "[B, K]")
+    check_ndim(target_probs, 3, "target_probs", "[B, K, V]")
+    batch, num_draft = draft_tokens.shape
+    if target_probs.shape[:2] != (batch, num_draft):
+        raise ValueError(f"target_probs must have shape [B, K, V] = [{batch}, {num_draft}, V] (one distribution "
+                         f"per position), got {tuple(target_probs.shape)}")
+    vocab = target_probs.shape[-1]
+    flat_probs = target_probs.reshape(batch * num_draft, 1, vocab)
+    flat_draft = None if draft_probs is None else draft_probs.reshape(batch * num_draft, 1, -1)
+    chain = verify_tokens(draft_tokens.reshape(-1, 1), flat_draft, flat_probs.expand(-1, 2, -1), rule, generator)
+    kept = chain.num_accepted.reshape(batch, num_draft)
+    tokens = chain.tokens.gather(1, chain.num_accepted.unsqueeze(1)).reshape(batch, num_draft)
+    tokens = torch.where(kept.bool(), draft_tokens, tokens)
+    return Verification(kept.sum(-1), tokens)

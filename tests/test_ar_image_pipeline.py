@@ -25,6 +25,7 @@ from mmspec.methods import MethodConfig, MethodPlan, SpeculationSettings
 from mmspec.methods.eagle import EagleConfig, LanternConfig
 from mmspec.methods.jacobi import GSDConfig, SJDConfig
 from mmspec.methods.scd import SCDConfig
+from mmspec.methods.sjd_pac import SJDPACConfig
 from mmspec.models.eagle import EagleHead
 from mmspec.models.llamagen import LlamaGenTransformer
 from mmspec.models.text import WordTokenizer
@@ -103,6 +104,8 @@ GREEDY_CASES = {
     "lantern-delta0": (LanternConfig(delta=0.0, k=8), {}),
     "sjd": (SJDConfig(window=5), {}),
     "scd": (SCDConfig(window=5), {}),
+    "sjd_pac": (SJDPACConfig(window=5, tree_width=3), {}),
+    "sjd_pac-left": (SJDPACConfig(window=5, init="left"), {}),
     "gsd-G1": (GSDConfig(group_size=1, window=5), {}),
     "gsd-rule-on-eagle": ("eagle", {"rule": GroupedRule(G=1, greedy=True)}),
     "eagle-lookup-tail": (EagleConfig(num_draft_tokens=2, lookup_tail=6), {}),
@@ -245,9 +248,9 @@ def _exact_first_two_marginals(model: LlamaGenTransformer, words: torch.Tensor, 
                                     EagleConfig(num_draft_tokens=3, draft_confidence_threshold=0.3),
                                     EagleConfig(guided="features"), EagleConfig(argmax_drafts=True),
                                     EagleConfig(num_draft_tokens=2, lookup_tail=3, lookup_only_from=1),
-                                    SJDConfig(window=4), SCDConfig(window=4)],
+                                    SJDConfig(window=4), SCDConfig(window=4), SJDPACConfig(window=4, tree_width=3)],
                          ids=["none", "eagle", "eagle-tree", "eagle-dynamic-chain", "eagle-guided-features",
-                              "eagle-argmax-drafts", "eagle-lookup-only-rounds", "sjd", "scd"])
+                              "eagle-argmax-drafts", "eagle-lookup-only-rounds", "sjd", "scd", "sjd_pac"])
 def test_sampling_matches_the_exact_target_marginals(method):
     """2000 rows of one prompt at temperature 1 with CFG: tokens 0 and 1 follow the exact guided marginals."""
     features = getattr(method, "guided", None) == "features"

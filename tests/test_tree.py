@@ -203,3 +203,48 @@ def test_tree_bad_input():
         verify_tree(DraftTree(tokens + 7, parents.unsqueeze(0)), probs)
     with pytest.raises(ValueError, match="draft_probs"):
         verify_tree(DraftTree(tokens, parents.unsqueeze(0), torch.ones(1, len(CHOICES), 4)), probs)
+
+
+@pytest.mark.parametrize("vocab,width,peaked", [(5, 3, False), (8, 4, True), (3, 3, True)])
+def test_siblings_drawn_without_replacement_are_verified_exactly(vocab, width, peaked):
+    """10^5 rows: ``width`` root siblings drawn without replacement from q (a ``without_replacement`` tree, each
+    tested against its own law, q minus the earlier siblings, with the residual carried on), one child each:
+    the first token follows p exactly and the pair follows the target's joint; vocab 3 with width 3 exhausts
+    the support (repeated siblings are skipped)."""
+    from mmspec.sampling import sample_without_replacement
+
+    g = torch.Generator().manual_seed(vocab)
+    rows = 100_000
+    p0, q0 = make_dist(1, 1, vocab, peaked, g)[0, 0], make_dist(1, 1, vocab, peaked, g)[0, 0]
+    p1 = make_dist(1, vocab, vocab, peaked, g)[0]  # [V, V] the target after each first token
+    siblings = sample_without_replacement(q0.expand(rows, -1), width, g)  # [rows, K]
+    assert (siblings.sort(-1).values.diff(dim=-1) > 0).all() or vocab < 2 * width
+    children = sample(p1[siblings], g)  # one child per sibling, drawn from the target itself
+    tokens = torch.cat([siblings, children], 1)
+    parents = torch.tensor([-1] * width + list(range(width)))
+    draft = torch.cat([q0.expand(rows, width, -1), p1[siblings]], 1)
+    tree = DraftTree(tokens, parents.expand(rows, -1), draft, without_replacement=True)
+    target = torch.cat([p0.expand(rows, 1, -1), p1[tokens]], 1)
+    result = verify_tree(tree, target, ExactRule(), g)
+    assert chi_square_pvalue(empirical(result.tokens[:, 0], vocab), p0) > P_VALUE_FLOOR
+    first = result.tokens[:, 0]  # rows that rejected every sibling draw their second token from the target
+    second = torch.where(result.num_accepted > 0, result.tokens[:, 1], sample(p1[first], g))
+    pair = first * vocab + second
+    assert chi_square_pvalue(empirical(pair, vocab * vocab), (p0.unsqueeze(1) * p1).flatten()) > P_VALUE_FLOOR
+    accepted_later = (result.path[:, 0] >= 1).float().mean()
+    assert accepted_later > 0.01  # later siblings do get accepted
+    # the same siblings read as independent draws (the default) are not the target's law
+    naive = verify_tree(DraftTree(tokens, parents.expand(rows, -1), draft), target, ExactRule(), g)
+    assert chi_square_pvalue(empirical(naive.tokens[:, 0], vocab), p0) < P_VALUE_FLOOR
+
+
+def test_sibling_laws_without_replacement_remove_earlier_siblings_and_mark_repeats():
+    from mmspec.tree import sibling_laws_without_replacement
+
+    q = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    tree = DraftTree(torch.tensor([[0, 1, 0, 2]]), torch.tensor([[-1, -1, -1, 0]]), q.expand(1, 4, -1),
+                     without_replacement=True)
+    laws, repeated = sibling_laws_without_replacement(tree)
+    assert torch.allclose(laws[0, 0], q) and torch.allclose(laws[0, 3], q)  # a first sibling, a first child
+    assert torch.allclose(laws[0, 1], torch.tensor([0.0, 0.6, 0.4], dtype=torch.float64))
+    assert repeated.tolist() == [[False, False, True, False]]

@@ -380,3 +380,27 @@ def test_verify_tokens_uses_the_fused_kernel_identically(monkeypatch, greedy):
     b = verify_tokens(drafts, draft_probs, target, rule, torch.Generator().manual_seed(9))
     assert torch.equal(a.tokens, b.tokens) and torch.equal(a.num_accepted, b.num_accepted)
     assert a.num_accepted.min() < 4  # the comparison covers rejections
+
+
+@pytest.mark.parametrize("peaked", [False, True])
+def test_verify_positions_gives_each_position_its_target_and_keeps_one_minus_tv(peaked):
+    """Per-position verdicts past rejections: 10^5 rows of 3 positions; every position's verdict follows its
+    own target exactly, whatever happened before it, and keeps the draft with probability 1 - TV(p, q)."""
+    from mmspec.verify import verify_positions
+
+    g = torch.Generator().manual_seed(7)
+    rows, vocab = 100_000, 6
+    p, q = make_dist(1, 3, vocab, peaked, g)[0], make_dist(1, 3, vocab, peaked, g)[0]  # [3, V]
+    drafts = sample(q.expand(rows, -1, -1), g)
+    result = verify_positions(drafts, q.expand(rows, -1, -1), p.expand(rows, -1, -1), ExactRule(), g)
+    assert result.tokens.shape == (rows, 3)
+    for i in range(3):
+        assert chi_square_pvalue(empirical(result.tokens[:, i], vocab), p[i]) > P_VALUE_FLOOR
+        kept = float((result.tokens[:, i] == drafts[:, i]).double().mean())
+        expected = 1 - 0.5 * float((p[i] - q[i]).abs().sum())
+        assert abs(kept - expected) < 4 * (expected * (1 - expected) / rows) ** 0.5 + 1e-9
+    assert torch.equal(result.num_accepted, (result.tokens == drafts).sum(1))
+    greedy = verify_positions(drafts[:4], None, p.expand(4, -1, -1), GreedyRule())
+    assert torch.equal(greedy.tokens, p.argmax(-1).expand(4, -1))
+    with pytest.raises(ValueError, match="one distribution per position"):
+        verify_positions(drafts[:4], None, p.expand(4, -1, -1)[:, :2], GreedyRule())

@@ -41,6 +41,22 @@ def test_greedy_eagle_reproduces_target_only_decoding_on_the_zoo(pipe):
     assert chain.stats.target_calls < baseline.stats.target_calls / 2
 
 
+def test_greedy_sjd_pac_reproduces_target_only_decoding_on_the_zoo(pipe):
+    """The stored sjd_pac and the paper's defaults (window 16, random slots) on twelve zoo prompts, with CFG,
+    two images per call: the target's own tokens, in fewer target calls."""
+    from mmspec.world.prompts import make_prompt_set
+
+    prompts = [p.text for p in make_prompt_set(n_per_category=2, seed=7)]
+    kwargs = dict(do_sample=False, output_type="tokens")
+    for start in range(0, len(prompts), 2):
+        batch = prompts[start:start + 2]
+        baseline = pipe(batch, method="none", **kwargs)
+        for method in ("sjd_pac", pipe.method_config("sjd_pac").replace(window=16, init="random")):
+            out = pipe(batch, method=method, **kwargs)
+            assert torch.equal(out.tokens, baseline.tokens), (batch, method)
+            assert out.stats.target_calls < baseline.stats.target_calls
+
+
 def test_lookup_tail_adds_accepted_tokens_on_the_zoo_and_stays_lossless(pipe):
     """Copies of the row above after each greedy EAGLE chain: the same tokens as target-only decoding, more
     tokens per target call than the same chain without the tail (the zoo's backgrounds are runs of one
@@ -116,7 +132,7 @@ def test_the_build_recipe_reads_the_vocabulary_of_an_assembled_or_a_freshly_trai
         build_zoo_t2i._word_vocabulary(tmp_path / "empty")
 
 
-@pytest.mark.parametrize("method", ["eagle", "lantern", "sjd", "gsd", "mulo"])
+@pytest.mark.parametrize("method", ["eagle", "lantern", "sjd", "gsd", "mulo", "sjd_pac"])
 def test_a_call_with_only_the_method_runs_the_stored_settings(pipe, method):
     """``method="lantern"`` gives exactly the tokens (and the same rounds) of ``method=pipe.method_config(
     "lantern", ...)`` given explicitly: greedy with one image per call, sampled (fixed generator) with two."""

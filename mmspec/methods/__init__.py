@@ -39,6 +39,7 @@ set_builtin_modules((
     "mmspec.methods.jacobi",
     "mmspec.methods.mulo",
     "mmspec.methods.scd",
+    "mmspec.methods.sjd_pac",
     "mmspec.methods.vlm_heads",
     "mmspec.methods.sdvg",
     "mmspec.methods.relaxed",

@@ -60,6 +60,9 @@ _BLOCK_CHAIN = {"num_draft_tokens": 4, "draft_confidence_threshold": 0.3, "looku
 #:                              and GSD 0.89x with the paper's 16 random slots); GSD groups of 6 without the
 #:                              probability filter (GenEval-shapes within noise of target-only at
 #:                              temperature 1, where G=10 lost 0.07)
+#: sjd_pac                      SJD's window of 8 left copies with the paper's K = 4, D = 3 trees (3.63 tokens
+#:                              per target call against 3.28 for K = 4, D = 2 and 3.66 with a window of 12;
+#:                              temperature 1, batch 1, 12 prompts x 2 seeds, docs/pipeline_ar_image.md)
 #: mulo                         "reverify" resampling (the paper's "parallel" collapses this zoo's images:
 #:                              GenEval-shapes 0.24 against 0.85), the class defaults otherwise
 #: entropy_sd / cool_sd         LANTERN's drafting and its 512 nearest codes (below)
@@ -93,6 +96,7 @@ SPECULATION_SETTINGS: dict[str, dict] = {
     },
     "sjd": {"settings": {"window": 8, "init": "left"}},
     "scd": {"settings": {"window": 8, "init": "left"}},
+    "sjd_pac": {"settings": {"window": 8, "init": "left", "tree_width": 4, "tree_depth": 3}},
     "gsd": {"settings": {"window": 8, "init": "left", "group_size": 6, "prob_threshold": 1.0}},
     "mulo": {"settings": {"resample": "reverify"}},
 }
