@@ -19,6 +19,8 @@ wrapper counts such positions (:attr:`ControlledDrafter.mismatches`) so a report
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from mmspec.speculate import DraftChain, Drafter, PrefillContext, RoundResult
@@ -136,7 +138,7 @@ class ControlledDrafter(Drafter):
             first = torch.where(candidates, node, tree.num_nodes).min(dim=1, keepdim=True).values
             carries |= (node == first) & keep[:, depth - 1:depth]
         tokens = torch.where(carries, truth, self._wrong(truth)).to(tree.tokens.dtype)
-        return DraftTree(tokens, tree.parents, tree.draft_probs)
+        return dataclasses.replace(tree, tokens=tokens)  # the tree's other facts (how siblings were drawn) stay
 
     def commit(self, result: RoundResult) -> None:
         with self.timer.time("draft", "commit"):
