@@ -331,7 +331,7 @@ def test_generate_help_gives_every_option_help_and_its_default_and_the_lossless_
     with pytest.raises(SystemExit):
         cli_main(["generate", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help text
-    assert set(lossless_methods()) == {"none", "eagle", "sjd", "scd"}
+    assert set(lossless_methods()) == {"none", "eagle", "sjd", "scd", "sjd_pac"}
     assert "lossless (exactly the target's distribution): none, eagle, scd, sjd" in text
     sub = next(action for action in build_parser("generate")._actions if action.dest == "command").choices["generate"]
     for action in sub._actions:
