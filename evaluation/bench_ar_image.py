@@ -100,7 +100,7 @@ _CLASS_DRAFTING = {name: getattr(EntropySDConfig(), name) for name in
 REFERENCE_CONFIGS: dict[str, dict[str, MethodConfig]] = {
     "eagle": {
         "greedy, one": EagleConfig(**_BLOCK_CHAIN),  # one block from the block head, a lookup tail
-        "sampled, one": EagleConfig(num_draft_tokens=8, draft_confidence_threshold=0.5),
+        "sampled, one": EagleConfig(argmax_drafts=True, **_BLOCK_CHAIN),  # argmax blocks, accepted exactly
         "greedy, several": EagleConfig(num_draft_tokens=5, draft_confidence_threshold=0.5),
         "sampled, several": EagleConfig(num_draft_tokens=2, draft_confidence_threshold=0.5),
     },

@@ -233,7 +233,8 @@ class RoundBreakdown:
     The bound is what the method could reach if its rounds cost only the verification forward and the
     drafting: ``compression * T(1) / (T(K+1) + T_draft)``, with T(1) target-only's whole round (its one-token
     forward and the sampling after it); ``efficiency`` is the measured end-to-end speedup over it (below 1 by
-    the method's verification arithmetic and bookkeeping, and by the prefill and decoding both share).
+    the method's verification arithmetic and bookkeeping, and by the prefill and decoding both share), pass by
+    pass (:func:`median_breakdown`).
 
     Attributes:
         compression: step compression: tokens per target forward over the baseline's.
@@ -279,6 +280,23 @@ def round_breakdown(case_stats: Mapping[str, Any] | None, base_stats: Mapping[st
     rest = 1000 * wall_s / rounds - tk1 - draft - verify - commit
     bound = compression * t1 / (tk1 + draft) if tk1 + draft > 0 else float("inf")
     return RoundBreakdown(compression, t1, forward_1, tk1, draft, verify, commit, rest, rounds, bound)
+
+
+def median_breakdown(passes: list[tuple[Any, Any, float, float]], compression: float | None) -> RoundBreakdown | None:
+    """The round breakdown of a case over its timed passes: ``passes`` holds, per round-robin pass, the case's
+    statistics, the baseline's, and the two wall times. Each pass is broken down on its own (its phases with its
+    wall time, its efficiency against that pass's speedup), then every field is the median over the passes, so a
+    pass the machine slowed moves no field and phases are never set against another call's wall time."""
+    parts = []
+    for case_stats, base_stats, case_s, base_s in passes:
+        part = round_breakdown(case_stats, base_stats, compression, case_s)
+        if part is not None and case_s > 0 and math.isfinite(part.bound) and part.bound > 0:
+            part.efficiency = (base_s / case_s) / part.bound
+            parts.append(part)
+    if not parts:
+        return None
+    return RoundBreakdown(**{name: statistics.median(getattr(p, name) for p in parts)
+                             for name in RoundBreakdown.__dataclass_fields__})
 
 
 @dataclass
@@ -696,9 +714,10 @@ def run_benchmark(
         if c.tokens_per_target_call and base.tokens_per_target_call:
             c.ideal_speedup = c.tokens_per_target_call / base.tokens_per_target_call
         if c is not base:
-            c.breakdown = round_breakdown(c.stats, base.stats, c.ideal_speedup, c.median_s)
-            if c.breakdown is not None and c.speedup is not None and math.isfinite(c.breakdown.bound):
-                c.breakdown.efficiency = c.speedup / c.breakdown.bound
+            c.breakdown = median_breakdown([(_stats_dict(case.stats), _stats_dict(b.stats), t_case, t_base)
+                                            for case, b, t_case, t_base in zip(results[c.name], results[baseline],
+                                                                               times[c.name], times[baseline])],
+                                           c.ideal_speedup)
 
     meta = {
         "warmup": warmup,

@@ -46,7 +46,8 @@ def test_zoo_folder_loads_with_the_training_prompt_format(zoo_folder):
     assert pipe.format_prompt("narrate the video.", 4) == sv.task_prompt("narrate", num_frames=4)
     stored = json.loads((zoo_folder / "speculation_config.json").read_text())
     assert stored == build_zoo_vlm.SPECULATION_SETTINGS == pipe.speculation_settings.to_dict()
-    assert pipe.method_config("flash").num_draft_tokens == 10 and pipe.method_config("draft_vlm").num_draft_tokens == 8
+    assert pipe.method_config("flash").num_draft_tokens == 15 and pipe.method_config("draft_vlm").num_draft_tokens == 10
+    assert pipe.method_config("flash", batch_size=4).num_draft_tokens == 10
 
 
 def test_rebuilding_an_assembled_folder_keeps_every_part(zoo_folder, tmp_path):

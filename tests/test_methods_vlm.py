@@ -109,12 +109,26 @@ def test_configs_round_trip_through_plain_values_and_refuse_unknown_fields():
 def test_the_zoo_stores_what_its_builder_writes(pipe):
     stored = json.loads((zoo_dir() / "shapes-vlm" / "speculation_config.json").read_text())
     assert stored == SPECULATION_SETTINGS == pipe.speculation_settings.to_dict()
-    for do_sample in (False, True):
-        for batch_size in (1, 4):
-            request = {"do_sample": do_sample, "batch_size": batch_size}
-            assert pipe.method_config("flash", **request) == FlashConfig(num_draft_tokens=10)
-            assert pipe.method_config("draft_vlm", **request) == DraftVLMConfig(num_draft_tokens=8)
+    for do_sample in (False, True):  # batch 1 has its own chain lengths (measured on an idle machine)
+        request = {"do_sample": do_sample, "batch_size": 1}
+        assert pipe.method_config("flash", **request) == FlashConfig(num_draft_tokens=15)
+        assert pipe.method_config("draft_vlm", **request) == DraftVLMConfig(num_draft_tokens=10,
+                                                                              draft_confidence_threshold=0.5)
+        request = {"do_sample": do_sample, "batch_size": 4}
+        assert pipe.method_config("flash", **request) == FlashConfig(num_draft_tokens=10)
+        assert pipe.method_config("draft_vlm", **request) == DraftVLMConfig(num_draft_tokens=8)
     assert pipe.method_config("none") is None
+
+
+def _recipe_settings_at_batch_1(name: str) -> dict:
+    """The recipe's settings of ``name`` for one prompt per call: its base settings updated by the variants
+    whose condition names batch size 1 (the zoo VLM's variants depend on the batch size alone)."""
+    entry = SPECULATION_SETTINGS[name]
+    settings = dict(entry["settings"])
+    for variant in entry.get("variants", []):
+        if variant["when"].get("batch_size") == 1:
+            settings.update(variant["settings"])
+    return settings
 
 
 @pytest.mark.parametrize("seed", [None, 3], ids=["greedy", "sampled"])
@@ -122,7 +136,7 @@ def test_the_zoo_stores_what_its_builder_writes(pipe):
 def test_a_plain_method_call_runs_the_stored_settings(pipe, example, name, seed):
     """``method=name`` equals the stored config given explicitly (same tokens, same rounds), and that config
     is not the class's default (K = 6), which drafts in other rounds."""
-    stored = CONFIGS[name](num_draft_tokens=SPECULATION_SETTINGS[name]["settings"]["num_draft_tokens"])
+    stored = CONFIGS[name](**_recipe_settings_at_batch_1(name))
     plain, explicit = _run(pipe, example, name, seed), _run(pipe, example, stored, seed)
     assert [t.tolist() for t in plain.tokens] == [t.tolist() for t in explicit.tokens]
     assert plain.stats.target_calls == explicit.stats.target_calls
@@ -234,9 +248,10 @@ def test_the_demo_tab_starts_from_the_stored_settings(pipe):
     from mmspec.demos.common import DemoError
     from mmspec.demos.vlm_tab import method_config
 
-    assert method_config(pipe, "flash", greedy=True) == FlashConfig(num_draft_tokens=10)
-    assert method_config(pipe, "flash", greedy=False, num_draft_tokens="") == FlashConfig(num_draft_tokens=10)
-    assert method_config(pipe, "draft_vlm", greedy=True, num_draft_tokens=4) == DraftVLMConfig(num_draft_tokens=4)
+    assert method_config(pipe, "flash", greedy=True) == FlashConfig(num_draft_tokens=15)  # one prompt per call
+    assert method_config(pipe, "flash", greedy=False, num_draft_tokens="") == FlashConfig(num_draft_tokens=15)
+    assert method_config(pipe, "draft_vlm", greedy=True, num_draft_tokens=4) == \
+        DraftVLMConfig(num_draft_tokens=4, draft_confidence_threshold=0.5)  # the stored cut-off stays
     tree = method_config(pipe, "vispec", greedy=True, use_tree=True, tree_depth=4, tree_top_k=2, tree_total_tokens=8)
     assert tree == ViSpecConfig(num_draft_tokens=10, tree=TreeConfig(depth=4, top_k=2, total_tokens=8))
     with pytest.raises(DemoError, match="flash drafts chains only"):

@@ -47,6 +47,11 @@ _BLOCK_CHAIN = {"num_draft_tokens": 4, "draft_confidence_threshold": 0.3, "looku
 #:                              lookup tail of up to 16 copies of the row above; rounds whose tail already
 #:                              has 4 copies skip the head (11-14 % and another 6-7 % faster than chains of
 #:                              up to 12 without a tail)
+#: eagle, sampled, 1            argmax drafts (point masses, accepted exactly with probability p) in blocks
+#:                              with the greedy block chain and its tail: on an idle machine 1.60x against
+#:                              1.50x for sampled chains of up to 8, whose two-row guided head steps cost more
+#:                              than their extra acceptance gains (bench_ar_image --modes temperature_1
+#:                              --quality-prompts 0 with --method-kwargs variants, 2026-12-08)
 #: eagle, sampled, >= 2         chains of up to 2 (batch 4: the forward is compute-bound and every drafted
 #:                              position costs verification; 1.06-1.08x where chains of 4 ran 0.93x)
 #: eagle / lantern, greedy, >=2 chains of up to 5 (batch 4: 1.31-1.37x against 1.22x with 8)
@@ -84,6 +89,7 @@ SPECULATION_SETTINGS: dict[str, dict] = {
         "settings": {"num_draft_tokens": 8, "draft_confidence_threshold": 0.5},
         "variants": [
             {"when": {"greedy": True, "batch_size": 1}, "settings": _BLOCK_CHAIN},
+            {"when": {"greedy": False, "batch_size": 1}, "settings": {"argmax_drafts": True, **_BLOCK_CHAIN}},
             {"when": {"greedy": False, "min_batch_size": 2},
              "settings": {"num_draft_tokens": 2, "draft_confidence_threshold": 0.5}},
             {"when": {"greedy": True, "min_batch_size": 2},

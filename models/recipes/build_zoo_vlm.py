@@ -39,14 +39,20 @@ HEADS = ("eagle_head", "flash_head", "vispec_head", "specvlm_head")
 #: forwards of its 5 drafts); K = 6 accepted less and K = 12 verified more for little gain; an EAGLE-2 tree
 #: was slower than the chain and a confidence cut-off gained a few per cent at most, so neither is stored.
 #: The standalone draft VLM costs more per draft: K = 8. The same in every decoding mode and batch size (the
-#: benchmark measured these for temperature 0 and 1, batch 1 and 4). Every VLM method is lossless, so no
-#: setting here trades quality.
+#: benchmark measured these for temperature 0 and 1, batch 1 and 4), except at batch 1, re-measured on an idle
+#: machine (2026-12-08, image descriptions, one thread, ``--method-kwargs`` variants): FLASH drafts three
+#: semi-autoregressive forwards, K = 15 (4.50x against 3.79x with 10; 20 gained nothing more), and the draft VLM
+#: chains of up to 10 cut at confidence 0.5 (2.45x against 2.25x). Every VLM method is lossless, so no setting
+#: here trades quality.
 SPECULATION_SETTINGS: dict[str, dict] = {
     "eagle": {"settings": {"num_draft_tokens": 10}},
-    "flash": {"settings": {"num_draft_tokens": 10}},
+    "flash": {"settings": {"num_draft_tokens": 10},
+              "variants": [{"when": {"batch_size": 1}, "settings": {"num_draft_tokens": 15}}]},
     "vispec": {"settings": {"num_draft_tokens": 10}},
     "specvlm": {"settings": {"num_draft_tokens": 10}},
-    "draft_vlm": {"settings": {"num_draft_tokens": 8}},
+    "draft_vlm": {"settings": {"num_draft_tokens": 8},
+                  "variants": [{"when": {"batch_size": 1},
+                                "settings": {"num_draft_tokens": 10, "draft_confidence_threshold": 0.5}}]},
 }
 
 
