@@ -137,6 +137,7 @@ def default_cases() -> dict[str, dict[str, Any]]:
         cases[f"{method} (reference)"] = {"method": method, "reference": True}
     cases.update({
         "scd": {},  # speculative coupled decoding: SJD with coupled redraws (stored settings)
+        "sjd_pac": {},  # SJD-PAC: proactive trees and adaptive continuation (stored settings)
         # the released code's behaviour where it departs from mmspec's defaults (docs/official_code.md)
         "lantern, released residual": {"method": "lantern", "residual_kind": "zero_target_neighbors"},
         "gsd, released window": {"method": "gsd", "group_window": "official"},
