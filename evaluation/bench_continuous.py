@@ -54,15 +54,7 @@ from .bench_images import (
     seeded_quality,
     spread_note,
 )
-from .speed import (
-    BREAKDOWN_NOTE,
-    SPEEDUP_CELL_NOTE,
-    BenchmarkReport,
-    LoadMonitor,
-    RunResult,
-    run_benchmark,
-    speedup_cell,
-)
+from .speed import SPEEDUP_CELL_NOTE, LoadMonitor, RunResult, run_benchmark, speedup_cell
 
 #: The settings this benchmark ran as CSpD before the zoo stored its own (the official code's: gamma 8, 5 % of
 #: the tokens pre-filled, independent verification in the round context, tau = 1): faster than the stored
@@ -203,9 +195,6 @@ def to_markdown(results: dict, command: str) -> str:
                          f"{c['tokens_per_target_call'] or 0:.2f} | {stats.get('target_calls', 0) / items:.1f} | "
                          f"{stats.get('draft_calls', 0) / items:.1f} | {score_cell(q, 'geneval', 3)} | "
                          f"{score_cell(q, 'fid', 1)} |" + seed_distance_cell(q, bool(header)))
-    for batch, report in results["speed"].items():
-        lines += ["", f"Round breakdown, batch {batch} ({BREAKDOWN_NOTE}):", "",
-                  BenchmarkReport.from_dict(report).breakdown_markdown().rstrip()]
     lines += ["", "Method settings (per batch size where they differ; \"stored\": the checkpoint's, as a call with "
               "only method= gets them):"]
     for name, by_batch in _settings_by_name(results.get("settings", {})).items():

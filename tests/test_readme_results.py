@@ -11,16 +11,37 @@ from mmspec.evaluation import readme_results
 from mmspec.evaluation.readme_results import (
     BEGIN,
     END,
+    README,
+    RESULTS_JSON,
     SECTIONS,
     render_table,
     replace_block,
     section_rows,
 )
+from mmspec.evaluation.speed import MachineLoad
 
 
 def _case(speedup: float, compression: float, efficiency: float) -> dict:
     return {"speedup": speedup, "paired_speedup_range": [speedup - 0.1, speedup + 0.1],
             "ideal_speedup": compression, "breakdown": {"efficiency": efficiency}}
+
+
+def test_every_readme_figure_is_the_json_s():
+    results = json.loads(RESULTS_JSON.read_text())
+    text = README.read_text()
+    assert text.count(BEGIN) == 1 and text.count(END) == 1
+    block = text.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+    assert block == render_table(results)  # the README's table is exactly the JSON's rows
+    assert [row["method"] for row in results["rows"]] == [label for s in SECTIONS.values() for label, _ in s.rows]
+
+
+def test_published_results_come_from_quiet_runs():
+    results = json.loads(RESULTS_JSON.read_text())
+    assert set(results["sections"]) == set(SECTIONS)
+    for name, section in results["sections"].items():
+        load = MachineLoad(**section["load"])
+        assert load.contended is False, f"section {name} was measured on a busy machine: {load.describe()}"
+        assert load.threads == 1
 
 
 def test_rows_are_read_from_the_benchmark_json():
