@@ -150,15 +150,16 @@ def command_line(module: str, argv: Sequence[str] | None) -> str:
 
 #: folders (relative to the repository root) whose tables are published: a contended run may not write there
 PUBLISHED_FOLDERS = ("docs",)
-_REPOSITORY = Path(__file__).resolve().parents[1]
+#: the checkout this package runs from (an editable install: the repository)
+REPOSITORY = Path(__file__).resolve().parents[1]
 
 
 def is_published(path: Path) -> bool:
     """Whether ``path`` is a published table of this repository (under docs/, or the README)."""
     resolved = Path(path).resolve()
-    if resolved == _REPOSITORY / "README.md":
+    if resolved == REPOSITORY / "README.md":
         return True
-    return any(resolved.is_relative_to(_REPOSITORY / folder) for folder in PUBLISHED_FOLDERS)
+    return any(resolved.is_relative_to(REPOSITORY / folder) for folder in PUBLISHED_FOLDERS)
 
 
 def check_publishable(out: Path | None, load: MachineLoad, force: bool = False) -> None:

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .bench_cli import _REPOSITORY
+from .bench_cli import REPOSITORY
 from .files import write_json_atomic, write_text_atomic
 from .speed import MachineLoad
 
-README = _REPOSITORY / "README.md"
-RESULTS_JSON = _REPOSITORY / "docs" / "benchmarks" / "readme_results.json"
-SECTION_FOLDER = _REPOSITORY / "docs" / "benchmarks" / "readme"
+README = REPOSITORY / "README.md"
+RESULTS_JSON = REPOSITORY / "docs" / "benchmarks" / "readme_results.json"
+SECTION_FOLDER = REPOSITORY / "docs" / "benchmarks" / "readme"
 BEGIN, END = "<!-- results:begin (python -m mmspec.evaluation.readme_results) -->", "<!-- results:end -->"
 
 
@@ -117,7 +117,7 @@ def _dig(data: Any, path: Sequence[str], what: str) -> Any:
     return data
 
 
-def quality_cell(label: str, benchmarks: Path = _REPOSITORY / "docs" / "benchmarks") -> dict[str, Any]:
+def quality_cell(label: str, benchmarks: Path = REPOSITORY / "docs" / "benchmarks") -> dict[str, Any]:
     """A row's quality: ``{"text": "lossless"}`` or the lossy method's score next to the target's, with its
     source file."""
     if label not in QUALITY_SOURCES:

@@ -177,7 +177,7 @@ class MachineLoad:
         return None if self.other_cores is None else self.other_cores > CONTENDED_CORES
 
     def describe(self) -> str:
-        """One line for a report: ``"quiet: other processes 0.02 cores on average ..."``."""
+        """One line for a report: ``"quiet: other processes used 0.02 cores on average over 60 s ..."``."""
         state = {True: "CONTENDED", False: "quiet", None: "load unknown"}[self.contended]
         others = "-" if self.other_cores is None else f"{self.other_cores:.2f}"
         load = "-" if self.load_average is None else f"{self.load_average:.2f}"
@@ -185,21 +185,9 @@ class MachineLoad:
                 f"(limit {CONTENDED_CORES}); load average {load} at the end; {self.cores} cores, "
                 f"{self.threads} torch thread(s)")
 
-    @classmethod
-    def combine(cls, parts: list[MachineLoad]) -> MachineLoad:
-        """One record for consecutive measurements (time-weighted other cores, the last load average)."""
-        if not parts:
-            raise ValueError("parts: give at least one MachineLoad")
-        seconds = sum(p.seconds for p in parts)
-        known = [p for p in parts if p.other_cores is not None]
-        others = None if len(known) < len(parts) or seconds <= 0 else \
-            sum(p.other_cores * p.seconds for p in known) / seconds
-        last = parts[-1]
-        return cls(seconds, others, last.load_average, last.cores, last.threads)
-
 
 class LoadMonitor:
-    """Measures :class:`MachineLoad` between :meth:`start` (at construction) and :meth:`stop`::
+    """Measures :class:`MachineLoad` from its construction to :meth:`stop`::
 
         monitor = LoadMonitor()
         ...  # the benchmark
