@@ -200,6 +200,34 @@ def run_section(name: str, force: bool, runner: Callable[[str, list[str]], int] 
     return json.loads(out.with_suffix(".json").read_text())
 
 
+def spread_table(runs: list[list[dict[str, Any]]]) -> str:
+    """A markdown table of each row's speedup in every run and highest / lowest - 1 (the same rows in every
+    run, as :func:`section_rows` gives them)."""
+    lines = ["| pipeline | method | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " | highest / lowest - 1 |",
+             "|---|---|" + "---|" * len(runs) + "---|"]
+    for index, row in enumerate(runs[0]):
+        values = [run[index]["speedup"] for run in runs]
+        lines.append(f"| {row['pipeline']} | {row['method']} | " + " | ".join(f"{v:.2f}x" for v in values)
+                     + f" | {max(values) / min(values) - 1:.0%} |")
+    return "\n".join(lines)
+
+
+def spread_runs(count: int, folder: Path) -> list[list[dict[str, Any]]]:
+    """``count`` more runs of every section into ``folder`` (nothing published), each run's rows."""
+    import importlib
+
+    runs = []
+    for run in range(count):
+        rows = []
+        for name, section in SECTIONS.items():
+            out = folder / f"run{run + 1}" / f"{name}.md"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            importlib.import_module(f"mmspec.evaluation.{section.module}").main([*section.arguments, "--out", str(out)])
+            rows += section_rows(name, json.loads(out.with_suffix(".json").read_text()))
+        runs.append(rows)
+    return runs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS),
@@ -208,7 +236,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="publish a section measured beside other work (marked contended)")
     parser.add_argument("--render-only", action="store_true",
                         help="rebuild the rows and the README from the sections' last benchmark JSON, running nothing")
+    parser.add_argument("--spread", type=int, default=0, metavar="RUNS",
+                        help="reproducibility check: RUNS more runs of every section into a temporary folder "
+                             "(nothing published), then each row's speedup per run, the published one first")
     args = parser.parse_args(argv)
+    if args.spread:
+        import tempfile
+
+        published = json.loads(RESULTS_JSON.read_text())["rows"]
+        with tempfile.TemporaryDirectory(prefix="readme-spread-") as folder:
+            print(spread_table([published, *spread_runs(args.spread, Path(folder))]))
+        return 0
     previous = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.is_file() else {"sections": {}}
     sections = dict(previous.get("sections", {}))
     for name in args.sections:

@@ -92,3 +92,13 @@ def test_a_section_runs_its_benchmark_with_its_arguments(tmp_path, monkeypatch):
     module, argv = seen[0]
     assert module == "bench_continuous" and argv[-3:] == ["--out", str(tmp_path / "continuous.md"), "--force-contended"]
     assert list(SECTIONS["continuous"].arguments) == argv[:-3]
+
+
+def test_the_spread_table_gives_each_row_s_runs_and_their_spread():
+    from mmspec.evaluation.readme_results import spread_table
+
+    def rows(a, b):
+        return [{"pipeline": "P", "method": "A", "speedup": a}, {"pipeline": "P", "method": "B", "speedup": b}]
+
+    table = spread_table([rows(2.0, 1.5), rows(2.2, 1.5), rows(2.1, 1.5)])
+    assert "| P | A | 2.00x | 2.20x | 2.10x | 10% |" in table and "| P | B | 1.50x | 1.50x | 1.50x | 0% |" in table
