@@ -185,12 +185,15 @@ def replace_block(text: str, block: str) -> str:
     return pattern.sub(lambda _: f"{BEGIN}\n{block}\n{END}", text, count=1)
 
 
-def run_section(name: str, force: bool, runner: Callable[[str, list[str]], int] | None = None) -> dict:
-    """Run section ``name``'s benchmark (its table and JSON under ``docs/benchmarks/readme/``); returns its JSON."""
+def run_section(name: str, force: bool, runner: Callable[[str, list[str]], int] | None = None,
+                folder: Path | None = None) -> dict:
+    """Run section ``name``'s benchmark (its table and JSON in ``folder``, default ``docs/benchmarks/readme/``);
+    returns its JSON."""
     import importlib
 
     section = SECTIONS[name]
-    out = SECTION_FOLDER / f"{name}.md"
+    out = (folder or SECTION_FOLDER) / f"{name}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
     argv = [*section.arguments, "--out", str(out)] + (["--force-contended"] if force else [])
     if runner is None:
         module = importlib.import_module(f"mmspec.evaluation.{section.module}")
@@ -214,18 +217,9 @@ def spread_table(runs: list[list[dict[str, Any]]]) -> str:
 
 def spread_runs(count: int, folder: Path) -> list[list[dict[str, Any]]]:
     """``count`` more runs of every section into ``folder`` (nothing published), each run's rows."""
-    import importlib
-
-    runs = []
-    for run in range(count):
-        rows = []
-        for name, section in SECTIONS.items():
-            out = folder / f"run{run + 1}" / f"{name}.md"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            importlib.import_module(f"mmspec.evaluation.{section.module}").main([*section.arguments, "--out", str(out)])
-            rows += section_rows(name, json.loads(out.with_suffix(".json").read_text()))
-        runs.append(rows)
-    return runs
+    return [[row for name in SECTIONS
+             for row in section_rows(name, run_section(name, force=False, folder=folder / f"run{run + 1}"))]
+            for run in range(count)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -77,7 +77,6 @@ class StepCallback:
                             f"was given, possibly changed), got {type(result).__name__}")
         return result
 
-
     @property
     def interrupted(self) -> bool:
         """Whether ``pipeline._interrupt`` is set (by the callback, as in diffusers): the loop should end."""
